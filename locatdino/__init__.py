@@ -1,0 +1,9 @@
+"""locatdino: DINO pretraining with LocAtViT backbones and Hummingbird in-context segmentation.
+
+Importing the package registers the LocAtViT variants in timm's model registry, so
+``timm.create_model("locatvit_small")`` works after ``import locatdino``.
+"""
+
+__version__ = "0.1.0"
+
+from locatdino import models  # noqa: E402,F401  (registers timm entries)

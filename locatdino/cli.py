@@ -1,0 +1,39 @@
+"""The ``locatdino`` command: a thin dispatcher to one module per sub-command.
+
+Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
+it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> (module exposing main(argv), one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
+    "fit": ("locatdino.ssl.cli", "DINO pretraining from a YAML config (LightningCLI)"),
+    "export": ("locatdino.ssl.export", "write a teacher backbone as a plain timm state dict"),
+    "shards": ("locatdino.data.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
+    "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: locatdino <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"locatdino: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)

@@ -1,0 +1,1 @@
+"""Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes."""

@@ -1,0 +1,1 @@
+"""LocAtViT backbone: GAug attention, PRR pooling, timm registry entries, checkpoint loading."""

@@ -1,0 +1,1 @@
+"""Hummingbird in-context segmentation: memory bank, FAISS index, label transfer, mIoU."""

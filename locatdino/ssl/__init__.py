@@ -1,0 +1,1 @@
+"""DINO self-distillation: loss, head, teacher EMA, schedules, LightningModule, callbacks."""
