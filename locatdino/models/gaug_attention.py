@@ -1,0 +1,78 @@
+"""GAug attention: timm's ``Attention`` plus the Gaussian locality bias (SPEC §1.1).
+
+A drop-in ``attn_layer`` for timm's ``VisionTransformer``: same constructor and
+``forward(x, attn_mask=None, is_causal=False)`` contract as ``timm.layers.Attention``, same
+parameter names, plus ``gaug.log_var`` / ``gaug.log_alpha``. The patch grid comes from the
+model's :class:`~locatdino.models.patch_grid.PatchGrid` (see there for why), attached by
+:func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention
+from timm.layers.attention import resolve_self_attn_mask
+
+from locatdino.models.locality_bias import GaussianLocalityBias
+from locatdino.models.patch_grid import PatchGrid
+
+
+class GAugAttention(Attention):
+    """Multi-head self-attention with a learned, query-dependent Gaussian locality bias.
+
+    ``attn = softmax(q kᵀ / √d_h + S) v`` with S from :class:`GaussianLocalityBias`, fed to
+    ``F.scaled_dot_product_attention`` as a float mask.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.gaug = GaussianLocalityBias(self.head_dim, device=device, dtype=dtype)
+        self.patch_grid: PatchGrid | None = None
+
+    @classmethod
+    def from_attention(cls, attn: Attention) -> "GAugAttention":
+        """Turn a timm ``Attention`` into a ``GAugAttention`` in place, keeping every weight and
+        option (qk-norm, gating, dropout, fused flag); the new GAug parameters get the default
+        initialisation on the device and dtype of ``attn.qkv``."""
+        if type(attn) is not Attention:
+            raise TypeError(f"GAug can only extend timm.layers.Attention, got {type(attn).__name__}")
+        weight = attn.qkv.weight
+        attn.__class__ = cls
+        attn.gaug = GaussianLocalityBias(attn.head_dim, device=weight.device, dtype=weight.dtype)
+        attn.patch_grid = None
+        return attn
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        B, N, _ = x.shape
+        if self.patch_grid is None:
+            raise RuntimeError(
+                "GAugAttention does not know the patch grid: build the model with "
+                "timm.create_model('locatvit_*') or pass it through locatdino.models.locatify(model)"
+            )
+        grid = self.patch_grid.lookup(N)
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+
+        bias = self.gaug(q, grid)
+        if attn_mask is not None or is_causal:
+            bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1) + bias
+            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+
+        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))

@@ -1,0 +1,165 @@
+"""GAug's Gaussian locality bias (SPEC §1.1), the additive term S of ``softmax(q kᵀ/√d + S) v``.
+
+For a query patch p at grid position (i_p, j_p) and a key patch t at (i_t, j_t)::
+
+    S[p, t] = alpha_p · exp(d_row(i_p, i_t) / (var_p,row + eps) + d_col(j_p, j_t) / (var_p,col + eps))
+
+with ``d(a, b) = max(-½(a - b)², clamp_min)``, ``var = c · sigmoid(log_var(q) - b)`` and
+``alpha = softplus(log_alpha(q))``. The exponent is a row term plus a column term, so S is the
+product of a per-query *row profile* (length h) and *column profile* (length w): the kernel is
+built from two small ``[B, H, Np, h]`` / ``[B, H, Np, w]`` tensors and one outer product written
+straight into the attention mask, never a ``[B, H, N, N, 2]`` distance intermediate.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from timm.layers import trunc_normal_
+
+from locatdino.models.bias_mask import outer_product_mask
+
+
+def gaug_constants(build_grid: tuple[int, int]) -> tuple[float, float, float, float]:
+    """``(c, b, eps, clamp_min)`` of SPEC §1.1 for a model built at patch grid ``build_grid``.
+
+    ``c = G²`` (G the larger side) bounds the variance, ``b = ln(c - 1)`` makes a zero logit give
+    variance 1, eps doubles until ``½(G-1)²/eps²`` fits fp16 (≤ 32 500), and ``-½Δ²`` is clamped
+    at ``max(-½(G-1)², -6550)`` so larger inference grids cannot overflow fp16.
+    """
+    g = max(build_grid)
+    c = float(g * g)
+    b = math.log(c - 1.0) if c > 2 else 0.0
+    half_span = 0.5 * (g - 1) ** 2
+    eps = 0.1
+    while half_span / eps**2 > 32_500:
+        eps *= 2
+    return c, b, eps, max(-half_span, -6550.0)
+
+
+@functools.lru_cache(maxsize=64)
+def distance_table(h: int, w: int, clamp_min: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clamped ``-½Δ²`` of every query patch to every key row / column, fp32, cached.
+
+    Returns ``rows [h*w, h]`` and ``cols [h*w, w]``: ``rows[p, i] = max(-½(i_p - i)², clamp_min)``
+    for query p = i_p·w + j_p (row-major, as timm flattens patches), likewise ``cols``.
+    Built outside inference mode so a table first made under ``torch.inference_mode()`` can
+    still be used by a later training forward.
+    """
+    with torch.inference_mode(False):
+        def axis(n: int) -> torch.Tensor:
+            pos = torch.arange(n, device=device, dtype=torch.float32)
+            return (-0.5 * (pos[:, None] - pos[None, :]) ** 2).clamp_(min=clamp_min)
+
+        rows = axis(h).repeat_interleave(w, dim=0)  # query p → its row i_p
+        cols = axis(w).repeat(h, 1)  # query p → its column j_p
+    return rows, cols
+
+
+class GaussianLocalityBias(nn.Module):
+    """Predicts per-query Gaussian variance and amplitude and builds the attention bias.
+
+    Parameter names match the public LocAtViT checkpoints: ``log_var`` (d_h → 2: row, column)
+    and ``log_alpha`` (d_h → 1), shared across heads; 3·d_h + 3 parameters.
+
+    Args:
+        head_dim: per-head query size d_h.
+        build_grid: patch grid ``(h, w)`` at the build resolution (fixes c, b, eps, clamp).
+        fast_min_grid: in training, grids whose larger side is at least this (and both sides
+            even) use the reference's fast mode: queries averaged over 2×2 patches, kernel
+            evaluated on every second row/column and expanded by repetition. ``None``: never.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        build_grid: tuple[int, int] = (14, 14),
+        fast_min_grid: int | None = 32,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.log_var = nn.Linear(head_dim, 2, device=device, dtype=dtype)
+        self.log_alpha = nn.Linear(head_dim, 1, device=device, dtype=dtype)
+        self.fast_min_grid = fast_min_grid
+        self.set_build_grid(build_grid)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """timm's ViT init: trunc-normal std 0.02 weights, zero bias (var ≈ 1, alpha ≈ ln 2)."""
+        for linear in (self.log_var, self.log_alpha):
+            trunc_normal_(linear.weight, std=0.02)
+            nn.init.zeros_(linear.bias)
+
+    def set_build_grid(self, build_grid: tuple[int, int]) -> None:
+        self.build_grid = (int(build_grid[0]), int(build_grid[1]))
+        self.c, self.b, self.eps, self.clamp_min = gaug_constants(self.build_grid)
+
+    def extra_repr(self) -> str:
+        return f"build_grid={self.build_grid}, c={self.c:g}, eps={self.eps:g}, fast_min_grid={self.fast_min_grid}"
+
+    def variance_and_alpha(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``var [..., 2]`` (rows, columns; squared patch units) and ``alpha [..., 1]``, fp32.
+
+        ``q``: patch queries ``[..., d_h]``. ``grid``: the input's patch grid, for the rescale.
+        """
+        q = q.float()
+        z = F.linear(q, self.log_var.weight.float(), self.log_var.bias.float())
+        var = self.c * torch.sigmoid(z - self.b)
+        if grid != self.build_grid:
+            var = var * (min(grid) / min(self.build_grid))
+        alpha = F.softplus(F.linear(q, self.log_alpha.weight.float(), self.log_alpha.bias.float()))
+        return var, alpha
+
+    def profiles(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and column profiles, fp32: S[p, i·w + j] = rows[..., p, i] · cols[..., p, j].
+
+        ``q``: patch queries ``[B, H, h*w, d_h]`` in row-major grid order. Returns
+        ``rows [B, H, h*w, h]`` (alpha folded in) and ``cols [B, H, h*w, w]``.
+        """
+        h, w = grid
+        if self.training and self.fast_min_grid is not None and max(h, w) >= self.fast_min_grid \
+                and h % 2 == 0 and w % 2 == 0:
+            return self._fast_profiles(q, grid)
+        with torch.autocast(q.device.type, enabled=False):
+            var, alpha = self.variance_and_alpha(q, grid)
+            d_rows, d_cols = distance_table(h, w, self.clamp_min, q.device)
+            rows = alpha * torch.exp(d_rows / (var[..., 0:1] + self.eps))
+            cols = torch.exp(d_cols / (var[..., 1:2] + self.eps))
+        return rows, cols
+
+    def _fast_profiles(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fast mode: predict on the 2×2-averaged grid, expand back by repetition."""
+        h, w = grid
+        hc, wc = h // 2, w // 2
+        B, H, _, d = q.shape
+        with torch.autocast(q.device.type, enabled=False):
+            q_coarse = q.float().view(B, H, hc, 2, wc, 2, d).mean(dim=(3, 5)).reshape(B, H, hc * wc, d)
+            var, alpha = self.variance_and_alpha(q_coarse, grid)
+            d_rows, d_cols = distance_table(h, w, self.clamp_min, q.device)
+            # coarse query (i', j') sits on fine row 2i', column 2j'; keys on every second row/column
+            d_rows = d_rows.view(h, w, h)[0::2, 0::2, 0::2].reshape(hc * wc, hc)
+            d_cols = d_cols.view(h, w, w)[0::2, 0::2, 0::2].reshape(hc * wc, wc)
+            rows = alpha * torch.exp(d_rows / (var[..., 0:1] + self.eps))
+            cols = torch.exp(d_cols / (var[..., 1:2] + self.eps))
+
+        def expand(profile: torch.Tensor) -> torch.Tensor:
+            n = profile.shape[-1]
+            fine_queries = profile.view(B, H, hc, 1, wc, 1, n).expand(B, H, hc, 2, wc, 2, n)
+            return fine_queries.reshape(B, H, h * w, n).repeat_interleave(2, dim=-1)
+
+        return expand(rows), expand(cols)
+
+    def forward(self, q: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Additive attention bias ``[B, H, N, N]`` in ``q.dtype`` (the SDPA float mask).
+
+        ``q``: all queries ``[B, H, N, d_h]`` (after q-norm), prefix tokens first, then the
+        ``h*w`` patch tokens. Rows and columns of prefix tokens are zero.
+        """
+        num_prefix = q.shape[2] - grid[0] * grid[1]
+        rows, cols = self.profiles(q[:, :, num_prefix:], grid)
+        return outer_product_mask(rows, cols, num_prefix, q.dtype)

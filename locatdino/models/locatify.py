@@ -1,0 +1,65 @@
+"""Turn any timm ``VisionTransformer`` into a LocAtViT in place (GAug in every block, PRR pooling)."""
+
+from __future__ import annotations
+
+from timm.layers import Attention, AttentionPoolPrr
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from locatdino.models.gaug_attention import GAugAttention
+from locatdino.models.patch_grid import install_patch_grid
+
+
+def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> VisionTransformer:
+    """Add GAug and/or PRR to ``model`` in place and return it.
+
+    Every existing weight is kept (e.g. a ViT loaded from DINO weights, with or without register
+    tokens); the new GAug parameters get their default initialisation (var ≈ 1, alpha ≈ ln 2),
+    so the model is not the same function afterwards. PRR is parameter-free: timm's
+    ``global_pool='prr'`` (``AttentionPoolPrr``) after the final norm, pooling the class token
+    (or the average when the model has none). Blocks that already hold ``GAugAttention`` (e.g.
+    a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to the patch grid; the
+    GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"locatify needs a timm VisionTransformer, got {type(model).__name__}")
+    if gaug or any(isinstance(block.attn, GAugAttention) for block in model.blocks):
+        _add_gaug(model)
+    if prr:
+        _add_prr(model)
+    return model
+
+
+def _add_gaug(model: VisionTransformer) -> None:
+    patch_grid = install_patch_grid(model)
+    build_grid = tuple(model.patch_embed.grid_size)
+    for i, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        if type(attn) is Attention:
+            attn = GAugAttention.from_attention(attn)
+        elif not isinstance(attn, GAugAttention):
+            raise TypeError(f"blocks.{i}.attn is {type(attn).__name__}: GAug extends timm.layers.Attention only")
+        attn.gaug.set_build_grid(build_grid)
+        attn.patch_grid = patch_grid
+
+
+def _add_prr(model: VisionTransformer) -> None:
+    if isinstance(model.attn_pool, AttentionPoolPrr):
+        return
+    if model.attn_pool is not None:
+        raise ValueError(f"model already pools with {type(model.attn_pool).__name__} (global_pool='{model.global_pool}')")
+    weight = model.blocks[0].attn.qkv.weight
+    model.attn_pool = AttentionPoolPrr(
+        model.embed_dim,
+        num_heads=model.blocks[0].attn.num_heads,
+        pool_type="token" if model.has_class_token else "avg",
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    model.global_pool = "prr"
+    model.pool_include_prefix = True
+
+
+def gaug_layers(model: nn.Module) -> list[GAugAttention]:
+    """All GAug attention layers of ``model``, in block order."""
+    return [m for m in model.modules() if isinstance(m, GAugAttention)]

@@ -1,0 +1,94 @@
+"""The patch grid of the current input, handed from the patch embedding to every GAug layer.
+
+timm never passes the patch grid to an attention layer (its blocks call ``attn(x)`` with the
+token sequence only), yet GAug needs the grid ``(h, w)`` of the *actual* input on every forward:
+DINO mixes 224 px and 96 px crops in one step and segmentation runs at 448-1024 px. A token
+count alone does not fix it (14×16 and 16×14 both give 224 patches), and the number of prefix
+tokens (class token, registers) is a property of the model, not of the attention layer.
+
+Design: one :class:`PatchGrid` object per model, registered as a forward pre-hook on
+``model.patch_embed`` (the one module every timm forward path runs first: ``forward``,
+``forward_features``, ``forward_intermediates``) and referenced by every GAug layer. The hook
+reads the image size (Python ints, no host sync), validates it and records the grid under the
+sequence length it produces. Attention layers look the grid up by their own sequence length, so:
+
+- recomputation under gradient checkpointing, which happens during backward after later
+  forwards (e.g. student global crops, then local crops), still finds the right grid;
+- ``copy.deepcopy(model)`` (DINO's teacher) gets its own record, because the hook and the
+  attention layers share one object, which deepcopy's memo keeps shared inside the copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_MAX_GRIDS = 16  # recent grids kept; a training step uses 2-3 resolutions
+
+
+class PatchGrid:
+    """Forward pre-hook for ``patch_embed`` that records the patch grid of each input.
+
+    Args:
+        num_prefix_tokens: class + register tokens the model puts before the patch tokens.
+        patch_size: ``(ph, pw)`` of the patch embedding, for the input-size check.
+        dynamic_img_pad: whether the patch embedding pads inputs to a multiple of the patch.
+    """
+
+    def __init__(self, num_prefix_tokens: int, patch_size: tuple[int, int], dynamic_img_pad: bool) -> None:
+        self.num_prefix_tokens = num_prefix_tokens
+        self.patch_size = patch_size
+        self.dynamic_img_pad = dynamic_img_pad
+        self._grids: dict[int, tuple[int, int]] = {}
+
+    def __call__(self, patch_embed: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        height, width = args[0].shape[-2:]
+        check_image_size((height, width), self.patch_size, self.dynamic_img_pad)
+        grid = patch_embed.dynamic_feat_size((height, width))
+        self.record(grid)
+
+    def record(self, grid: tuple[int, int]) -> None:
+        """Remember ``grid`` as the latest one with its sequence length."""
+        seq_len = grid[0] * grid[1] + self.num_prefix_tokens
+        self._grids.pop(seq_len, None)  # re-insert at the end: newest wins, oldest evicted
+        self._grids[seq_len] = (int(grid[0]), int(grid[1]))
+        if len(self._grids) > _MAX_GRIDS:
+            del self._grids[next(iter(self._grids))]
+
+    def lookup(self, seq_len: int) -> tuple[int, int]:
+        """The grid ``(h, w)`` of the latest input whose token sequence has ``seq_len`` tokens."""
+        grid = self._grids.get(seq_len)
+        if grid is None:
+            seen = ", ".join(f"{n} tokens → {g[0]}×{g[1]}" for n, g in self._grids.items()) or "none"
+            raise RuntimeError(
+                f"GAug attention got {seq_len} tokens but no input with that many patch + "
+                f"{self.num_prefix_tokens} prefix tokens went through patch_embed (seen: {seen}); "
+                "GAug needs every patch token of a full grid (no patch dropout or token pruning)"
+            )
+        return grid
+
+
+def check_image_size(size: tuple[int, int], patch_size: tuple[int, int], dynamic_img_pad: bool) -> None:
+    """Raise a one-line error if an image side is not a multiple of the patch size."""
+    if dynamic_img_pad:
+        return
+    if size[0] % patch_size[0] or size[1] % patch_size[1]:
+        raise ValueError(
+            f"input image {size[0]}×{size[1]} px is not a multiple of the patch size "
+            f"{patch_size[0]}×{patch_size[1]}: resize or crop it, or build the model with "
+            "dynamic_img_pad=True"
+        )
+
+
+def install_patch_grid(model: nn.Module) -> PatchGrid:
+    """Register a :class:`PatchGrid` on ``model.patch_embed`` (once) and return it.
+
+    ``model`` is a timm ``VisionTransformer``. Calling it again returns the existing record.
+    """
+    for hook in model.patch_embed._forward_pre_hooks.values():
+        if isinstance(hook, PatchGrid):
+            return hook
+    patch_embed = model.patch_embed
+    grid = PatchGrid(model.num_prefix_tokens, tuple(patch_embed.patch_size), bool(patch_embed.dynamic_img_pad))
+    patch_embed.register_forward_pre_hook(grid)
+    return grid

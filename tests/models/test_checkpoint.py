@@ -1,0 +1,85 @@
+import argparse
+
+import pytest
+import timm
+import torch
+
+from locatdino.models import create_backbone, load_backbone_state_dict
+from tests.models.conftest import TINY
+
+
+@pytest.fixture
+def vit_weights():
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY).state_dict()
+
+
+def _assert_loaded(model, state_dict):
+    got = model.state_dict()
+    for k, v in state_dict.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_plain_state_dict(tmp_path, vit_weights):
+    torch.save(vit_weights, tmp_path / "dino_vit.pth")
+    model = create_backbone("vit_tiny_patch16_224", tmp_path / "dino_vit.pth", **TINY)
+    _assert_loaded(model, vit_weights)
+    assert model(torch.randn(1, 3, 32, 48)).shape == (1, 64)  # dynamic size by default
+
+
+def test_full_dino_training_checkpoint(tmp_path, vit_weights):
+    student = {f"module.backbone.{k}": v + 1 for k, v in vit_weights.items()}
+    student.update({"module.head.last_layer.weight_g": torch.ones(8, 1),
+                    "module.head.last_layer.weight_v": torch.randn(8, 16)})
+    teacher = {f"backbone.{k}": v for k, v in vit_weights.items()}
+    teacher.update({"head.last_layer.parametrizations.weight.original0": torch.ones(8, 1)})
+    torch.save({"student": student, "teacher": teacher, "optimizer": {"state": {}, "param_groups": []},
+                "epoch": 3, "args": argparse.Namespace(arch="vit_tiny"), "dino_loss": {"center": torch.zeros(1, 8)}},
+               tmp_path / "checkpoint.pth")
+    _assert_loaded(create_backbone("vit_tiny_patch16_224", tmp_path / "checkpoint.pth", **TINY), vit_weights)
+    student_sd = load_backbone_state_dict(tmp_path / "checkpoint.pth", which="student")
+    torch.testing.assert_close(student_sd["cls_token"], vit_weights["cls_token"] + 1)
+    assert not any("head" in k for k in student_sd)
+
+
+def test_lightning_checkpoint_with_gaug(tmp_path, tiny_locatvit):
+    sd = tiny_locatvit.state_dict()
+    state = {f"teacher.backbone.{k}": v for k, v in sd.items()}
+    state.update({f"student.backbone.{k}": torch.zeros_like(v) for k, v in sd.items()})
+    state["teacher.head.mlp.0.weight"] = torch.randn(4, 4)
+    torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": state, "epoch": 1}, tmp_path / "last.ckpt")
+    _assert_loaded(create_backbone("locatvit_tiny", tmp_path / "last.ckpt", **TINY), sd)
+
+
+def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
+    torch.manual_seed(0)
+    public = timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2)  # 224 px, 1000-class head
+    sd = public.state_dict()
+    assert {"blocks.1.attn.gaug.log_var.weight", "blocks.1.attn.gaug.log_alpha.bias", "head.weight"} <= set(sd)
+    timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2).load_state_dict(sd, strict=True)
+    torch.save({"state_dict": sd, "arch": "locatvit_tiny", "epoch": 300}, tmp_path / "locatvit.pth.tar")
+    model = create_backbone("locatvit_tiny", tmp_path / "locatvit.pth.tar", **TINY)  # 64 px: 4×4 grid
+    assert model.pos_embed.shape == (1, 17, 64)
+    torch.testing.assert_close(model.blocks[1].attn.gaug.log_var.weight, sd["blocks.1.attn.gaug.log_var.weight"])
+
+
+def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
+    torch.save(vit_weights, tmp_path / "vit.pth")
+    with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*locatify"):
+        create_backbone("locatvit_tiny", tmp_path / "vit.pth", **TINY)
+    sd = tiny_locatvit.state_dict()
+    sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
+    torch.save(sd, tmp_path / "bad.pth")
+    with pytest.raises(ValueError, match=r"GAug shape mismatch for 'blocks.0.attn.gaug.log_var.weight': "
+                                         r"checkpoint \(2, 16\), model \(2, 32\)"):
+        create_backbone("locatvit_tiny", tmp_path / "bad.pth", **TINY)
+    torch.save({"epoch": 3, "weights": [1, 2]}, tmp_path / "odd.pth")
+    with pytest.raises(ValueError, match="odd.pth: not a known checkpoint layout .*epoch, weights"):
+        load_backbone_state_dict(tmp_path / "odd.pth")
+    torch.save({"pytorch-lightning_version": "2", "state_dict": {"model.x": torch.zeros(1)}}, tmp_path / "l.ckpt")
+    with pytest.raises(ValueError, match="no keys start with 'teacher.backbone.' .*model"):
+        load_backbone_state_dict(tmp_path / "l.ckpt")
+    del vit_weights["norm.bias"]
+    torch.save(vit_weights, tmp_path / "short.pth")
+    with pytest.raises(ValueError, match=r"short.pth does not match vit_tiny_patch16_224: missing \['norm.bias'\]"):
+        create_backbone("vit_tiny_patch16_224", tmp_path / "short.pth", **TINY)

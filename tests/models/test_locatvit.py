@@ -1,0 +1,49 @@
+import pytest
+import timm
+import torch
+
+from tests.models.conftest import TINY
+
+VARIANTS = timm.list_models("locatvit_*")
+
+
+def test_registry_has_all_variants_and_aliases():
+    assert VARIANTS == sorted(f"locatvit_{s}{p}" for s in ("base", "small", "tiny") for p in ("", "_patch16_224"))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_forward_backward_features(name):
+    model = timm.create_model(name, num_classes=0, depth=1, img_size=32)
+    dims = {"tiny": 192, "small": 384, "base": 768}
+    assert model.embed_dim == dims[name.split("_")[1]] and model.global_pool == "prr"
+    assert model.dynamic_img_size
+    n_gaug = sum(p.numel() for k, p in model.named_parameters() if ".attn.gaug." in k)
+    assert n_gaug == 3 * 64 + 3
+    out = model(torch.randn(2, 3, 48, 32))
+    assert out.shape == (2, model.embed_dim)
+    out.square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_class_token_loss_reaches_every_gaug_parameter(tiny_locatvit):
+    tiny_locatvit.train()
+    tiny_locatvit(torch.randn(2, 3, 64, 64)).square().sum().backward()
+    grads = {k: p.grad for k, p in tiny_locatvit.named_parameters() if ".attn.gaug." in k}
+    assert len(grads) == 8
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [512, 1024])
+def test_finite_under_autocast_at_large_inputs(dtype, size):
+    torch.manual_seed(0)
+    model = timm.create_model("locatvit_tiny", num_classes=0, depth=1, embed_dim=32, num_heads=1).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        out = model(torch.randn(1, 3, size, size))
+    assert torch.isfinite(out).all()
+
+
+def test_features_only_model_is_wired():
+    model = timm.create_model("locatvit_tiny", features_only=True, out_indices=(0, 1), **TINY)
+    feats = model(torch.randn(1, 3, 64, 48))
+    assert [f.shape for f in feats] == [(1, 64, 4, 3)] * 2
