@@ -1,0 +1,266 @@
+"""DINO self-distillation as a LightningModule (Caron et al., ICCV 2021; SPEC §2)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from locatdino.models import create_backbone
+from locatdino.ssl.collapse import ENTROPY_KEY, MARGINAL_ENTROPY_KEY, teacher_entropies
+from locatdino.ssl.dino_loss import DINOLoss
+from locatdino.ssl.grad_clip import clip_grad_per_tensor_
+from locatdino.ssl.head import DINOHead
+from locatdino.ssl.schedules import DINOSchedules
+from locatdino.ssl.teacher_update import update_teacher
+
+_FSDP_PREFIX = "_fsdp_wrapped_module."
+
+
+class DINOModule(LightningModule):
+    """Student–teacher DINO pretraining of any timm backbone (LocAtViT or vanilla ViT).
+
+    ``self.student`` and ``self.teacher`` are ``nn.ModuleDict({"backbone", "head"})`` of the same
+    shape (checkpoint keys ``student.backbone.*``, ``teacher.head.*``, …); the teacher starts as a
+    copy of the student, never receives gradients and follows it by EMA after every optimizer
+    step. The image embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the
+    final norm (after PRR for LocAtViT).
+
+    ``training_step`` takes the multi-crop batch of ``locatdino.data.collate_multicrop``:
+    ``batch["global"]`` ``[V_g, B, 3, H, W]`` and ``batch["local"]`` ``[V_l, B, 3, h, w]``
+    (``V_l`` may be 0). Crops of one resolution go through the backbone in one forward; the
+    teacher sees the global crops, the student all of them.
+
+    Why automatic optimisation: Lightning unscales 16-mixed gradients *before* calling
+    :meth:`configure_gradient_clipping`, which is where the per-tensor clipping and the
+    last-layer freeze go; the per-step lr/weight decay are written into the optimizer in
+    :meth:`optimizer_step`, the EMA runs right after it, and returning ``None`` from
+    ``training_step`` skips a step (backward, optimizer and EMA) in every precision. Manual
+    optimisation would re-implement all of that and gradient accumulation for nothing.
+
+    Args:
+        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
+        backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, …);
+            ``num_classes=0`` and ``dynamic_img_size=True`` are the defaults.
+        backbone_checkpoint: optional weights to start the student (and teacher) from, any format
+            ``locatdino.models.load_backbone_state_dict`` reads.
+        drop_path_rate: stochastic depth of the student (the teacher has none).
+        out_dim, hidden_dim, bottleneck_dim, head_layers, use_bn_in_head, norm_last_layer:
+            :class:`~locatdino.ssl.head.DINOHead` (``K``, 2048, 256, 3 layers, no BN).
+        student_temp, center_momentum: :class:`~locatdino.ssl.dino_loss.DINOLoss`.
+        teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: τ_t, linearly warmed up
+            from ``warmup_teacher_temp`` over that many epochs, then constant.
+        batch_size: images per rank per step (the CLI links it to ``data.batch_size``); the peak
+            lr is ``lr × batch_size × world_size × accumulate_grad_batches / 256``.
+        lr, min_lr, warmup_epochs: AdamW lr, linear warm-up then cosine to ``min_lr``.
+        weight_decay, weight_decay_end: cosine weight-decay schedule (not on biases, 1-D params).
+        momentum_teacher, momentum_teacher_end: cosine teacher EMA momentum schedule.
+        clip_grad: per-parameter-tensor gradient norm bound (``None``: no clipping).
+        freeze_last_layer: epochs during which the head's last layer gets no update.
+        on_nonfinite: a non-finite loss either stops the run (``"stop"``, the reference; the last
+            saved checkpoint stays the newest) or skips the step on every rank (``"skip"``).
+    """
+
+    def __init__(
+        self,
+        backbone: str = "vit_small_patch16_224",
+        backbone_kwargs: dict[str, Any] | None = None,
+        backbone_checkpoint: str | None = None,
+        drop_path_rate: float = 0.1,
+        out_dim: int = 65536,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        head_layers: int = 3,
+        use_bn_in_head: bool = False,
+        norm_last_layer: bool = True,
+        student_temp: float = 0.1,
+        teacher_temp: float = 0.04,
+        warmup_teacher_temp: float = 0.04,
+        warmup_teacher_temp_epochs: float = 0.0,
+        center_momentum: float = 0.9,
+        batch_size: int = 64,
+        lr: float = 5e-4,
+        min_lr: float = 1e-6,
+        warmup_epochs: float = 10.0,
+        weight_decay: float = 0.04,
+        weight_decay_end: float = 0.4,
+        momentum_teacher: float = 0.996,
+        momentum_teacher_end: float = 1.0,
+        clip_grad: float | None = 3.0,
+        freeze_last_layer: float = 1.0,
+        on_nonfinite: Literal["stop", "skip"] = "stop",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        kwargs = dict(backbone_kwargs or {})
+        self.student = nn.ModuleDict({
+            "backbone": create_backbone(backbone, backbone_checkpoint, drop_path_rate=drop_path_rate, **kwargs)
+        })
+        self.teacher = nn.ModuleDict({"backbone": create_backbone(backbone, drop_path_rate=0.0, **kwargs)})
+        embed_dim = self.student["backbone"].num_features
+        for branch in (self.student, self.teacher):
+            branch["head"] = DINOHead(embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers,
+                                      use_bn_in_head, norm_last_layer)
+        self.teacher.load_state_dict(self.student.state_dict())
+        self.teacher.requires_grad_(False)
+        self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
+        # Decided on the unwrapped shapes: FSDP flattens parameters to 1-D shards.
+        self._no_weight_decay = {
+            n for n, p in self.student.named_parameters() if p.ndim <= 1 or n.endswith(".bias")
+        }
+        self.schedules: DINOSchedules | None = None
+        self._steps_per_epoch = 1.0
+        self._skip_update = False
+        self._checked_batch_size = False
+        self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
+        self._skipped_steps = 0
+
+    @property
+    def teacher_backbone(self) -> nn.Module:
+        """The teacher's backbone: the network to evaluate and export."""
+        return self.teacher["backbone"]
+
+    @property
+    def out_dim(self) -> int:
+        return self.hparams.out_dim
+
+    # ------------------------------------------------------------------ forward
+
+    @staticmethod
+    def forward_branch(branch: nn.ModuleDict, crop_groups: list[Tensor]) -> Tensor:
+        """Crops ``[V_i, B, 3, H_i, W_i]`` per resolution → head logits ``[ΣV_i, B, K]``.
+
+        One backbone forward per resolution, one head forward for all views (view-major).
+        """
+        groups = [g for g in crop_groups if g.shape[0] > 0]
+        batch = groups[0].shape[1]
+        embeddings = torch.cat([branch["backbone"](g.flatten(0, 1)) for g in groups])
+        return branch["head"](embeddings).unflatten(0, (-1, batch))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Teacher embedding ``[B, C]`` of images ``[B, 3, H, W]``."""
+        return self.teacher_backbone(x)
+
+    # ------------------------------------------------------------------ training
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
+        crops_global, crops_local = batch["global"], batch.get("local")
+        self._check_batch(crops_global)
+        values = self.schedules.at(self.trainer.global_step)
+        with torch.no_grad():
+            teacher_out = self.forward_branch(self.teacher, [crops_global])
+            teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
+        student_out = self.forward_branch(self.student, [crops_global] + ([crops_local] if crops_local is not None else []))
+        loss = self.dino_loss(student_out, teacher_probs)
+
+        nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
+        self._skip_update = nonfinite
+        if nonfinite:
+            return self._on_nonfinite(loss)
+        self.dino_loss.update_center(teacher_out)
+        entropy, batch_entropy = teacher_entropies(teacher_probs)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict({
+            "train/lr": values["lr"], "train/wd": values["weight_decay"],
+            "train/teacher_momentum": values["teacher_momentum"], "train/teacher_temp": values["teacher_temp"],
+            ENTROPY_KEY: entropy, MARGINAL_ENTROPY_KEY: batch_entropy,
+        })
+        return loss
+
+    def _check_batch(self, crops_global: Tensor) -> None:
+        if crops_global.ndim != 5 or crops_global.shape[0] < 1:
+            raise ValueError(f"batch['global'] must be [V_g, B, 3, H, W], got {tuple(crops_global.shape)}")
+        if not self._checked_batch_size:
+            self._checked_batch_size = True
+            if crops_global.shape[1] != self.hparams.batch_size:
+                rank_zero_warn(
+                    f"DINOModule: the lr was scaled for batch_size={self.hparams.batch_size} per rank but the "
+                    f"first batch has {crops_global.shape[1]} images; set model.batch_size to match."
+                )
+
+    def _on_nonfinite(self, loss: Tensor) -> None:
+        step = self.trainer.global_step
+        if self.hparams.on_nonfinite == "skip":
+            rank_zero_warn(f"DINO loss is not finite ({loss.item()}) at step {step} on some rank: skipping the step.")
+            self._skipped_steps += 1
+            self.log("train/skipped_steps", float(self._skipped_steps))
+            return None
+        saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
+        raise FloatingPointError(
+            f"DINO loss is not finite ({loss.item()}) at step {step}, epoch {self.current_epoch}: stopping. "
+            f"Last good checkpoint: {saved[-1] if saved else 'none saved yet'}. Resume it with --ckpt_path last "
+            "using bf16-mixed or 32-true instead of 16-mixed, a lower model.lr or model.clip_grad, "
+            "or set model.on_nonfinite=skip."
+        )
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Called by Lightning after backward and after unscaling 16-mixed gradients."""
+        if self.trainer.global_step < round(self.hparams.freeze_last_layer * self._steps_per_epoch):
+            for p in self._last_layer_params:
+                p.grad = None
+        if self.hparams.clip_grad:
+            clip_grad_per_tensor_(self._clipped_params, self.hparams.clip_grad,
+                                  sharded=isinstance(self.trainer.strategy, FSDPStrategy))
+        # Trainer(gradient_clip_val=...) still applies on top, as users expect.
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Set this step's lr and weight decay, step (the closure runs ``training_step``), then EMA."""
+        values = self.schedules.at(self.trainer.global_step)
+        for group in optimizer.param_groups:
+            group["lr"] = values["lr"]
+            if group["scheduled_weight_decay"]:
+                group["weight_decay"] = values["weight_decay"]
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if not self._skip_update:
+            update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
+
+    # ------------------------------------------------------------------ optimiser and schedules
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trainer = self.trainer
+        total_steps = trainer.estimated_stepping_batches
+        batches = trainer.num_training_batches
+        if not math.isfinite(total_steps) or not math.isfinite(batches):
+            raise ValueError(
+                "DINOModule needs a known number of batches per epoch to build its per-step schedules: "
+                "use a data module with a fixed number of batches per rank per epoch (and/or set trainer.max_steps)"
+            )
+        self._steps_per_epoch = max(batches // trainer.accumulate_grad_batches, 1)
+        global_batch = self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        h = self.hparams
+        self.schedules = DINOSchedules.build(
+            total_steps=int(total_steps), steps_per_epoch=self._steps_per_epoch, global_batch=global_batch,
+            base_lr=h.lr, min_lr=h.min_lr, warmup_epochs=h.warmup_epochs,
+            weight_decay=h.weight_decay, weight_decay_end=h.weight_decay_end,
+            momentum_teacher=h.momentum_teacher, momentum_teacher_end=h.momentum_teacher_end,
+            teacher_temp=h.teacher_temp, warmup_teacher_temp=h.warmup_teacher_temp,
+            warmup_teacher_temp_epochs=h.warmup_teacher_temp_epochs,
+        )
+        info = {"total_steps": int(total_steps), "steps_per_epoch": int(self._steps_per_epoch),
+                "global_batch": int(global_batch)}
+        if self._schedule_info is not None and self._schedule_info != info:
+            rank_zero_warn(f"DINOModule: the schedules differ from the checkpoint's: {self._schedule_info} "
+                           f"then, {info} now (changed max_epochs/max_steps, world size or batch size?).")
+        self._schedule_info = info
+
+        named = [(n.replace(_FSDP_PREFIX, ""), p) for n, p in self.student.named_parameters() if p.requires_grad]
+        self._clipped_params = [p for _, p in named]
+        self._last_layer_params = [p for n, p in named if n.startswith("head.last_layer.")]
+        groups = [
+            {"params": [p for n, p in named if n not in self._no_weight_decay], "scheduled_weight_decay": True},
+            {"params": [p for n, p in named if n in self._no_weight_decay], "weight_decay": 0.0,
+             "scheduled_weight_decay": False},
+        ]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=float(self.schedules.lr[0]))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["dino_schedule"] = self._schedule_info
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._schedule_info = checkpoint.get("dino_schedule")
