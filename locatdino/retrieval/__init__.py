@@ -1,1 +1,63 @@
-"""Hummingbird in-context segmentation: memory bank, FAISS index, label transfer, mIoU."""
+"""Hummingbird in-context segmentation: memory bank, FAISS index, label transfer, mIoU.
+
+Typical use::
+
+    from locatdino.retrieval import HummingbirdConfig, hummingbird, load_backbone
+    result = hummingbird(load_backbone("locatvit_small", "last.ckpt"), train_set, val_set,
+                         HummingbirdConfig(input_size=448))
+    print(result.miou)
+
+Command line: ``locatdino hbird`` (:mod:`locatdino.retrieval.cli`). During pretraining:
+the Lightning callback :class:`HummingbirdMonitor` (imported lazily: it needs Lightning).
+"""
+
+from locatdino.retrieval.augment import IMAGENET_MEAN, IMAGENET_STD, PairedAugmentation
+from locatdino.retrieval.evaluate import (
+    HummingbirdConfig,
+    HummingbirdResult,
+    build_memory,
+    evaluate_queries,
+    hummingbird,
+)
+from locatdino.retrieval.features import FeatureExtractor, load_backbone
+from locatdino.retrieval.index import PatchIndex
+from locatdino.retrieval.memory import MemoryBank
+from locatdino.retrieval.metric import ConfusionMatrix, IoUResult
+from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
+from locatdino.retrieval.report import load_results, summary_markdown
+from locatdino.retrieval.sampling import patches_per_image, rare_class_first
+from locatdino.retrieval.transfer import predict, transfer_labels
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ConfusionMatrix",
+    "FeatureExtractor",
+    "HummingbirdConfig",
+    "HummingbirdMonitor",
+    "HummingbirdResult",
+    "IoUResult",
+    "MemoryBank",
+    "PairedAugmentation",
+    "PatchIndex",
+    "build_memory",
+    "evaluate_queries",
+    "hummingbird",
+    "load_backbone",
+    "load_results",
+    "patch_class_counts",
+    "patches_per_image",
+    "predict",
+    "rare_class_first",
+    "soft_labels",
+    "summary_markdown",
+    "transfer_labels",
+]
+
+
+def __getattr__(name: str):
+    if name == "HummingbirdMonitor":
+        from locatdino.retrieval.monitor import HummingbirdMonitor
+
+        return HummingbirdMonitor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,114 @@
+"""Image preprocessing for Hummingbird evaluation: the paired memory augmentation and the query
+resize (SPEC §3).
+
+Memory images go through a random-resized crop of image *and* mask (scale (0.5, 2.0), aspect
+(3/4, 4/3)) and mild colour jitter (brightness, contrast, saturation, hue 0.1, each applied with
+p = 0.5, image only), then are resized to the input size.
+
+What a scale above 1 means. The scale is the crop's area as a fraction of the image's. The
+reference passes (0.5, 2.0) to torchvision's sampler, which cannot return a box larger than the
+image and *rejects* such draws: for a 4:3 VOC image 83 % of its draws are rejected, the
+effective range is (0.5, 1], and 15 % of views silently fall back to the whole image. Here a box that
+overflows the image along a side is a zoom-out along that side instead: the whole image extent
+there is shown smaller, at a random offset on a canvas filled with the ImageNet mean colour (0
+after normalisation), and the canvas pixels get the mask value :data:`~.patch_labels.PAD`. Padding is
+never a class: soft labels count image pixels only, and a patch that is mostly padding is not
+stored. So the memory sees objects from twice to half their size, and only real pixels label it.
+
+Queries are only resized to the input size (the mask keeps its original resolution, see
+:mod:`locatdino.retrieval.evaluate`). All randomness comes from an explicit ``torch.Generator``
+so memory views are reproducible and identical for every model compared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch import Tensor
+from torchvision import tv_tensors
+from torchvision.transforms import InterpolationMode
+
+from locatdino.retrieval.patch_labels import PAD
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+# The Hummingbird reference has 0.255 for the blue channel: a typo of ImageNet's 0.225.
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_MEAN_RGB = [round(255 * m) for m in IMAGENET_MEAN]
+NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
+
+
+def _uniform(low: float, high: float, generator: torch.Generator) -> float:
+    return low + (high - low) * float(torch.rand((), generator=generator))
+
+
+@dataclass(frozen=True)
+class PairedAugmentation:
+    """Random-resized crop (zoom-out for scale > 1) of an image and its mask, plus colour jitter.
+
+    Call with ``image`` uint8 ``[3, H, W]``, ``mask`` integer ``[H, W]`` and a generator; returns
+    ``(image uint8 [3, S, S], mask int64 [S, S])`` with ``S = size``.
+    """
+
+    size: int
+    scale: tuple[float, float] = (0.5, 2.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    jitter: float = 0.1
+    jitter_p: float = 0.5
+
+    def crop_box(self, height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
+        """``(top, left, h, w)`` of the crop in image pixels; may extend beyond the image."""
+        area = height * width * _uniform(*self.scale, generator)
+        aspect = math.exp(_uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), generator))
+        w = max(1, round(math.sqrt(area * aspect)))
+        h = max(1, round(math.sqrt(area / aspect)))
+        top = round(_uniform(0, height - h, generator))  # negative when h > height: zoom-out
+        left = round(_uniform(0, width - w, generator))
+        return top, left, h, w
+
+    def __call__(self, image: Tensor, mask: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        height, width = image.shape[-2:]
+        top, left, h, w = self.crop_box(height, width, generator)
+        pad = [max(0, -left), max(0, -top), max(0, left + w - width), max(0, top + h - height)]
+        mask = tv_tensors.Mask(mask.long())
+        if any(pad):  # zoom-out: put the image on a canvas of mean colour / PAD labels
+            image = TF.pad(image, pad, fill=_MEAN_RGB)
+            mask = TF.pad(mask, pad, fill=PAD)
+            top, left = top + pad[1], left + pad[0]
+        size = [self.size, self.size]
+        image = TF.resized_crop(image, top, left, h, w, size, antialias=True)
+        # "nearest-exact" samples pixel centres like the bilinear image resize; torch's legacy
+        # "nearest" (floor) shifts the mask by up to one source pixel against the image.
+        # (torchvision's resized_crop ignores the interpolation of masks: crop, then resize).
+        mask = TF.resize(TF.crop(mask, top, left, h, w), size, interpolation=NEAREST_EXACT)
+        return self.color_jitter(image, generator), mask.as_subclass(Tensor)
+
+    def color_jitter(self, image: Tensor, generator: torch.Generator) -> Tensor:
+        """Brightness, contrast, saturation, hue, each with probability ``jitter_p`` (reference
+        order), factors uniform in ``1 ± jitter`` (hue shift in ``± jitter``)."""
+        j = self.jitter
+        for adjust, low, high in (
+            (TF.adjust_brightness, 1 - j, 1 + j),
+            (TF.adjust_contrast, 1 - j, 1 + j),
+            (TF.adjust_saturation, 1 - j, 1 + j),
+            (TF.adjust_hue, -j, j),
+        ):
+            apply = float(torch.rand((), generator=generator)) < self.jitter_p
+            factor = _uniform(low, high, generator)  # drawn always: same stream whatever applies
+            if apply and j > 0:
+                image = adjust(image, factor)
+        return image
+
+
+def resize_image(image: Tensor, size: int) -> Tensor:
+    """Query preprocessing: uint8 ``[3, H, W]`` → ``[3, size, size]`` (bilinear, antialiased)."""
+    return TF.resize(image, [size, size], antialias=True)
+
+
+def normalize(images: Tensor) -> Tensor:
+    """uint8 ``[B, 3, H, W]`` → float32 ImageNet-normalised (correct std, see module docs)."""
+    mean = images.new_tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+    std = images.new_tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / std

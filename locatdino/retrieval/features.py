@@ -1,0 +1,96 @@
+"""Dense patch features of a frozen timm ViT / LocAtViT for Hummingbird evaluation (SPEC §1.3).
+
+The features are the patch tokens of one block — by default the last block, before the final
+norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
+under ``torch.inference_mode`` (optionally bf16 autocast: on CPUs with AMX it is several times
+faster) and L2-normalised so inner product = cosine similarity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from locatdino.models import create_backbone, dense_features
+from locatdino.retrieval.augment import normalize
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def load_backbone(name: str, checkpoint: str | None = None) -> nn.Module:
+    """A frozen backbone by timm name, weights from ``checkpoint`` (any format
+    ``create_backbone`` understands) or random init when None. Built with
+    ``dynamic_img_size=True`` so it runs at any eval size without changing the model (LocAtViT's
+    GAug constants depend on the build grid, so the build size must stay the training size)."""
+    model = create_backbone(name, checkpoint, dynamic_img_size=True)
+    return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode for the block and restore its previous mode (the monitor
+    evaluates a teacher in the middle of training)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+class FeatureExtractor:
+    """``images uint8 [B, 3, S, S]`` → L2-normalised float32 patch features ``[B, h, w, D]`` on CPU.
+
+    Args:
+        model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen.
+        layer: block index (negative from the end); ``-1`` is the last block.
+        norm: apply the final norm (the reference does not).
+        prr: apply PRR before taking the patch tokens (the reference does not).
+        precision: ``"fp32"`` or ``"bf16"`` (autocast).
+        device: where the forward runs; default the model's device.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: int = -1,
+        norm: bool = False,
+        prr: bool = False,
+        precision: str = "fp32",
+        device: torch.device | str | None = None,
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.model, self.layer, self.norm, self.prr, self.precision = model, layer, norm, prr, precision
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        if patch is None:
+            raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")
+        self.patch_size = int(patch[0]) if isinstance(patch, (tuple, list)) else int(patch)
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.embed_dim)
+
+    def grid(self, size: int) -> int:
+        """Patch-grid side for square inputs of ``size`` px."""
+        if size % self.patch_size:
+            raise ValueError(f"input size {size} is not a multiple of the patch size {self.patch_size}")
+        return size // self.patch_size
+
+    def __call__(self, images: Tensor) -> Tensor:
+        x = normalize(images.to(self.device, non_blocking=True))
+        bf16 = self.precision == "bf16"
+        with (
+            eval_mode(self.model),
+            torch.inference_mode(),
+            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16),
+        ):
+            feats = dense_features(
+                self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
+            )
+            return F.normalize(feats.float(), dim=-1).cpu()

@@ -1,0 +1,184 @@
+"""The labelled patch memory of Hummingbird evaluation (SPEC §3).
+
+Two dense arrays, never per-patch Python objects: ``features [N, D]`` (L2-normalised, float32 or
+float16) and ``labels [N, C]`` (soft labels, float16 — patch fractions k/256 of a 16 px patch are
+exact in float16). Held in RAM, or written straight to raw files in a directory through
+``np.memmap`` so a 10M-patch memory (7.7 GB of float16 ViT-S features) costs page cache, not
+process memory. A directory holds ``features.bin``, ``labels.bin`` and ``meta.json`` (shapes,
+dtypes, provenance) and is published atomically: built under a temporary name, then renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+LABEL_DTYPE = np.float16
+
+
+class MemoryBank:
+    """Patch features and soft labels, appended batch by batch up to a fixed capacity.
+
+    Use :meth:`allocate` to build one, :meth:`append` per batch, then :meth:`finish`;
+    :meth:`load` reopens a saved directory memory-mapped (read-only).
+    """
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, size: int, meta: dict[str, Any]):
+        self._features = features
+        self._labels = labels
+        self.size = size
+        self.meta = meta
+        self._directory: Path | None = None
+        self._staging: Path | None = None
+
+    @classmethod
+    def allocate(
+        cls,
+        capacity: int,
+        dim: int,
+        num_classes: int,
+        dtype: str = "float32",
+        directory: str | os.PathLike | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> MemoryBank:
+        """An empty bank for up to ``capacity`` patches; on disk under ``directory`` if given."""
+        if dtype not in ("float32", "float16"):
+            raise ValueError(f"memory dtype must be 'float32' or 'float16', got {dtype!r}")
+        meta = {**(meta or {}), "dim": dim, "num_classes": num_classes, "dtype": dtype}
+        if directory is None:
+            feats = np.empty((capacity, dim), dtype=dtype)
+            labels = np.empty((capacity, num_classes), dtype=LABEL_DTYPE)
+            return cls(feats, labels, 0, meta)
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        shape_f, shape_l = (max(capacity, 1), dim), (max(capacity, 1), num_classes)
+        feats = np.memmap(staging / "features.bin", dtype=dtype, mode="w+", shape=shape_f)
+        labels = np.memmap(staging / "labels.bin", dtype=LABEL_DTYPE, mode="w+", shape=shape_l)
+        bank = cls(feats, labels, 0, meta)
+        bank._directory, bank._staging = directory, staging
+        return bank
+
+    @property
+    def capacity(self) -> int:
+        return self._features.shape[0]
+
+    @property
+    def features(self) -> np.ndarray:
+        """``[N, D]`` L2-normalised features (a view, memory-mapped for directory banks)."""
+        return self._features[: self.size]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """``[N, C]`` float16 soft labels."""
+        return self._labels[: self.size]
+
+    @property
+    def dim(self) -> int:
+        return self._features.shape[1]
+
+    @property
+    def num_classes(self) -> int:
+        return self._labels.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.features.nbytes + self.labels.nbytes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def append(self, features: Tensor, labels: Tensor) -> None:
+        """Store ``features [n, D]`` (already L2-normalised) and ``labels [n, C]``."""
+        n = features.shape[0]
+        if labels.shape[0] != n or features.shape[1] != self.dim or labels.shape[1] != self.num_classes:
+            raise ValueError(
+                f"append expects features [n, {self.dim}] and labels [n, {self.num_classes}], "
+                f"got {tuple(features.shape)} and {tuple(labels.shape)}"
+            )
+        if self.size + n > self.capacity:
+            raise ValueError(f"memory bank full: {self.size} + {n} patches > capacity {self.capacity}")
+        end = self.size + n
+        self._features[self.size : end] = features.detach().cpu().numpy().astype(self._features.dtype)
+        self._labels[self.size : end] = labels.detach().cpu().numpy().astype(LABEL_DTYPE)
+        self.size = end
+
+    def gather_labels(self, ids: np.ndarray) -> Tensor:
+        """Soft labels of neighbour ids ``[...]`` as float32 ``[..., C]``; ids < 0 (FAISS' "no
+        result") give zero rows."""
+        flat = ids.reshape(-1)
+        rows = torch.from_numpy(self._labels[np.clip(flat, 0, None)].astype(np.float32))
+        rows[torch.from_numpy(flat < 0)] = 0.0
+        return rows.view(*ids.shape, self.num_classes)
+
+    def gather_features(self, ids: np.ndarray) -> Tensor:
+        """Stored features of ids ``[...]`` as float32 ``[..., D]`` (ids < 0 give zero rows)."""
+        flat = ids.reshape(-1)
+        rows = torch.from_numpy(self._features[np.clip(flat, 0, None)].astype(np.float32))
+        rows[torch.from_numpy(flat < 0)] = 0.0
+        return rows.view(*ids.shape, self.dim)
+
+    def finish(self) -> MemoryBank:
+        """Seal the bank: directory banks are trimmed to their size, flushed, described in
+        ``meta.json`` and renamed into place (a previous bank there is replaced only now)."""
+        self.meta["size"] = self.size
+        if self._staging is None:
+            return self
+        self._features.flush()
+        self._labels.flush()
+        del self._features, self._labels
+        for name, width, dtype in (
+            ("features.bin", self.meta["dim"], np.dtype(self.meta["dtype"])),
+            ("labels.bin", self.meta["num_classes"], np.dtype(LABEL_DTYPE)),
+        ):
+            os.truncate(self._staging / name, self.size * width * dtype.itemsize)
+        (self._staging / "meta.json").write_text(json.dumps(self.meta, indent=2))
+        _replace_dir(self._staging, self._directory)
+        reopened = MemoryBank.load(self._directory)
+        self.__dict__.update(reopened.__dict__)
+        return self
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write an in-RAM bank to ``directory`` (atomically) in the :meth:`load` format."""
+        out = MemoryBank.allocate(
+            self.size, self.dim, self.num_classes, self.meta["dtype"], directory, self.meta
+        )
+        out.append(torch.from_numpy(np.asarray(self.features)), torch.from_numpy(np.asarray(self.labels)))
+        out.finish()
+        return Path(directory)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> MemoryBank:
+        """Open a saved bank memory-mapped, read-only."""
+        directory = Path(directory)
+        meta_path = directory / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{meta_path}: not a memory bank directory (no meta.json)")
+        meta = json.loads(meta_path.read_text())
+        n, d, c = meta["size"], meta["dim"], meta["num_classes"]
+        if n == 0:
+            return cls(np.empty((0, d), meta["dtype"]), np.empty((0, c), LABEL_DTYPE), 0, meta)
+        feats = np.memmap(directory / "features.bin", dtype=meta["dtype"], mode="r", shape=(n, d))
+        labels = np.memmap(directory / "labels.bin", dtype=LABEL_DTYPE, mode="r", shape=(n, c))
+        bank = cls(feats, labels, n, meta)
+        bank._directory = directory
+        return bank
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename ``src`` onto ``dst``; an existing ``dst`` is moved aside first and deleted last."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

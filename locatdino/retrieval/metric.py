@@ -1,0 +1,100 @@
+"""Streaming confusion-matrix mIoU (SPEC §3).
+
+One ``C×C`` int64 matrix accumulated with ``torch.bincount`` per batch, so memory is bounded by
+the batch, not the dataset (the reference keeps every predicted pixel in a Python list: tens of
+GB at 512 px). Rows are ground truth, columns predictions.
+
+- Identity mapping (default): prediction ``c`` means class ``c`` — the honest score for label
+  transfer, where predictions are class ids by construction.
+- Hungarian matching (comparison with published tables): predicted ids are first permuted by
+  the one-to-one assignment that maximises the matched pixel counts
+  (``scipy.optimize.linear_sum_assignment``), as the reference does.
+
+IoU of class c = TP / (TP + FP + FN). A class with an empty union (never present, never
+predicted) has IoU NaN and is left out of the mean; the ignore index, when it is one of the
+label values (ADE20K's 0), is never a class of the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class IoUResult:
+    """mIoU (in [0, 1]), per-class IoU ``[C]`` (NaN: absent or ignored class) and pixel accuracy."""
+
+    miou: float
+    iou: np.ndarray
+    pixel_accuracy: float
+
+
+class ConfusionMatrix:
+    """Accumulates ``(prediction, target)`` pixel pairs of ``num_classes`` classes.
+
+    Target pixels equal to ``ignore_index`` or outside ``[0, num_classes)`` are not counted.
+    """
+
+    def __init__(self, num_classes: int, ignore_index: int | None = 255):
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        """Add pixels of ``pred`` and ``target`` (integer tensors of one shape)."""
+        if pred.shape != target.shape:
+            raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ")
+        c = self.num_classes
+        target = target.reshape(-1).long()
+        pred = pred.reshape(-1).long()
+        valid = (target >= 0) & (target < c)
+        if self.ignore_index is not None:
+            valid &= target != self.ignore_index
+        if (pred[valid] < 0).any() or (pred[valid] >= c).any():
+            raise ValueError(f"predictions must lie in [0, {c})")
+        keys = target[valid] * c + pred[valid]
+        self.matrix += torch.bincount(keys, minlength=c * c).view(c, c).cpu()
+
+    def merge(self, other: ConfusionMatrix) -> None:
+        """Add another matrix of the same classes (e.g. from another process)."""
+        self.matrix += other.matrix
+
+    def class_mask(self) -> np.ndarray:
+        """Classes that take part in the mean: all but an in-range ignore index."""
+        mask = np.ones(self.num_classes, dtype=bool)
+        if self.ignore_index is not None and 0 <= self.ignore_index < self.num_classes:
+            mask[self.ignore_index] = False
+        return mask
+
+    def hungarian_matched(self) -> np.ndarray:
+        """The matrix with prediction columns permuted by the max-overlap one-to-one matching."""
+        cm = self.matrix.numpy()
+        classes = np.flatnonzero(self.class_mask())
+        sub = cm[np.ix_(classes, classes)]
+        rows, cols = linear_sum_assignment(sub, maximize=True)
+        matched = cm.copy()
+        matched[:, classes[rows]] = cm[:, classes[cols]]
+        return matched
+
+    def compute(self, matching: str = "identity") -> IoUResult:
+        """IoU per class and their mean; ``matching`` is ``"identity"`` or ``"hungarian"``."""
+        if matching == "identity":
+            cm = self.matrix.numpy()
+        elif matching == "hungarian":
+            cm = self.hungarian_matched()
+        else:
+            raise ValueError(f"matching must be 'identity' or 'hungarian', got {matching!r}")
+        cm = cm.astype(np.float64)
+        tp = np.diag(cm)
+        union = cm.sum(0) + cm.sum(1) - tp
+        with np.errstate(invalid="ignore", divide="ignore"):
+            iou = np.where(union > 0, tp / union, np.nan)
+        iou[~self.class_mask()] = np.nan
+        miou = float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")
+        total = cm.sum()
+        return IoUResult(miou, iou, float(tp.sum() / total) if total else float("nan"))

@@ -1,0 +1,99 @@
+"""Live dense-feature quality during pretraining: a small Hummingbird run every N steps.
+
+Add to a Lightning ``Trainer`` (or a LightningCLI config)::
+
+    trainer:
+      callbacks:
+        - class_path: locatdino.retrieval.HummingbirdMonitor
+          init_args: {every_n_steps: 500, num_train: 64, num_val: 16}
+
+Evaluates ``pl_module.teacher_backbone`` (the EMA teacher of ``DINOModule``) frozen and logs
+``hbird/mIoU`` (percent). Distributed runs: **rank 0 only** — the evaluation is small (seconds),
+the other ranks simply wait for rank 0 at the next gradient all-reduce, and the metric is logged
+with ``rank_zero_only=True`` (so it cannot be a ``ModelCheckpoint`` monitor on other ranks).
+The model's train/eval mode and the global RNG state are left untouched (memory views draw from
+their own generators).
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.splits import CachedSplit, open_split
+
+
+class HummingbirdMonitor(pl.Callback):
+    """Hummingbird mIoU of the teacher backbone every ``every_n_steps`` optimizer steps.
+
+    Args:
+        every_n_steps: evaluation period in optimizer steps (``trainer.global_step``).
+        dataset: ``"scenes"`` (built-in, default) or a labelled set of
+            ``build_segmentation_dataset`` (``"voc"``, ``"ade20k"``, ``"shards"``) with ``data_dir``.
+        num_train, num_val: memory and query images (a seeded subset of real datasets).
+        input_size: eval resolution; scenes are rendered at this size.
+        memory_size, aug_epochs, k: as in :class:`HummingbirdConfig`.
+        precision: encoder precision, ``"fp32"`` or ``"bf16"``.
+        batch_size: images per forward.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 1000,
+        dataset: str = "scenes",
+        data_dir: str | None = None,
+        train_split: str = "train",
+        val_split: str = "val",
+        num_train: int = 32,
+        num_val: int = 8,
+        input_size: int = 224,
+        memory_size: int | None = None,
+        aug_epochs: int = 1,
+        k: int = 30,
+        precision: str = "fp32",
+        batch_size: int = 16,
+        seed: int = 0,
+    ):
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
+        self.config = HummingbirdConfig(
+            input_size=input_size, memory_size=memory_size, aug_epochs=aug_epochs, k=k,
+            precision=precision, batch_size=batch_size, num_workers=0, seed=seed, progress=False,
+        )
+        self._splits = None
+        self._last_step = -1
+        self.history: list[tuple[int, float]] = []
+
+    def splits(self) -> tuple[CachedSplit, CachedSplit]:
+        """The memory and query sets, decoded once and kept in RAM."""
+        if self._splits is None:
+            name, data_dir, train_split, val_split, n_train, n_val, seed = self.source
+            size = self.config.input_size
+            self._splits = (
+                CachedSplit(open_split(name, data_dir, train_split, n_train, seed, size, n_train)),
+                CachedSplit(open_split(name, data_dir, val_split, n_val, seed, size, n_val)),
+            )
+        return self._splits
+
+    def evaluate(self, backbone) -> float:
+        """Hummingbird mIoU (percent) of a backbone on the monitor's sets."""
+        train_set, val_set = self.splits()
+        return hummingbird(backbone, train_set, val_set, self.config).miou
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == 0 or step % self.every_n_steps or step == self._last_step:
+            return
+        self._last_step = step
+        if not trainer.is_global_zero:
+            return
+        backbone = getattr(pl_module, "teacher_backbone", None)
+        if backbone is None:
+            raise AttributeError(
+                f"HummingbirdMonitor needs {type(pl_module).__name__}.teacher_backbone (see DINOModule)"
+            )
+        miou = self.evaluate(backbone)
+        self.history.append((step, miou))
+        pl_module.log("hbird/mIoU", miou, rank_zero_only=True, on_step=True, on_epoch=False)

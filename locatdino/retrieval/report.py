@@ -1,0 +1,135 @@
+"""Hummingbird reports: ``results.json`` and markdown summaries, single runs and comparisons.
+
+A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
+timings in seconds, memory size, the full config, the model). Files are written atomically
+(temporary file, then ``os.replace``), so an interrupted run never leaves a truncated report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+_PHASES = ("features", "data", "memory", "index", "search", "transfer")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def run_label(result: dict[str, Any]) -> str:
+    """Short name of a run: the model name, plus the checkpoint's file stem when there is one."""
+    model = result.get("model", {})
+    name = model.get("label") or model.get("name") or "model"
+    ckpt = model.get("checkpoint")
+    return f"{name} ({Path(ckpt).stem})" if ckpt and not model.get("label") else name
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def results_table(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown table, one row per run: scores, memory size, time split."""
+    head = "| model | mIoU | mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
+        f"{p} s" for p in _PHASES
+    ) + " | total s | peak RSS MB |"
+    rule = "|" + "---|" * (head.count("|") - 1)
+    rows = [head, rule]
+    for r in results:
+        t = r.get("timings", {})
+        rows.append(
+            f"| {run_label(r)} | {_fmt(r['miou'])} | {_fmt(r['miou_matched'])} | "
+            f"{_fmt(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
+            + " | ".join(_fmt(t.get(p), 1) for p in _PHASES)
+            + f" | {_fmt(t.get('total'), 1)} | {_fmt(r.get('peak_rss_mb'), 0)} |"
+        )
+    return "\n".join(rows)
+
+
+def per_class_table(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown per-class IoU, one column per run (plus Δ = last − first for two or more)."""
+    labels = [run_label(r) for r in results]
+    delta = len(results) > 1
+    head = "| class | " + " | ".join(labels) + (" | Δ |" if delta else " |")
+    rows = [head, "|" + "---|" * (len(labels) + 1 + delta)]
+    for name in results[0]["per_class_iou"]:
+        values = [r["per_class_iou"].get(name) for r in results]
+        cells = [_fmt(v) for v in values]
+        if delta:
+            first, last = values[0], values[-1]
+            cells.append("–" if first is None or last is None else f"{last - first:+.2f}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _setting_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    keys = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution")
+    lines = []
+    for key in keys:
+        values = {json.dumps(r["config"].get(key)) for r in results}
+        shown = ", ".join(sorted(values))
+        lines.append(f"- {key}: {shown}" + ("  ⚠ differs between runs" if len(values) > 1 else ""))
+    return lines
+
+
+def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation") -> str:
+    """The markdown report of one or several runs (a comparison when several)."""
+    r0 = results[0]
+    lines = [
+        f"# {title}",
+        "",
+        f"Dataset: {r0['config'].get('dataset', '?')} — {r0['num_train']} memory images, "
+        f"{r0['num_val']} query images. mIoU in %, identity class mapping (Hungarian-matched for "
+        "comparison with published tables).",
+        "",
+        *_setting_lines(results),
+        "",
+        results_table(results),
+        "",
+        "## Per-class IoU",
+        "",
+        per_class_table(results),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_run(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
+    """``results.json`` + ``summary.md`` of one run in ``out_dir``; returns the JSON path."""
+    out_dir = Path(out_dir)
+    path = atomic_write_text(out_dir / "results.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out_dir / "summary.md", summary_markdown([result]))
+    return path
+
+
+def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Runs from ``results.json`` files or directories holding them (searched recursively)."""
+    results = []
+    for p in map(Path, paths):
+        files = sorted(p.rglob("results.json")) if p.is_dir() else [p]
+        if not files:
+            raise FileNotFoundError(f"{p}: no results.json found")
+        for f in files:
+            try:
+                data = json.loads(f.read_text())
+                data["miou"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
+            results.append(data)
+    return results

@@ -1,0 +1,68 @@
+"""Opening the labelled splits a Hummingbird run needs, by dataset name.
+
+Readers come from ``locatdino.data.build_segmentation_dataset`` (VOC, ADE20K, shards, built-in
+scenes). Here only what evaluation adds: a seeded random subset of a split (the reference
+evaluates on fractions of the training set) and an in-RAM cache for the small sets the online
+monitor re-reads at every evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class SubsetSplit:
+    """Images ``indices`` of a segmentation dataset, keeping its protocol attributes."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray):
+        self.dataset, self.indices = dataset, np.asarray(indices)
+        self.num_classes, self.ignore_index = dataset.num_classes, dataset.ignore_index
+        self.class_names = getattr(dataset, "class_names", None)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.dataset[int(self.indices[i])]
+
+
+class CachedSplit(SubsetSplit):
+    """All of a (small) dataset decoded once and kept in RAM."""
+
+    def __init__(self, dataset: Any):
+        super().__init__(dataset, np.arange(len(dataset)))
+        self.items = [dataset[i] for i in range(len(dataset))]
+
+    def __getitem__(self, i: int):
+        return self.items[i]
+
+
+def open_split(
+    name: str,
+    data_dir: str | None,
+    split: str,
+    count: int | None = None,
+    seed: int = 0,
+    scene_size: int = 224,
+    default_scenes: int = 100,
+) -> Any:
+    """Split ``split`` of dataset ``name``, limited to a seeded random subset of ``count`` images.
+
+    The built-in scenes are rendered on demand, so for them ``count`` is the number of scenes
+    (``default_scenes`` when None) of ``scene_size`` px.
+    """
+    from locatdino.data import build_segmentation_dataset
+
+    if name == "scenes":
+        return build_segmentation_dataset(
+            "scenes", data_dir, split, num_images=count or default_scenes, size=scene_size, seed=seed
+        )
+    if data_dir is None:
+        raise ValueError(f"dataset {name!r} needs a data directory (--data-dir)")
+    dataset = build_segmentation_dataset(name, data_dir, split)
+    if count is not None and count < len(dataset):
+        rng = np.random.default_rng(seed)
+        dataset = SubsetSplit(dataset, np.sort(rng.choice(len(dataset), size=count, replace=False)))
+    return dataset

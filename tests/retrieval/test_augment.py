@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from locatdino.retrieval.augment import IMAGENET_STD, PairedAugmentation, normalize, resize_image
+from locatdino.retrieval.patch_labels import PAD
+
+
+def _pair():
+    """A 4:3 image whose grey level encodes its mask: class c -> 60 c, in large blocks."""
+    mask = torch.zeros(120, 160, dtype=torch.long)
+    mask[:, 80:] = 1
+    mask[60:, :] = 2
+    mask[60:, 120:] = 3
+    return (mask * 60).to(torch.uint8).expand(3, -1, -1).clone(), mask
+
+
+def _check_aligned(image, mask):
+    """Away from label edges (antialiasing blurs ~2 px), the grey level decodes to the mask."""
+    one_hot = torch.nn.functional.one_hot(mask + 1, 5).permute(2, 0, 1).float()[None]
+    interior = -torch.nn.functional.max_pool2d(-one_hot, 7, stride=1, padding=3)  # erosion
+    interior = interior[0].amax(0).bool() & (mask != PAD)
+    interior[[0, -1], :] = interior[:, [0, -1]] = False  # may blend a sub-pixel padding strip
+    decoded = (image[0].float() / 60).round().long()
+    assert interior.float().mean() > 0.2
+    assert torch.equal(decoded[interior], mask[interior])
+
+
+def test_crop_keeps_image_and_mask_aligned_and_sized():
+    aug = PairedAugmentation(64, jitter=0.0)
+    for seed in range(20):
+        image, mask = aug(*_pair(), torch.Generator().manual_seed(seed))
+        assert image.shape == (3, 64, 64) and image.dtype == torch.uint8 and mask.shape == (64, 64)
+        _check_aligned(image, mask)
+
+
+def test_scale_above_one_zooms_out_onto_a_padded_canvas():
+    aug = PairedAugmentation(64, scale=(1.9, 2.0), jitter=0.0)
+    image, mask = aug(*_pair(), torch.Generator().manual_seed(0))
+    pad = mask == PAD
+    assert 0.35 < pad.float().mean() < 0.6  # the image covers ~1/2 of the canvas
+    assert set(mask[~pad].unique().tolist()) == {0, 1, 2, 3}  # the whole image is visible
+    canvas = image[:, pad].float() - torch.tensor([124.0, 116, 104])[:, None]
+    assert (canvas.abs().amax(0) <= 1).float().mean() > 0.9  # mean colour (blurred at the seam)
+    _check_aligned(image, mask)
+    # boxes that fit (area <= image, the image's aspect ratio) never pad
+    inside = PairedAugmentation(64, scale=(0.5, 1.0), ratio=(4 / 3, 4 / 3), jitter=0.0)
+    for seed in range(10):
+        assert not (inside(*_pair(), torch.Generator().manual_seed(seed))[1] == PAD).any()
+
+
+def test_same_generator_same_view_and_jitter_changes_only_colours():
+    aug = PairedAugmentation(48, jitter=0.1, jitter_p=1.0)
+    a = aug(*_pair(), torch.Generator().manual_seed(3))
+    b = aug(*_pair(), torch.Generator().manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    plain = PairedAugmentation(48, jitter=0.0)(*_pair(), torch.Generator().manual_seed(3))
+    assert torch.equal(plain[1], a[1]) and not torch.equal(plain[0], a[0])
+
+
+def test_normalize_uses_the_correct_imagenet_std():
+    assert IMAGENET_STD == pytest.approx((0.229, 0.224, 0.225))  # the reference has 0.255
+    x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
+    out = normalize(x)
+    assert out[0, 2, 0, 0].item() == pytest.approx((1 - 0.406) / 0.225)
+    assert resize_image(x[0], 5).shape == (3, 5, 5)

@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+import torch
+
+from locatdino.retrieval.index import PatchIndex
+
+
+def _unit(n, d, seed):
+    x = torch.nn.functional.normalize(torch.randn(n, d, generator=torch.Generator().manual_seed(seed)), dim=1)
+    return x.numpy()
+
+
+def test_exact_neighbours_equal_torch_topk():
+    memory, queries = _unit(2000, 32, 0), _unit(100, 32, 1)
+    index = PatchIndex(32).build(memory, chunk=512)  # several add() chunks
+    sims, ids = index.search(queries, 30)
+    ref = torch.from_numpy(queries) @ torch.from_numpy(memory).T
+    ref_sims, ref_ids = ref.topk(30, dim=1)
+    assert index.exact_scores
+    assert np.array_equal(ids, ref_ids.numpy())
+    np.testing.assert_allclose(sims, ref_sims.numpy(), atol=1e-5)
+
+
+def test_ivf_visiting_every_cell_is_exact_and_pq_scores_are_flagged():
+    memory, queries = _unit(3000, 16, 2), _unit(50, 16, 3)
+    exact = PatchIndex(16).build(memory)
+    ivf = PatchIndex(16, "IVF16,Flat", nprobe=16).build(memory)
+    assert np.array_equal(ivf.search(queries, 10)[1], exact.search(queries, 10)[1])
+    assert not PatchIndex(16, "IVF16,PQ4").exact_scores
+    hnsw = PatchIndex(16, "HNSW16", ef_search=64).build(memory)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(hnsw.search(queries, 10)[1], exact.search(queries, 10)[1])])
+    assert recall > 0.9
+
+
+def test_clear_errors():
+    with pytest.raises(ValueError, match="invalid FAISS index spec 'IVFx'"):
+        PatchIndex(8, "IVFx")
+    with pytest.raises(ValueError, match="has no parameter 'nprobe'"):
+        PatchIndex(8, "Flat", nprobe=4).build(_unit(10, 8, 0))
+    with pytest.raises(ValueError, match="k=30 neighbours requested but the memory holds 10"):
+        PatchIndex(8).build(_unit(10, 8, 0)).search(_unit(2, 8, 1), 30)
+    with pytest.raises(ValueError, match=r"features \[N, 8\]"):
+        PatchIndex(8).build(_unit(10, 4, 0))
