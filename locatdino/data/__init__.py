@@ -1,6 +1,27 @@
-"""Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes."""
+"""Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes.
+
+``ShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so they load on first use:
+``locatdino shards`` (which imports this package) does not pay for Lightning's import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
+from locatdino.data.shard_sources import build_source
+from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls
+from locatdino.data.shard_writer import write_shards
 
-__all__ = ["SCENE_CLASSES", "MultiCropTransform", "ScenesSegmentation", "collate_multicrop"]
+_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped"}
+
+__all__ = ["SCENE_CLASSES", "MultiCropTransform", "ScenesSegmentation", "ShardDataModule", "ShardLoader",
+           "ShardStream", "SkippedSamplesLogger", "build_source", "collate_multicrop", "expand_urls", "write_shards"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

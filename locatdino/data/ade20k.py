@@ -1,0 +1,82 @@
+"""ADE20K (SceneParsing, ``ADEChallengeData2016``) semantic segmentation in its standard layout.
+
+    ADEChallengeData2016/
+        images/{training,validation}/ADE_{train,val}_<n>.jpg
+        annotations/{training,validation}/ADE_{train,val}_<n>.png   grayscale, values 0..150
+
+Labels: values 1..150 are the 150 SceneParsing classes; 0 means "other / unlabelled" and is the
+**ignore index (0)** of the benchmark (SPEC §3: 151 label values, 0 ignored). ``num_classes`` is
+therefore 151 and ``class_names[0] == "other"``; an evaluator excludes ``ignore_index`` pixels and
+averages IoU over classes 1..150. (mmsegmentation's ``reduce_zero_label`` shifts the same labels to
+0..149 with ignore 255; the mIoU is identical.) ``root`` may be ``ADEChallengeData2016`` or its parent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from locatdino.data.decode import decode_mask, decode_rgb
+
+ADE20K_CLASSES: tuple[str, ...] = ("other",) + tuple(n.strip() for n in (
+    "wall, building, sky, floor, tree, ceiling, road, bed, windowpane, grass, cabinet, sidewalk, person, earth, "
+    "door, table, mountain, plant, curtain, chair, car, water, painting, sofa, shelf, house, sea, mirror, rug, "
+    "field, armchair, seat, fence, desk, rock, wardrobe, lamp, bathtub, railing, cushion, base, box, column, "
+    "signboard, chest of drawers, counter, sand, sink, skyscraper, fireplace, refrigerator, grandstand, path, "
+    "stairs, runway, case, pool table, pillow, screen door, stairway, river, bridge, bookcase, blind, "
+    "coffee table, toilet, flower, book, hill, bench, countertop, stove, palm, kitchen island, computer, "
+    "swivel chair, boat, bar, arcade machine, hovel, bus, towel, light, truck, tower, chandelier, awning, "
+    "streetlight, booth, television receiver, airplane, dirt track, apparel, pole, land, bannister, escalator, "
+    "ottoman, bottle, buffet, poster, stage, van, ship, fountain, conveyer belt, canopy, washer, plaything, "
+    "swimming pool, stool, barrel, basket, waterfall, tent, bag, minibike, cradle, oven, ball, food, step, tank, "
+    "trade name, microwave, pot, animal, bicycle, lake, dishwasher, screen, blanket, sculpture, hood, sconce, "
+    "vase, traffic light, tray, ashcan, fan, pier, crt screen, plate, monitor, bulletin board, shower, "
+    "radiator, glass, clock, flag").split(","))
+ADE20K_IGNORE_INDEX = 0
+_SPLITS = {"training": "training", "train": "training", "validation": "validation", "val": "validation"}
+
+
+def find_ade20k_root(root: str | Path) -> Path:
+    """The ``ADEChallengeData2016`` folder (holding ``images/`` and ``annotations/``)."""
+    root = Path(root)
+    for cand in (root, root / "ADEChallengeData2016"):
+        if (cand / "images").is_dir() and (cand / "annotations").is_dir():
+            return cand
+    raise FileNotFoundError(f"no ADE20K tree under {root} (expected images/ and annotations/ in it or in "
+                            "ADEChallengeData2016/)")
+
+
+def ade20k_pairs(root: str | Path, split: str = "validation") -> list[tuple[Path, Path]]:
+    """``(image, mask)`` paths of an ADE20K split, sorted by file name; every image needs its mask."""
+    if split not in _SPLITS:
+        raise ValueError(f"ADE20K split must be one of {sorted(_SPLITS)}, got {split!r}")
+    ade, split = find_ade20k_root(root), _SPLITS[split]
+    images = sorted((ade / "images" / split).glob("*.jpg"))
+    if not images:
+        raise FileNotFoundError(f"ADE20K split {split!r}: no .jpg files in {ade / 'images' / split}")
+    pairs = [(p, ade / "annotations" / split / f"{p.stem}.png") for p in images]
+    missing = [str(m) for _, m in pairs if not m.is_file()]
+    if missing:
+        raise FileNotFoundError(f"ADE20K split {split!r}: {len(missing)} mask(s) missing, first: {missing[0]}")
+    return pairs
+
+
+class ADE20KSegmentation:
+    """``ds[i] -> (PIL RGB image, mask uint8 [H, W])``; values 0..150, ignore index 0."""
+
+    class_names: list[str] = list(ADE20K_CLASSES)
+    num_classes: int = len(ADE20K_CLASSES)
+    ignore_index: int | None = ADE20K_IGNORE_INDEX
+
+    def __init__(self, root: str | Path, split: str = "validation") -> None:
+        self.root, self.split = Path(root), split
+        self.pairs = ade20k_pairs(root, split)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
+        image, mask = self.pairs[index]
+        return decode_rgb(image), decode_mask(mask)

@@ -1,0 +1,131 @@
+"""``ShardDataModule``: DINO multi-crop batches streamed from WebDataset shards (Lightning).
+
+Lightning adds no DistributedSampler to an IterableDataset, so this module owns the split: it
+reads the rank and world size from the trainer in ``setup`` and builds a fixed-length
+``ShardStream`` (``locatdino.data.shard_stream``) per rank: every rank yields exactly
+``batches_per_epoch`` batches per epoch, whatever the shard count, so DDP never hangs.
+
+YAML (LightningCLI)::
+
+    data:
+      class_path: locatdino.data.ShardDataModule
+      init_args:
+        train_urls: /data/in1k/shard-{000000..001281}.tar   # or a directory, a glob, "a::b"
+        batch_size: 64                                         # per rank
+        num_workers: 8
+        resampled: true                                        # multi-node recipe
+        multicrop: {num_local_crops: 8, local_crop_size: 96}   # MultiCropTransform fields
+
+A tiny CPU recipe needs no prior step: ``synthetic: 512`` writes 512 built-in scenes as shards
+into ``train_urls`` (a directory) in ``prepare_data`` when it holds no shards yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import lightning as L
+import torch
+
+from locatdino.data.multicrop import MultiCropTransform
+from locatdino.data.shard_sources import ScenesSource
+from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, shard_sizes
+from locatdino.data.shard_writer import write_shards
+
+log = logging.getLogger(__name__)
+
+
+class ShardDataModule(L.LightningDataModule):
+    """Streams DINO multi-crop batches (``{"global", "local", "skipped", "skipped_keys"}``).
+
+    Args:
+        train_urls: shards: a directory (its ``*.tar``), a glob, a brace pattern, ``::``-joined
+            parts or a list.
+        batch_size: samples per batch on each rank.
+        num_workers: DataLoader worker processes per rank.
+        multicrop: the DINO augmentation (default: SPEC §2, 2 × 224 px + 8 × 96 px).
+        resampled: draw shards with replacement in each worker (recommended for multi-node:
+            no rank waits for a slow shard assignment and any shard count works).
+        batches_per_epoch: batches per rank per epoch; default: samples in the shards (from
+            ``index.json`` or the tar headers) // (batch_size × world_size), at least 1.
+        shuffle_buffer: per-worker sample shuffle buffer (1 disables).
+        seed: base seed of shard/sample shuffles (an epoch/rank/worker offset is added).
+        pin_memory: pin batches for faster host→GPU copies (ignored without a GPU).
+        synthetic: if > 0 and ``train_urls`` (a directory) holds no shards, write this many
+            built-in scenes there in ``prepare_data``.
+        synthetic_size: side of the generated scenes in pixels.
+        synthetic_seed: seed of the generated scenes.
+    """
+
+    def __init__(self, train_urls: str | list[str] = "shards/scenes", batch_size: int = 64, num_workers: int = 8,
+                 multicrop: MultiCropTransform | None = None, resampled: bool = False,
+                 batches_per_epoch: int | None = None, shuffle_buffer: int = 1000, seed: int = 0,
+                 pin_memory: bool = True, synthetic: int = 0, synthetic_size: int = 224,
+                 synthetic_seed: int = 0) -> None:
+        super().__init__()
+        self.train_urls, self.batch_size, self.num_workers = train_urls, batch_size, num_workers
+        self.multicrop = multicrop or MultiCropTransform()
+        self.resampled, self.batches_per_epoch = resampled, batches_per_epoch
+        self.shuffle_buffer, self.seed, self.pin_memory = shuffle_buffer, seed, pin_memory
+        self.synthetic, self.synthetic_size, self.synthetic_seed = synthetic, synthetic_size, synthetic_seed
+        self.stream: ShardStream | None = None
+        self._epoch = 0
+
+    def prepare_data(self) -> None:
+        """Write built-in scene shards into ``train_urls`` when asked and none are there yet."""
+        if self.synthetic <= 0 or self._has_shards():
+            return
+        if not isinstance(self.train_urls, str) or set("*?{[:") & set(self.train_urls):
+            raise ValueError(f"synthetic={self.synthetic} needs train_urls to be a directory, got {self.train_urls!r}")
+        shards = max(8, 2 * (os.cpu_count() or 1))  # enough shards for every rank and worker to start
+        log.info("writing %d built-in scenes to %s", self.synthetic, self.train_urls)
+        write_shards(ScenesSource(self.synthetic, self.synthetic_seed, self.synthetic_size), self.train_urls,
+                     maxcount=max(1, math.ceil(self.synthetic / shards)), progress=False)
+
+    def _has_shards(self) -> bool:
+        try:
+            return bool(expand_urls(self.train_urls))
+        except FileNotFoundError:
+            return False
+
+    def setup(self, stage: str | None = None) -> None:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.stream = self.build_stream(rank, world)
+
+    def build_stream(self, rank: int = 0, world_size: int = 1) -> ShardStream:
+        """The fixed-length stream of one rank (also usable without a Trainer)."""
+        urls = expand_urls(self.train_urls)
+        n = self.batches_per_epoch
+        if n is None:
+            sizes = shard_sizes(urls)
+            if sizes is None:
+                raise ValueError("cannot count the samples of remote shards without index.json: set batches_per_epoch")
+            n = sum(sizes) // (self.batch_size * world_size)
+            if n == 0:
+                log.warning("%d samples < batch_size %d x world_size %d: using 1 batch per epoch (samples repeat)",
+                            sum(sizes), self.batch_size, world_size)
+                n = 1
+        stream = ShardStream(urls, self.multicrop, self.batch_size, num_batches=n, rank=rank, world_size=world_size,
+                             resampled=self.resampled, shuffle_buffer=self.shuffle_buffer, seed=self.seed)
+        stream.epoch = self._epoch
+        return stream
+
+    def train_dataloader(self) -> ShardLoader:
+        if self.stream is None:
+            self.setup("fit")
+        pin = self.pin_memory and torch.cuda.is_available()
+        return ShardLoader(self.stream, num_workers=self.num_workers, pin_memory=pin)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch counter of the stream, so a resumed run continues the shuffle sequence."""
+        return {"epoch": self.stream.epoch if self.stream is not None else self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._epoch = int(state_dict.get("epoch", 0))
+        if self.stream is not None:
+            self.stream.epoch = self._epoch
+

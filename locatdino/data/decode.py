@@ -1,0 +1,91 @@
+"""Robust image and mask decoding shared by the shard stream and the segmentation readers.
+
+Web-scale image sets contain every PIL mode there is. ``decode_rgb`` turns all of them into
+8-bit RGB: grayscale (L, 1), palette (P), alpha (RGBA, LA, PA: composited on white, so hidden
+colours under transparent pixels do not leak), CMYK and YCbCr JPEGs, 16/32-bit integer and
+float images (rescaled from their own range). Anything PIL cannot fully decode (corrupt or
+truncated files, decompression bombs, empty images) raises ``DecodeError`` with one line saying
+why, so that the caller can skip and count the sample instead of crashing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+
+import numpy as np
+from PIL import Image
+
+# Sample keys that may hold an image, in order of preference (webdataset lower-cases suffixes).
+IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "gif")
+IMAGE_SUFFIXES: frozenset[str] = frozenset("." + k for k in IMAGE_KEYS)
+
+
+class DecodeError(ValueError):
+    """An image or mask that cannot be decoded; the message names the reason."""
+
+
+def find_image(sample: Mapping[str, object]) -> bytes:
+    """The encoded image of a webdataset sample, or ``DecodeError`` if it has none."""
+    for key in IMAGE_KEYS:
+        data = sample.get(key)
+        if isinstance(data, bytes | bytearray | memoryview):
+            return bytes(data)
+    present = sorted(k for k in sample if not k.startswith("__"))
+    raise DecodeError(f"no image key (looked for {'/'.join(IMAGE_KEYS[:4])}/...; sample has {present})")
+
+
+def _open(data: bytes | str | os.PathLike) -> Image.Image:
+    try:
+        image = Image.open(io.BytesIO(data) if isinstance(data, bytes | bytearray) else data)
+        image.load()  # force full decoding: truncated files fail here, not later in a worker
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+    if image.width < 1 or image.height < 1:
+        raise DecodeError(f"empty image {image.size}")
+    return image
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):  # high bit depth: rescale to 8 bit
+        arr = np.asarray(image, dtype=np.float64)
+        lo, hi = (0.0, 65535.0) if mode.startswith("I;16") else (float(arr.min()), float(arr.max()))
+        if mode == "I" and lo >= 0 and hi <= 255:
+            lo, hi = 0.0, 255.0
+        arr = np.clip((arr - lo) / max(hi - lo, 1e-12) * 255 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB")
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def decode_rgb(data: bytes | str | os.PathLike) -> Image.Image:
+    """Decode encoded bytes or a file path to an 8-bit RGB PIL image (see module docstring)."""
+    image = _open(data)
+    try:
+        return _to_rgb(image)
+    except Exception as exc:
+        raise DecodeError(f"cannot convert mode {image.mode} to RGB: {exc}") from None
+
+
+def decode_mask(data: bytes | str | os.PathLike) -> np.ndarray:
+    """Decode a label map (palette or grayscale PNG) to its class indices ``[H, W]``.
+
+    Palette PNGs (VOC ``SegmentationClass``) hold class indices as palette entries, so the
+    indices are read directly, never the RGB colours. 8-bit masks come back as uint8, wider
+    ones (16-bit PNG) as int64.
+    """
+    image = _open(data)
+    if image.mode in ("P", "L"):
+        return np.asarray(image, dtype=np.uint8)
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        return np.asarray(image).astype(np.int64)
+    raise DecodeError(f"mask must be a palette or grayscale image, got mode {image.mode}")

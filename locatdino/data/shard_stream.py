@@ -1,0 +1,232 @@
+"""Stream multi-crop batches from WebDataset shards, split over ranks and DataLoader workers.
+
+Order of operations in each worker (SPEC §4): shard list → rank split → worker split → tar
+reading → sample shuffle buffer → robust decode → multi-crop → batch. Two modes:
+
+- **one pass** (``num_batches=None``): every shard is read once, split round-robin over ranks
+  (``rank::world_size``) then workers (``webdataset.split_by_worker``): each sample is seen exactly
+  once, the last batch of a worker may be short. Ranks may get different batch counts, so use
+  this for evaluation or single-process runs only.
+- **fixed length** (``num_batches=N`` per rank, used for training): every rank yields exactly
+  ``N`` batches per epoch, shared as evenly as possible by its workers, so DDP ranks never
+  disagree on the step count (an uneven count deadlocks the gradient all-reduce). Shards come
+  from an endless stream: ``resampled=True`` draws shards with replacement per worker
+  (``webdataset.ResampledShards``, the multi-node recipe); otherwise the shard list is cycled, each
+  cycle in a new seeded order, and the endless stream is split ``rank::world`` / ``worker::W``, so
+  no rank or worker is ever without data, even with fewer shards than ranks × workers.
+
+The rank comes from the trainer (``ShardDataModule``) instead of webdataset's ``split_by_node``
+environment probing: DataLoader workers started with ``spawn`` do not inherit the process group,
+and tests can simulate ranks. Shuffles are seeded by ``(seed, epoch, rank, worker)``;
+``ShardLoader`` increments ``epoch`` each time an epoch starts, so every epoch differs and a run
+is reproducible.
+
+Corrupt samples (undecodable, truncated, no image key, any failure of the transform) are skipped
+and counted exactly: each batch carries ``skipped`` (int64, samples this worker dropped since its
+previous batch) and ``skipped_keys`` (``"<shard>:<key>: <reason>"`` strings). A damaged tar
+(header errors) cannot be counted sample by sample; it is reported in ``skipped_keys`` as a shard
+error and streaming continues with the next shard.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import tarfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import count, islice
+from pathlib import Path
+from typing import Any
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset.shardlists import expand_urls as _expand_braces
+from webdataset.utils import make_seed
+
+from locatdino.data.decode import decode_rgb, find_image
+from locatdino.data.multicrop import collate_multicrop
+from locatdino.data.shard_writer import INDEX_NAME
+
+_GLOB_CHARS = set("*?[")
+
+
+def _is_remote(url: str) -> bool:
+    return "://" in url or url.startswith("pipe:")
+
+
+def expand_urls(urls: str | Sequence[str]) -> list[str]:
+    """Shard URLs from a list, or a string of ``::``-separated parts, each part a directory
+    (its ``*.tar``, sorted), a glob, a brace pattern (``shard-{000000..000099}.tar``) or a URL."""
+    parts = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
+    out: list[str] = []
+    for part in parts:
+        for url in _expand_braces(os.path.expanduser(str(part))):
+            if os.path.isdir(url):
+                found = sorted(glob.glob(os.path.join(url, "*.tar")))
+            elif _is_remote(url):
+                found = [url]
+            elif _GLOB_CHARS & set(url):
+                found = sorted(glob.glob(url))
+            else:
+                found = [url] if os.path.isfile(url) else []
+            if not found:
+                raise FileNotFoundError(f"no shards match {url!r}")
+            out += found
+    if not out:
+        raise FileNotFoundError(f"no shard URLs in {urls!r}")
+    return out
+
+
+def _sample_key(member: str) -> str:
+    """webdataset's grouping key of a tar member: its path up to the first dot of the base name."""
+    folder, _, base = member.rpartition("/")
+    return f"{folder}/{base.split('.', 1)[0]}"
+
+
+def shard_sizes(urls: Sequence[str]) -> list[int] | None:
+    """Samples per shard from the ``index.json`` written beside the shards, else by listing local
+    tar headers (no data is read); ``None`` when neither is possible (remote shards)."""
+    indexes: dict[str, dict[str, int]] = {}
+    sizes = []
+    for url in urls:
+        folder, name = os.path.split(url)
+        if folder not in indexes:
+            path = Path(folder or ".") / INDEX_NAME
+            index = json.loads(path.read_text()) if path.is_file() else {}
+            indexes[folder] = {s["name"]: s["num_samples"] for s in index.get("shards", [])}
+        if name in indexes[folder]:
+            sizes.append(indexes[folder][name])
+        elif os.path.isfile(url):
+            with tarfile.open(url) as tar:
+                sizes.append(len({_sample_key(m.name) for m in tar if m.isfile()}))
+        else:
+            return None
+    return sizes
+
+
+class _SkipLog:
+    """Samples and shards a worker had to drop since its last batch."""
+
+    def __init__(self) -> None:
+        self.count, self.notes = 0, []
+
+    def sample(self, sample: dict[str, Any], exc: Exception) -> None:
+        self.count += 1
+        self.notes.append(f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}: {exc}")
+
+    def shard_error(self, exc: Exception) -> bool:
+        """webdataset handler for tar-level errors: note it, continue with the next shard."""
+        self.notes.append(f"shard error, rest of shard lost: {type(exc).__name__}: {exc}")
+        return True
+
+    def pop(self) -> tuple[int, list[str]]:
+        out = (self.count, self.notes)
+        self.count, self.notes = 0, []
+        return out
+
+
+class ShardStream(IterableDataset):
+    """Multi-crop batches from shards for one rank (see the module docstring for the modes).
+
+    Args:
+        urls: shard URLs (already expanded, see ``expand_urls``).
+        transform: image (PIL RGB) → list of crops, e.g. ``MultiCropTransform``.
+        batch_size: samples per batch (per rank).
+        num_batches: batches per epoch for this rank, or ``None`` for one exact pass.
+        rank, world_size: this process's place in the data-parallel group.
+        resampled: draw shards with replacement (needs ``num_batches``).
+        shuffle_shards: shuffle the shard order (one-pass and cycling modes).
+        shuffle_buffer: sample shuffle buffer per worker (1 disables).
+        seed: base seed of every shuffle.
+    """
+
+    def __init__(self, urls: Sequence[str], transform: Callable[[Any], list[torch.Tensor]], batch_size: int, *,
+                 num_batches: int | None = None, rank: int = 0, world_size: int = 1, resampled: bool = False,
+                 shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0) -> None:
+        super().__init__()
+        if not urls:
+            raise ValueError("ShardStream: no shard URLs")
+        if resampled and num_batches is None:
+            raise ValueError("ShardStream: resampled=True streams forever; set num_batches")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"ShardStream: rank {rank} not in [0, {world_size})")
+        self.urls, self.transform, self.batch_size = list(urls), transform, batch_size
+        self.num_batches, self.rank, self.world_size = num_batches, rank, world_size
+        self.resampled, self.shuffle_shards, self.shuffle_buffer, self.seed = (
+            resampled, shuffle_shards, shuffle_buffer, seed)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("ShardStream in one-pass mode has no length")
+        return self.num_batches
+
+    def _shard_order(self, endless: bool) -> Iterator[str]:
+        """All shards, once or cycled forever, each cycle in a new seeded order."""
+        for cycle in count() if endless else range(1):
+            order = list(self.urls)
+            if self.shuffle_shards:
+                random.Random(make_seed(self.seed, self.epoch, cycle)).shuffle(order)
+            yield from order
+
+    def _shards(self, worker: int) -> Iterable[dict[str, str]]:
+        if self.resampled:
+            return wds.ResampledShards(self.urls, seed=make_seed(self.seed, self.epoch),
+                                       worker_seed=lambda: make_seed(self.rank, worker), deterministic=True)
+        mine = islice(self._shard_order(self.num_batches is not None), self.rank, None, self.world_size)
+        return ({"url": url} for url in wds.split_by_worker(mine))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        log = _SkipLog()
+        samples = wds.tarfile_to_samples(handler=log.shard_error)(self._shards(worker))
+        if self.shuffle_buffer > 1:
+            rng = random.Random(make_seed(self.seed, self.epoch, self.rank, worker, 1))
+            samples = wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer), rng=rng)(samples)
+        batches = self._batches(samples, log)
+        if self.num_batches is None:
+            return batches
+        share = self.num_batches // workers + (worker < self.num_batches % workers)
+        return islice(batches, share)
+
+    def _batches(self, samples: Iterable[dict[str, Any]], log: _SkipLog) -> Iterator[dict[str, Any]]:
+        num_global = getattr(self.transform, "num_global_crops", None)
+        buf: list[list[torch.Tensor]] = []
+        for sample in samples:
+            try:
+                buf.append(self.transform(decode_rgb(find_image(sample))))
+            except Exception as exc:  # a bad sample is skipped and counted, never fatal
+                log.sample(sample, exc)
+                continue
+            if len(buf) == self.batch_size:
+                yield self._collate(buf, log, num_global)
+                buf = []
+        if buf:  # only reached in one-pass mode: keep the remainder so every sample is seen
+            yield self._collate(buf, log, num_global)
+
+    @staticmethod
+    def _collate(buf: list[list[torch.Tensor]], log: _SkipLog, num_global: int | None) -> dict[str, Any]:
+        skipped, notes = log.pop()
+        batch = collate_multicrop(buf, skipped=skipped, num_global_crops=num_global)
+        batch["skipped_keys"] = notes
+        return batch
+
+
+class ShardLoader(DataLoader):
+    """DataLoader over a ``ShardStream`` (batches come ready-made: ``batch_size=None``).
+
+    Starts a new ``epoch`` of the stream on every ``iter()``; workers are not persistent, so each
+    epoch's workers receive the stream with the new epoch number (new shard and sample orders).
+    ``len()`` is the fixed number of batches per rank.
+    """
+
+    def __init__(self, stream: ShardStream, num_workers: int = 0, **kwargs: Any) -> None:
+        super().__init__(stream, batch_size=None, num_workers=num_workers, persistent_workers=False, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.dataset.epoch += 1
+        return super().__iter__()

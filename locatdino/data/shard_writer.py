@@ -1,0 +1,169 @@
+"""Write WebDataset tar shards from a ``ShardSource``, in parallel, with an index beside them.
+
+Layout of ``out_dir`` after a run::
+
+    shard-000000.tar ... shard-000041.tar   consecutive, ``maxcount`` samples each (the last fewer)
+    index.json                              counts per shard, classes, sizes, brace pattern
+
+How a run stays safe:
+- the items are cut into chunks of ``maxcount``; each worker process writes its chunks with
+  ``webdataset.ShardWriter`` (which also starts a new shard past ``maxsize`` bytes) into a
+  temporary folder inside ``out_dir``; only when every chunk succeeded are the shards renamed to
+  consecutive names and ``index.json`` written (atomically). A failed run leaves ``out_dir``
+  as it was. The output is the same for any number of workers.
+- an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
+  the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
+  are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+import webdataset as wds
+from tqdm import tqdm
+
+from locatdino.data.shard_sources import ShardSource
+
+INDEX_NAME = "index.json"
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(source: ShardSource, counter: Any) -> None:
+    if counter is not None:  # a pool process: processes, not threads, give the parallelism
+        torch.set_num_threads(1)
+    _worker.update(source=source, counter=counter)
+
+
+def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize: float) -> list[dict[str, Any]]:
+    """Write one chunk of items with a ShardWriter; returns ``[{path, num_samples, cls}]``."""
+    source, counter = _worker["source"], _worker["counter"]
+    shards: list[dict[str, Any]] = []
+    classes: Counter[str] = Counter()
+
+    def finished(fname: str) -> None:
+        shards.append({"path": fname, "num_samples": writer.count, "cls": dict(classes)})
+        classes.clear()
+
+    writer = wds.ShardWriter(os.path.join(tmp, f"{chunk:06d}-%04d.tar"), maxcount=maxcount, maxsize=maxsize,
+                             post=finished, verbose=0)
+    with writer:
+        for item in items:
+            sample = source.sample(item)
+            writer.write(sample)
+            if "cls" in sample:
+                classes[sample["cls"]] += 1
+            if counter is not None:
+                with counter.get_lock():
+                    counter.value += 1
+    return shards
+
+
+def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
+    """Shards of an earlier run that ``overwrite`` will replace; refuses anything ambiguous."""
+    tars = sorted(out.glob("*.tar"))
+    index = out / INDEX_NAME
+    if not tars and not index.exists():
+        return []
+    if not overwrite:
+        raise FileExistsError(f"{out} already holds shards ({len(tars)} .tar, index.json: {index.exists()}); "
+                              "pass --overwrite (overwrite=True) to replace them, or choose another directory")
+    foreign = [t for t in tars if not (t.name.startswith(f"{prefix}-") and t.name[len(prefix) + 1:-4].isdigit())]
+    if foreign:
+        raise FileExistsError(f"{out} holds .tar files that are not {prefix}-NNNNNN.tar shards (e.g. {foreign[0].name}); "
+                              "refusing to mix shard sets: choose an empty directory")
+    return tars
+
+
+def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10_000, maxsize: float = 1e9,
+                 workers: int | None = None, prefix: str = "shard", overwrite: bool = False,
+                 progress: bool = True) -> dict[str, Any]:
+    """Write ``source`` as tar shards into ``out_dir``; returns the index (also saved as index.json).
+
+    Args:
+        source: a ``ShardSource`` (see ``locatdino.data.shard_sources.build_source``).
+        maxcount: samples per shard (also the unit of work of one process).
+        maxsize: bytes after which ``ShardWriter`` starts a new shard (a shard may exceed it by
+            one sample).
+        workers: writer processes (default: all CPUs; 0 or 1 writes in this process).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    previous = _previous_shards(out, prefix, overwrite)
+    items = source.items()
+    chunks = [items[i:i + maxcount] for i in range(0, len(items), maxcount)]
+    workers = min(workers if workers is not None else os.cpu_count() or 1, len(chunks))
+    tmp = tempfile.mkdtemp(prefix=".tmp-shards-", dir=out)
+    start = time.time()
+    try:
+        with tqdm(total=len(items), unit="img", desc=f"shards → {out}", disable=not progress) as bar:
+            results = _run(source, chunks, tmp, maxcount, maxsize, workers, bar)
+        written = [s for chunk in results for s in chunk]
+        for old in previous:
+            old.unlink()
+        index = _finalise(written, out, prefix, source, time.time() - start)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return index
+
+
+def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, maxsize: float, workers: int,
+         bar: tqdm) -> list[list[dict[str, Any]]]:
+    if workers <= 1:
+        _init_worker(source, None)
+        results = []
+        for i, chunk in enumerate(chunks):
+            results.append(_write_chunk(i, chunk, tmp, maxcount, maxsize))
+            bar.update(len(chunk))
+        return results
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source, counter)) as pool:
+        futures = [pool.submit(_write_chunk, i, c, tmp, maxcount, maxsize) for i, c in enumerate(chunks)]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            bar.update(counter.value - bar.n)
+            for f in done:
+                if f.exception() is not None:
+                    for p in pending:
+                        p.cancel()
+                    raise f.exception()
+        return [f.result() for f in futures]
+
+
+def _finalise(written: list[dict[str, Any]], out: Path, prefix: str, source: ShardSource,
+              seconds: float) -> dict[str, Any]:
+    shards, class_counts = [], Counter()
+    for i, s in enumerate(written):
+        name = f"{prefix}-{i:06d}.tar"
+        os.replace(s["path"], out / name)
+        shards.append({"name": name, "num_samples": s["num_samples"], "bytes": (out / name).stat().st_size})
+        class_counts.update(s["cls"])
+    index = {
+        "format": "locatdino-shards/1",
+        "source": source.kind,
+        "urls": f"{prefix}-{{{0:06d}..{len(shards) - 1:06d}}}.tar",
+        "num_samples": sum(s["num_samples"] for s in shards),
+        "num_shards": len(shards),
+        "total_bytes": sum(s["bytes"] for s in shards),
+        "shards": shards,
+        **source.metadata(),
+        "class_counts": {k: class_counts[k] for k in sorted(class_counts, key=int)} if class_counts else None,
+        "seconds": round(seconds, 2),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    tmp = out / f".{INDEX_NAME}.tmp"
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, out / INDEX_NAME)
+    return index
