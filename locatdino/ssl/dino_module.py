@@ -225,6 +225,8 @@ class DINOModule(LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainer = self.trainer
         total_steps = trainer.estimated_stepping_batches
+        if trainer.train_dataloader is None:  # estimated_stepping_batches skips this when max_epochs=-1
+            trainer.fit_loop.setup_data()
         batches = trainer.num_training_batches
         if not math.isfinite(total_steps) or not math.isfinite(batches):
             raise ValueError(

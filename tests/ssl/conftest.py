@@ -28,3 +28,23 @@ def random_batch(batch: int = 4, v_g: int = 2, v_l: int = 2, size: int = 32, loc
         "global": torch.randn(v_g, batch, 3, size, size, generator=g),
         "local": torch.randn(v_l, batch, 3, local_size, local_size, generator=g),
     }
+
+
+def batches_loader(batches):
+    """A DataLoader yielding the given batch dicts as they are (one per step)."""
+    return torch.utils.data.DataLoader(batches, batch_size=None)
+
+
+def tiny_module(**overrides):
+    from locatdino.ssl import DINOModule
+
+    kwargs = {**TINY_MODEL, "backbone": "vit_tiny_patch16_224", "batch_size": 4, **overrides}
+    return DINOModule(**kwargs)
+
+
+def tiny_trainer(tmp_path=None, **overrides):
+    import lightning.pytorch as pl
+
+    kwargs = dict(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, log_every_n_steps=1, default_root_dir=tmp_path)
+    return pl.Trainer(**{**kwargs, **overrides})

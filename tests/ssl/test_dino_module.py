@@ -1,0 +1,212 @@
+import copy
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import batches_loader, random_batch, tiny_module, tiny_trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
+
+
+def test_student_teacher_layout_and_frozen_teacher():
+    torch.manual_seed(0)
+    m = tiny_module()
+    keys = m.state_dict().keys()
+    for prefix in ("student.backbone.", "student.head.", "teacher.backbone.", "teacher.head."):
+        assert any(k.startswith(prefix) for k in keys)
+    assert "dino_loss.center" in keys
+    assert not any(p.requires_grad for p in m.teacher.parameters())
+    for (ns, s), (nt, t) in zip(m.student.state_dict().items(), m.teacher.state_dict().items()):
+        assert ns == nt and torch.equal(s, t)
+    # drop-path on the student only
+    assert m.student["backbone"].blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
+    assert isinstance(m.teacher["backbone"].blocks[-1].drop_path1, torch.nn.Identity)
+    assert m.teacher_backbone is m.teacher["backbone"]
+    x = torch.randn(2, 3, 32, 32)
+    emb = m.teacher_backbone(x)
+    tokens = m.teacher_backbone.forward_features(x)
+    torch.testing.assert_close(emb, tokens[:, 0])  # class token after the final norm
+    assert m(x).shape == (2, 64)
+
+
+def test_branch_forward_batches_each_resolution_like_per_view_calls():
+    torch.manual_seed(0)
+    m = tiny_module(drop_path_rate=0.0).eval()
+    b = random_batch(batch=3, v_g=2, v_l=3)
+    out = m.forward_branch(m.student, [b["global"], b["local"]])
+    assert out.shape == (5, 3, 128)
+    views = list(b["global"]) + list(b["local"])
+    for v, x in enumerate(views):
+        torch.testing.assert_close(out[v], m.student["head"](m.student["backbone"](x)), rtol=1e-4, atol=1e-5)
+
+
+def test_one_step_ema_center_schedules_param_groups_and_frozen_last_layer():
+    torch.manual_seed(0)
+    m = tiny_module(warmup_epochs=0.0, freeze_last_layer=1.0)
+    batch = random_batch(batch=4)
+    s0 = copy.deepcopy(m.student.state_dict())
+    with torch.no_grad():
+        teacher_out = m.forward_branch(m.teacher, [batch["global"]])
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(m, batches_loader([batch, batch]))  # 2 batches per epoch: step 0 is in epoch 0
+
+    values = m.schedules.at(0)
+    mom = values["teacher_momentum"]
+    s1 = m.student.state_dict()
+    for name, t in m.teacher.state_dict().items():
+        torch.testing.assert_close(t, mom * s0[name] + (1 - mom) * s1[name])
+    torch.testing.assert_close(m.dino_loss.center, 0.1 * teacher_out.reshape(-1, 128).mean(0))
+    # last layer frozen during the first epoch, the rest moved
+    last = "head.last_layer.parametrizations.weight.original1"
+    assert torch.equal(s1[last], s0[last])
+    assert not torch.equal(s1["head.mlp.0.weight"], s0["head.mlp.0.weight"])
+    # lr from the batch-size rule, weight decay on matrices only
+    opt = trainer.optimizers[0]
+    assert all(g["lr"] == values["lr"] == pytest.approx(5e-4 * 4 / 256) for g in opt.param_groups)
+    by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
+    for name, p in m.student.named_parameters():
+        if not p.requires_grad:
+            assert id(p) not in by_param  # the frozen weight-norm gain (norm_last_layer)
+            continue
+        wd = by_param[id(p)]["weight_decay"]
+        assert wd == (0.0 if p.ndim <= 1 or name.endswith(".bias") else values["weight_decay"]), name
+
+
+def test_last_layer_trains_after_freeze():
+    torch.manual_seed(0)
+    m = tiny_module(freeze_last_layer=0.0, warmup_epochs=0.0)
+    s0 = copy.deepcopy(m.student.state_dict())
+    tiny_trainer(max_steps=1).fit(m, batches_loader([random_batch()]))
+    last = "head.last_layer.parametrizations.weight.original1"
+    assert not torch.equal(m.student.state_dict()[last], s0[last])
+
+
+def _nan_batches():
+    bad = random_batch(seed=2)
+    bad["global"][0, 0] = float("nan")
+    return [random_batch(seed=0), random_batch(seed=1), bad]
+
+
+def test_nonfinite_loss_stops_with_message_and_keeps_last_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=0, save_last=True)
+    trainer = tiny_trainer(max_steps=3, enable_checkpointing=True, callbacks=[ckpt])
+    with pytest.raises(FloatingPointError, match=r"not finite \(nan\) at step 2.*last\.ckpt"):
+        trainer.fit(tiny_module(), batches_loader(_nan_batches()))
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert state["global_step"] == 2
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values())
+
+
+class _Snapshot(pl.Callback):
+    def on_train_batch_start(self, trainer, m, batch, batch_idx):
+        self.before = copy.deepcopy(m.state_dict())
+
+    def on_train_batch_end(self, trainer, m, outputs, batch, batch_idx):
+        if batch_idx == 2:
+            self.changed = [k for k, v in m.state_dict().items() if not torch.equal(v, self.before[k])]
+            self.loss = outputs
+
+
+def test_nonfinite_loss_skip_leaves_every_weight_and_the_center_alone():
+    torch.manual_seed(0)
+    snap = _Snapshot()
+    trainer = tiny_trainer(max_steps=3, callbacks=[snap])
+    with pytest.warns(UserWarning, match="skipping the step"):
+        trainer.fit(tiny_module(on_nonfinite="skip"), batches_loader(_nan_batches()))
+    assert snap.changed == [] and not snap.loss  # no loss returned: no backward, no step
+    assert trainer.callback_metrics["train/skipped_steps"] == 1
+
+
+def test_16_mixed_clips_unscaled_gradients(monkeypatch):
+    """Under a grad scaler (here 2**4) clipping must see the true gradients: those of fp32."""
+    import locatdino.ssl.dino_module as dino_module
+
+    seen, original = [], dino_module.clip_grad_per_tensor_
+
+    def recording_clip(params, max_norm, sharded=False):
+        norms = original(params, max_norm, sharded)
+        seen.append(norms.max().item())
+        return norms
+
+    monkeypatch.setattr(dino_module, "clip_grad_per_tensor_", recording_clip)
+    for plugin in [None, MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", 2.0**4))]:
+        torch.manual_seed(0)
+        trainer = tiny_trainer(max_steps=1, plugins=[plugin] if plugin else None)
+        trainer.fit(tiny_module(), batches_loader([random_batch()]))
+    fp32, fp16 = seen
+    assert fp16 == pytest.approx(fp32, rel=0.05) and fp32 > 3.0  # and large enough to be clipped
+
+
+def test_bf16_mixed_steps():
+    torch.manual_seed(0)
+    trainer = tiny_trainer(max_steps=2, precision="bf16-mixed")
+    trainer.fit(tiny_module(), batches_loader([random_batch(seed=0), random_batch(seed=1)]))
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+class _Losses(pl.Callback):
+    def __init__(self, stop_at=None):
+        self.losses, self.stop_at = [], stop_at
+
+    def on_train_batch_end(self, trainer, m, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+        self.batch_entropy = trainer.callback_metrics["teacher/batch_entropy"].item()
+        if trainer.global_step == self.stop_at:
+            trainer.should_stop = True
+
+
+def scene_loader(num_images=64, batch_size=16):
+    from locatdino.data import MultiCropTransform, ScenesSegmentation, collate_multicrop
+
+    scenes = ScenesSegmentation(num_images, size=64)
+    crops = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2)
+    dataset = [crops(scenes[i][0]) for i in range(num_images)]
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_multicrop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", ["vit_tiny_patch16_224", "locatvit_tiny"])
+def test_twenty_steps_on_scenes_lower_the_loss_without_collapse(backbone):
+    pl.seed_everything(0)
+    rec = _Losses()
+    m = tiny_module(backbone=backbone, batch_size=16, lr=5e-3, warmup_epochs=0.25, freeze_last_layer=0.0,
+                    momentum_teacher=0.9, center_momentum=0.95)
+    tiny_trainer(max_steps=20, callbacks=[rec]).fit(m, scene_loader())
+    first, last = sum(rec.losses[:5]) / 5, sum(rec.losses[-5:]) / 5
+    assert len(rec.losses) == 20
+    assert last < first - 1.0, rec.losses
+    assert rec.batch_entropy > 0.5  # not collapsed onto one prototype (ln K = 4.85)
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly(tmp_path):
+    """Stop after step 3, resume from last.ckpt: steps 4-6 give the losses of an uninterrupted run.
+
+    Steps 4-6 depend on the restored optimizer moments, schedules (warm-up, last-layer freeze and
+    teacher temperature all change within them), teacher, center and step counter. Drop-path is
+    off: RNG streams are not part of a checkpoint.
+    """
+    batch = random_batch(batch=4, seed=3)
+    kwargs = dict(drop_path_rate=0.0, warmup_epochs=1.0, freeze_last_layer=1.0, warmup_teacher_temp_epochs=2.0,
+                  teacher_temp=0.07, lr=5e-2)
+
+    def run(seed, callbacks, ckpt_path=None, **trainer_kw):
+        torch.manual_seed(seed)
+        trainer = tiny_trainer(tmp_path, max_steps=6, callbacks=callbacks, **trainer_kw)
+        trainer.fit(tiny_module(**kwargs), batches_loader([batch, batch]), ckpt_path=ckpt_path)
+        return trainer
+
+    whole = _Losses()
+    run(0, [whole])
+    first = _Losses(stop_at=3)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)
+    run(0, [first, ckpt], enable_checkpointing=True)
+    second = _Losses()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)
+    trainer = run(1, [second, ckpt], ckpt_path="last", enable_checkpointing=True)  # other init: weights must load
+
+    assert first.losses == whole.losses[:3]
+    assert second.losses == pytest.approx(whole.losses[3:], rel=1e-6, abs=0)
+    assert trainer.global_step == 6
+    assert len(set(whole.losses)) == 6  # the steps really differ
