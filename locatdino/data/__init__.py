@@ -9,16 +9,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from locatdino.data.ade20k import ADE20K_CLASSES, ADE20KSegmentation
 from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
+from locatdino.data.segmentation import build_segmentation_dataset
+from locatdino.data.shard_segmentation import ShardSegmentation
 from locatdino.data.shard_sources import build_source
 from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls
 from locatdino.data.shard_writer import write_shards
+from locatdino.data.voc import VOC_CLASSES, VOCSegmentation
 
 _LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped"}
 
-__all__ = ["SCENE_CLASSES", "MultiCropTransform", "ScenesSegmentation", "ShardDataModule", "ShardLoader",
-           "ShardStream", "SkippedSamplesLogger", "build_source", "collate_multicrop", "expand_urls", "write_shards"]
+__all__ = [
+    "ADE20K_CLASSES", "SCENE_CLASSES", "VOC_CLASSES", "ADE20KSegmentation", "MultiCropTransform",
+    "ScenesSegmentation", "ShardDataModule", "ShardLoader", "ShardSegmentation", "ShardStream",
+    "SkippedSamplesLogger", "VOCSegmentation", "build_segmentation_dataset", "build_source",
+    "collate_multicrop", "expand_urls", "write_shards",
+]
 
 
 def __getattr__(name: str) -> Any:
