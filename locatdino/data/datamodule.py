@@ -99,9 +99,8 @@ class ShardDataModule(L.LightningDataModule):
     def build_stream(self, rank: int = 0, world_size: int = 1) -> ShardStream:
         """The fixed-length stream of one rank (also usable without a Trainer)."""
         urls = expand_urls(self.train_urls)
-        n = self.batches_per_epoch
+        n, sizes = self.batches_per_epoch, shard_sizes(urls)
         if n is None:
-            sizes = shard_sizes(urls)
             if sizes is None:
                 raise ValueError("cannot count the samples of remote shards without index.json: set batches_per_epoch")
             n = sum(sizes) // (self.batch_size * world_size)
@@ -110,7 +109,8 @@ class ShardDataModule(L.LightningDataModule):
                             sum(sizes), self.batch_size, world_size)
                 n = 1
         stream = ShardStream(urls, self.multicrop, self.batch_size, num_batches=n, rank=rank, world_size=world_size,
-                             resampled=self.resampled, shuffle_buffer=self.shuffle_buffer, seed=self.seed)
+                             resampled=self.resampled, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                             shard_sizes=sizes)
         stream.epoch = self._epoch
         return stream
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import random
 import tarfile
@@ -51,6 +52,7 @@ from locatdino.data.multicrop import collate_multicrop
 from locatdino.data.shard_writer import INDEX_NAME
 
 _GLOB_CHARS = set("*?[")
+log = logging.getLogger(__name__)
 
 
 def _is_remote(url: str) -> bool:
@@ -86,6 +88,17 @@ def _sample_key(member: str) -> str:
     return f"{folder}/{base.split('.', 1)[0]}"
 
 
+def _count_tar_samples(url: str) -> int:
+    """Distinct sample keys in a local tar; a damaged tar counts what can be read (warned)."""
+    keys: set[str] = set()
+    try:
+        with tarfile.open(url) as tar:
+            keys.update(_sample_key(m.name) for m in tar if m.isfile())
+    except (tarfile.TarError, OSError) as exc:
+        log.warning("shard %s is damaged (%s); counting its %d readable samples", url, exc, len(keys))
+    return len(keys)
+
+
 def shard_sizes(urls: Sequence[str]) -> list[int] | None:
     """Samples per shard from the ``index.json`` written beside the shards, else by listing local
     tar headers (no data is read); ``None`` when neither is possible (remote shards)."""
@@ -100,8 +113,7 @@ def shard_sizes(urls: Sequence[str]) -> list[int] | None:
         if name in indexes[folder]:
             sizes.append(indexes[folder][name])
         elif os.path.isfile(url):
-            with tarfile.open(url) as tar:
-                sizes.append(len({_sample_key(m.name) for m in tar if m.isfile()}))
+            sizes.append(_count_tar_samples(url))
         else:
             return None
     return sizes
@@ -122,6 +134,13 @@ class _SkipLog:
         self.notes.append(f"shard error, rest of shard lost: {type(exc).__name__}: {exc}")
         return True
 
+    def short_shard(self, url: str | None, seen: int, expected: int | None) -> None:
+        """A shard read ``seen`` samples (a multiple of its size when drawn twice in a row)."""
+        lost = (expected - seen % expected) % expected if url and expected else 0
+        if lost:
+            self.count += lost
+            self.notes.append(f"{url}: {lost} sample(s) missing of {expected} (truncated or damaged tar)")
+
     def pop(self) -> tuple[int, list[str]]:
         out = (self.count, self.notes)
         self.count, self.notes = 0, []
@@ -141,11 +160,14 @@ class ShardStream(IterableDataset):
         shuffle_shards: shuffle the shard order (one-pass and cycling modes).
         shuffle_buffer: sample shuffle buffer per worker (1 disables).
         seed: base seed of every shuffle.
+        shard_sizes: samples per shard as written (``index.json``); a shard that yields fewer
+            (truncated or damaged tar) adds the missing samples to ``skipped``.
     """
 
     def __init__(self, urls: Sequence[str], transform: Callable[[Any], list[torch.Tensor]], batch_size: int, *,
                  num_batches: int | None = None, rank: int = 0, world_size: int = 1, resampled: bool = False,
-                 shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0) -> None:
+                 shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0,
+                 shard_sizes: Sequence[int] | None = None) -> None:
         super().__init__()
         if not urls:
             raise ValueError("ShardStream: no shard URLs")
@@ -157,6 +179,7 @@ class ShardStream(IterableDataset):
         self.num_batches, self.rank, self.world_size = num_batches, rank, world_size
         self.resampled, self.shuffle_shards, self.shuffle_buffer, self.seed = (
             resampled, shuffle_shards, shuffle_buffer, seed)
+        self.expected = dict(zip(self.urls, shard_sizes)) if shard_sizes is not None else {}
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -184,6 +207,8 @@ class ShardStream(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         log = _SkipLog()
         samples = wds.tarfile_to_samples(handler=log.shard_error)(self._shards(worker))
+        if self.expected:
+            samples = self._count_per_shard(samples, log)
         if self.shuffle_buffer > 1:
             rng = random.Random(make_seed(self.seed, self.epoch, self.rank, worker, 1))
             samples = wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer), rng=rng)(samples)
@@ -192,6 +217,17 @@ class ShardStream(IterableDataset):
             return batches
         share = self.num_batches // workers + (worker < self.num_batches % workers)
         return islice(batches, share)
+
+    def _count_per_shard(self, samples: Iterable[dict[str, Any]], log: _SkipLog) -> Iterator[dict[str, Any]]:
+        """Pass samples through; when a shard ends short of its written size, count the loss."""
+        url, n = None, 0
+        for sample in samples:
+            if sample.get("__url__") != url:
+                log.short_shard(url, n, self.expected.get(url))
+                url, n = sample.get("__url__"), 0
+            n += 1
+            yield sample
+        log.short_shard(url, n, self.expected.get(url))
 
     def _batches(self, samples: Iterable[dict[str, Any]], log: _SkipLog) -> Iterator[dict[str, Any]]:
         num_global = getattr(self.transform, "num_global_crops", None)
