@@ -68,7 +68,8 @@ class HummingbirdConfig:
     batch_size: int = 32
     num_workers: int = 2
     eval_resolution: str = "original"  # original | input (reference)
-    scale: tuple[float, float] = (0.5, 2.0)
+    scale: tuple[float, float] = (0.5, 2.0)  # crop area / image area; > 1 zooms out
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)  # crop aspect ratio range
     jitter: float = 0.1
     jitter_p: float = 0.5
     min_valid_fraction: float = 0.5  # store a patch only if this much of it is image (zoom-out)
@@ -151,7 +152,7 @@ def build_memory(
         len(dataset) * cfg.aug_epochs * per_image, extractor.dim, c, cfg.memory_dtype, cfg.memory_dir, meta
     )
     augmentation = PairedAugmentation(
-        cfg.input_size, scale=tuple(cfg.scale), jitter=cfg.jitter, jitter_p=cfg.jitter_p
+        cfg.input_size, tuple(cfg.scale), tuple(cfg.ratio), cfg.jitter, cfg.jitter_p
     )
     views = MemoryViews(dataset, augmentation, cfg.aug_epochs, cfg.seed)
     sampler_rng = torch.Generator().manual_seed(cfg.seed)
@@ -227,12 +228,17 @@ def evaluate_queries(
 
 
 def hummingbird(
-    model: torch.nn.Module | FeatureExtractor,
+    model: torch.nn.Module | FeatureExtractor | Any,
     train_set: Any,
     val_set: Any,
     cfg: HummingbirdConfig | None = None,
 ) -> HummingbirdResult:
-    """Run the whole benchmark: memory from ``train_set``, label transfer on ``val_set``."""
+    """Run the whole benchmark: memory from ``train_set``, label transfer on ``val_set``.
+
+    ``model`` is a timm ViT (wrapped in a :class:`FeatureExtractor` with ``cfg``'s layer, norm,
+    PRR and precision) or any object with the extractor's interface — ``patch_size``, ``dim``,
+    ``grid(size)`` and ``__call__(uint8 images) -> [B, h, w, D]`` L2-normalised features.
+    """
     cfg = cfg or HummingbirdConfig()
     if train_set.num_classes != val_set.num_classes:
         raise ValueError(
@@ -240,9 +246,9 @@ def hummingbird(
         )
     if len(train_set) == 0 or len(val_set) == 0:
         raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
-    extractor = model if isinstance(model, FeatureExtractor) else FeatureExtractor(
-        model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision
-    )
+    extractor = model
+    if isinstance(model, torch.nn.Module):
+        extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     clock = PhaseClock()
     start = time.perf_counter()
     bank, skipped_train = build_memory(extractor, train_set, cfg, clock)

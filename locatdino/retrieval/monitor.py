@@ -12,12 +12,14 @@ Evaluates ``pl_module.teacher_backbone`` (the EMA teacher of ``DINOModule``) fro
 the other ranks simply wait for rank 0 at the next gradient all-reduce, and the metric is logged
 with ``rank_zero_only=True`` (so it cannot be a ``ModelCheckpoint`` monitor on other ranks).
 The model's train/eval mode and the global RNG state are left untouched (memory views draw from
-their own generators).
+their own generators; the DataLoader's seed draw runs under ``torch.random.fork_rng``), so adding
+the monitor does not change the training run.
 """
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import torch
 
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.splits import CachedSplit, open_split
@@ -80,7 +82,8 @@ class HummingbirdMonitor(pl.Callback):
     def evaluate(self, backbone) -> float:
         """Hummingbird mIoU (percent) of a backbone on the monitor's sets."""
         train_set, val_set = self.splits()
-        return hummingbird(backbone, train_set, val_set, self.config).miou
+        with torch.random.fork_rng(devices=[]):  # DataLoader draws a base seed from the global RNG
+            return hummingbird(backbone, train_set, val_set, self.config).miou
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

@@ -1,0 +1,42 @@
+import json
+
+import pytest
+import timm
+import torch
+
+from locatdino.retrieval import cli
+
+TINY = ["--num-train", "6", "--num-val", "2", "--scene-size", "64", "--input-size", "64", "--workers", "0",
+        "--no-progress", "--k", "10"]
+
+
+@pytest.mark.slow
+def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
+    torch.manual_seed(1)
+    ckpt = tmp_path / "dino_vitt.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
+    out = tmp_path / "out"
+    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--model", "vit_tiny_patch16_224",
+            "--checkpoint", "none", "--out", str(out), *TINY]
+    assert cli.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| vit_tiny_patch16_224-dino_vitt |" in table and "| vit_tiny_patch16_224 |" in table
+    runs = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.json")}
+    assert set(runs) == {"vit_tiny_patch16_224-dino_vitt", "vit_tiny_patch16_224"}
+    run = runs["vit_tiny_patch16_224-dino_vitt"]
+    assert run["model"]["checkpoint"] == str(ckpt) and run["config"]["dataset"] == "scenes"
+    assert run["num_train"] == 6 and run["memory_patches"] > 0 and 0 <= run["miou"] <= 100
+    assert set(run["per_class_iou"]) >= {"sky", "animal"}
+    assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
+    assert "# Hummingbird comparison" in (out / "summary.md").read_text()
+
+    assert cli.main(["report", str(out), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert "| vit_tiny_patch16_224 |" in capsys.readouterr().out
+    assert "| class |" in (tmp_path / "cmp.md").read_text()
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(SystemExit, match="2 --model but 1 --checkpoint"):
+        cli.main(["--model", "a", "--model", "b", "--checkpoint", "x"])
+    with pytest.raises(SystemExit, match="needs a data directory"):
+        cli.main(["--model", "vit_tiny_patch16_224", "--dataset", "voc"])

@@ -1,0 +1,63 @@
+import copy
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from locatdino.retrieval import HummingbirdMonitor
+
+
+class TinyDINOLike(pl.LightningModule):
+    """Just what the monitor needs: a ``teacher_backbone`` and a training loop."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone.requires_grad_(False)
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.teacher_modes = []
+
+    @property
+    def teacher_backbone(self):
+        return self.backbone
+
+    def training_step(self, batch, batch_idx):
+        self.teacher_modes.append(self.backbone.training)
+        return (self.weight * batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([self.weight], lr=0.1)
+
+
+@pytest.mark.slow
+def test_logs_hbird_miou_every_n_steps(tiny_vit, tmp_path):
+    monitor = HummingbirdMonitor(every_n_steps=2, num_train=4, num_val=2, input_size=32, k=10, batch_size=4)
+    module = TinyDINOLike(copy.deepcopy(tiny_vit)).train()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(10, 3)), batch_size=2)
+    trainer = pl.Trainer(
+        max_steps=5, callbacks=[monitor], accelerator="cpu", logger=pl.loggers.CSVLogger(tmp_path), log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(module, data)
+    assert [step for step, _ in monitor.history] == [2, 4]
+    assert all(0 <= miou <= 100 for _, miou in monitor.history)
+    assert trainer.callback_metrics["hbird/mIoU"].item() == pytest.approx(monitor.history[-1][1])
+    assert module.teacher_modes == [True] * 5  # evaluated in eval mode, train mode restored after
+
+
+def test_evaluation_leaves_the_global_rng_alone(tiny_vit):
+    monitor = HummingbirdMonitor(num_train=4, num_val=2, input_size=32, k=10)
+    monitor.splits()
+    state = torch.random.get_rng_state()
+    first = monitor.evaluate(tiny_vit)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert monitor.evaluate(tiny_vit) == first  # and it is deterministic
+
+
+def test_needs_a_teacher_backbone():
+    class NoTeacher(pl.LightningModule):
+        pass
+
+    monitor = HummingbirdMonitor(every_n_steps=1)
+    trainer = type("T", (), {"global_step": 1, "is_global_zero": True})()
+    with pytest.raises(AttributeError, match="NoTeacher.teacher_backbone"):
+        monitor.on_train_batch_end(trainer, NoTeacher(), None, None, 0)

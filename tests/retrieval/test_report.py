@@ -1,0 +1,35 @@
+import json
+
+import pytest
+
+from locatdino.retrieval.report import atomic_write_text, load_results, per_class_table, results_table, write_run
+
+
+def _result(label, miou, classes=(("a", 50.0), ("b", None))):
+    return {
+        "miou": miou, "miou_matched": miou + 1, "pixel_accuracy": 80.0, "per_class_iou": dict(classes),
+        "memory_patches": 12345, "memory_bytes": 1, "num_train": 3, "num_val": 2, "skipped": 0,
+        "timings": {"features": 1.0, "search": 2.0, "total": 4.0}, "peak_rss_mb": 900.0,
+        "config": {"dataset": "scenes", "input_size": 224, "k": 30}, "model": {"name": "m", "label": label},
+    }
+
+
+def test_write_and_compare(tmp_path):
+    write_run(_result("vit", 40.0), tmp_path / "vit")
+    write_run(_result("locatvit", 42.5, (("a", 55.0), ("b", None))), tmp_path / "locatvit")
+    assert json.loads((tmp_path / "vit" / "results.json").read_text())["miou"] == 40.0
+    assert "| vit | 40.00 | 41.00 | 80.00 | 12,345 |" in (tmp_path / "vit" / "summary.md").read_text()
+    results = load_results([tmp_path])  # found recursively, sorted by path
+    assert [r["model"]["label"] for r in results] == ["locatvit", "vit"]
+    table = per_class_table(results[::-1])
+    assert "| a | 50.00 | 55.00 | +5.00 |" in table and "| b | – | – | – |" in table
+    assert results_table(results).count("\n") == 3
+
+
+def test_load_results_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        load_results([tmp_path])
+    atomic_write_text(tmp_path / "results.json", "{}")
+    with pytest.raises(ValueError, match="not a Hummingbird results.json"):
+        load_results([tmp_path / "results.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary files left
