@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -36,6 +37,9 @@ from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, s
 from locatdino.data.shard_writer import write_shards
 
 log = logging.getLogger(__name__)
+# Lightning warns that an IterableDataset's __len__ may be wrong when workers duplicate data; each
+# ShardStream worker yields its own share of exactly len() batches, so the warning does not apply.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
 class ShardDataModule(L.LightningDataModule):
