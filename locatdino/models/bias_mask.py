@@ -1,10 +1,12 @@
-"""The dense attention mask of a separable patch bias, written once, in place.
+"""Writing a separable patch bias into an attention mask, in place, and its transpose.
 
-A separable bias S[p, i·w + j] = rows[p, i] · cols[p, j] over the patch block of an
-``[N, N]`` mask (prefix rows and columns zero) is written with one outer product straight into
-one preallocated ``[B, H, N, N]`` tensor: no patch-only bias copied into a padded tensor, no
-``[B, H, N, N, 2]`` intermediate. Autograd cannot follow an ``out=`` write, so the write is an
-autograd Function whose backward reduces the mask gradient back onto the two profiles.
+The bias of a query patch p on key patch t = i·w + j is ``S[p, t] = rows[p, i] · cols[p, j]``
+(SPEC §1.1; see :mod:`locatdino.models.locality_bias`). It lives in the patch block of an
+``[N, N]`` attention mask whose prefix rows and columns (class token, registers) are zero.
+Each write is one outer product straight into a preallocated mask (or into a chunk of its rows):
+no patch-only bias copied into a padded tensor, no ``[B, H, N, N, 2]`` intermediate. Autograd
+cannot follow an ``out=`` write, so the full-mask version is an autograd Function whose backward
+reduces the mask gradient back onto the two profiles.
 """
 
 from __future__ import annotations
@@ -12,44 +14,50 @@ from __future__ import annotations
 import torch
 
 
-def write_outer_product(mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int) -> torch.Tensor:
-    """Fill ``mask [B, H, N, N]`` with the separable bias in place and return it.
+def write_bias_rows(
+    out: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int, start: int = 0
+) -> slice:
+    """Fill ``out [..., n, N]``, the mask rows of queries ``start … start+n-1``, in place.
 
-    ``rows [B, H, h*w, h]``, ``cols [B, H, h*w, w]`` (any float dtype; cast on write).
+    ``rows [..., Np, h]`` and ``cols [..., Np, w]`` are the profiles of all ``Np = h·w`` patch
+    queries (same leading dims as ``out``; any float dtype, cast on write). Returns the slice of
+    patch queries the chunk covers (empty for a chunk of prefix queries only).
     """
-    B, H, num_patches, h = rows.shape
-    w = cols.shape[-1]
+    n, h, w = out.shape[-2], rows.shape[-1], cols.shape[-1]
+    first_patch = max(start, num_prefix)  # first query row of the chunk that is a patch
+    patches = slice(first_patch - num_prefix, start + n - num_prefix)
     if num_prefix:
-        mask[:, :, :num_prefix].zero_()
-        mask[:, :, num_prefix:, :num_prefix].zero_()
-    patch_block = mask[:, :, num_prefix:, num_prefix:].view(B, H, num_patches, h, w)
-    torch.mul(rows.unsqueeze(-1), cols.unsqueeze(-2), out=patch_block)
-    return mask
+        out[..., :first_patch - start, :].zero_()  # prefix query rows
+        out[..., first_patch - start:, :num_prefix].zero_()  # prefix key columns
+    if patches.stop > patches.start:
+        block = out[..., first_patch - start:, num_prefix:].unflatten(-1, (h, w))
+        torch.mul(rows[..., patches, :, None], cols[..., patches, None, :], out=block)
+    return patches
 
 
-def reduce_to_profiles(
-    grad_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int
+def profile_grads(
+    grad_block: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, work: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of the profiles from the gradient of the mask (the transpose of the write).
+    """Gradients of the profiles from the gradient of their patch block (transpose of the write).
 
-    ``d rows[p, i] = Σ_j g[p, i, j] · cols[p, j]`` and ``d cols[p, j] = Σ_i g[p, i, j] · rows[p, i]``,
-    each a batch of small matrix-vector products, accumulated in fp32.
+    ``grad_block [..., m, h·w]`` (may be a strided view of a mask), ``rows [..., m, h]``,
+    ``cols [..., m, w]`` for the same m queries: ``d rows[p, i] = Σ_j g[p, i, j] cols[p, j]`` and
+    ``d cols[p, j] = Σ_i g[p, i, j] rows[p, i]``. Elementwise products reduced in place of a
+    batched matmul, which would first copy the strided block; ``work`` (``[..., m, h, w]`` in the
+    profiles' dtype) holds the products when given.
     """
-    B, H, num_patches, h = rows.shape
-    w = cols.shape[-1]
-    g = grad_mask[:, :, num_prefix:, num_prefix:].reshape(B, H, num_patches, h, w).float()
-    grad_rows = torch.matmul(g, cols.unsqueeze(-1)).squeeze(-1)
-    grad_cols = torch.matmul(rows.unsqueeze(-2), g).squeeze(-2)
-    return grad_rows.to(rows.dtype), grad_cols.to(cols.dtype)
+    g = grad_block.unflatten(-1, (rows.shape[-1], cols.shape[-1]))
+    grad_rows = torch.mul(g, cols.unsqueeze(-2), out=work).sum(-1)
+    grad_cols = torch.mul(g, rows.unsqueeze(-1), out=work).sum(-2)
+    return grad_rows, grad_cols
 
 
 class _OuterProductMask(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int, dtype: torch.dtype) -> torch.Tensor:
-        B, H, num_patches, _ = rows.shape
-        n = num_patches + num_prefix
-        mask = torch.empty(B, H, n, n, device=rows.device, dtype=dtype)
-        write_outer_product(mask, rows, cols, num_prefix)
+        n = rows.shape[-2] + num_prefix
+        mask = torch.empty(*rows.shape[:-2], n, n, device=rows.device, dtype=dtype)
+        write_bias_rows(mask, rows, cols, num_prefix)
         ctx.save_for_backward(rows, cols)
         ctx.num_prefix = num_prefix
         return mask
@@ -57,11 +65,12 @@ class _OuterProductMask(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_mask: torch.Tensor):
         rows, cols = ctx.saved_tensors
-        grad_rows, grad_cols = reduce_to_profiles(grad_mask, rows, cols, ctx.num_prefix)
+        p = ctx.num_prefix
+        grad_rows, grad_cols = profile_grads(grad_mask[..., p:, p:], rows, cols)
         return grad_rows, grad_cols, None, None
 
 
 def outer_product_mask(rows: torch.Tensor, cols: torch.Tensor, num_prefix: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, H, N, N]`` mask in ``dtype`` with ``S[p, i·w+j] = rows[p, i]·cols[p, j]`` on the patch
-    block (N = num_prefix + h·w) and zeros on every prefix row and column; differentiable."""
+    """Differentiable ``[..., N, N]`` mask in ``dtype`` holding the separable bias on the patch
+    block (N = num_prefix + h·w) and zeros on every prefix row and column."""
     return _OuterProductMask.apply(rows, cols, num_prefix, dtype)

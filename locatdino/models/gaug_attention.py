@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from timm.layers import Attention
 from timm.layers.attention import resolve_self_attn_mask
 
+from locatdino.models.bias_mask import outer_product_mask
 from locatdino.models.locality_bias import GaussianLocalityBias
 from locatdino.models.patch_grid import PatchGrid
+from locatdino.models.separable_bias_attention import separable_bias_attention
 
 
 class GAugAttention(Attention):
@@ -61,16 +63,20 @@ class GAugAttention(Attention):
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
 
-        bias = self.gaug(q, grid)
-        if attn_mask is not None or is_causal:
-            bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
-        if self.fused_attn:
-            x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0
-            )
-        else:
-            attn = (q * self.scale) @ k.transpose(-2, -1) + bias
-            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+        num_prefix = N - grid[0] * grid[1]
+        rows, cols = self.gaug.profiles(q[:, :, num_prefix:], grid)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        if self.fused_attn and x.device.type == "cpu" and dropout_p == 0.0 and attn_mask is None and not is_causal:
+            x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
+        else:  # GPU (SDPA differentiates the mask itself), attention dropout, extra masks, timm's unfused mode
+            bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
+            if attn_mask is not None or is_causal:
+                bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+            if self.fused_attn:
+                x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+            else:
+                attn = (q * self.scale) @ k.transpose(-2, -1) + bias
+                x = self.attn_drop(attn.softmax(dim=-1)) @ v
 
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
         if gate is not None:

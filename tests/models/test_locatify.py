@@ -19,7 +19,7 @@ def test_locatify_adds_only_gaug_parameters_and_keeps_weights(tiny_vit):
 
 
 def test_twelve_block_model_has_2340_extra_parameters():
-    vit = timm.create_model("vit_small_patch16_224", num_classes=0, img_size=32)
+    vit = timm.create_model("vit_small_patch16_224", num_classes=0, img_size=32, embed_dim=64, num_heads=1)
     n0 = sum(p.numel() for p in vit.parameters())
     n1 = sum(p.numel() for p in locatify(vit).parameters())
     assert n1 - n0 == 12 * (3 * 64 + 3) == 2340

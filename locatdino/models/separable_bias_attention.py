@@ -1,0 +1,104 @@
+"""``softmax(q kᵀ · scale + S) v`` for a separable patch bias S, fused for CPU training.
+
+Why not ``F.scaled_dot_product_attention(q, k, v, attn_mask=S)`` with an autograd-tracked S: on
+CPU, a mask that requires grad sends SDPA to its unfused math path (several ``[B, H, N, N]``
+temporaries, the softmax saved for backward), about 2× the attention time and one N² tensor per
+block kept alive until backward. This Function keeps SDPA's fused CPU kernel for the forward and
+writes its own backward, and never holds an ``[B, H, N, N]`` tensor:
+
+- forward: over chunks of query rows, write the chunk's bias rows into one small buffer
+  (:func:`~locatdino.models.bias_mask.write_bias_rows`) and run fused SDPA on that chunk;
+  saved for backward: q, k, v, the output and the two small profiles;
+- backward: per chunk, rebuild the bias rows, recompute the probabilities P in place, then
+  ``dV += Pᵀ dO``, ``dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O))``, ``dQ = dS K · scale``,
+  ``dK += dSᵀ Q · scale``, and reduce the patch block of dS onto the profiles.
+
+Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES``, and live in
+reused per-thread :func:`~locatdino.models.scratch.scratch` buffers (no fresh page faults).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from locatdino.models.bias_mask import profile_grads, write_bias_rows
+from locatdino.models.scratch import scratch
+
+_CHUNK_BYTES = 8 << 20
+
+
+def _chunk_rows(batch_heads: int, seq_len: int, element_size: int) -> int:
+    return max(16, _CHUNK_BYTES // (batch_heads * seq_len * element_size))
+
+
+class _SeparableBiasAttention(torch.autograd.Function):
+    @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    def forward(ctx, q, k, v, rows, cols, num_prefix: int, scale: float):
+        B, H, N, _ = q.shape
+        chunk = _chunk_rows(B * H, N, q.element_size())
+        out = torch.empty_like(q) if N > chunk else None
+        for start in range(0, N, chunk):
+            stop = min(N, start + chunk)
+            mask = scratch("mask", (B, H, stop - start, N), q.dtype, q.device)
+            write_bias_rows(mask, rows, cols, num_prefix, start)
+            chunk_out = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
+            if out is None:
+                out = chunk_out
+            else:
+                out[:, :, start:stop] = chunk_out
+        ctx.save_for_backward(q, k, v, out, rows, cols)
+        ctx.num_prefix, ctx.scale = num_prefix, scale
+        return out
+
+    @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    def backward(ctx, grad_out):
+        q, k, v, out, rows, cols = ctx.saved_tensors
+        num_prefix, scale = ctx.num_prefix, ctx.scale
+        B, H, N, d = q.shape
+        flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
+        qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out.to(q.dtype), rows, cols))
+        delta = (do * flat(out)).sum(-1, keepdim=True)
+        dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        d_rows, d_cols = torch.zeros_like(rf), torch.zeros_like(cf)
+        chunk = _chunk_rows(B * H, N, q.element_size())
+        for start in range(0, N, chunk):
+            stop = min(N, start + chunk)
+            scores = scratch("scores", (B * H, stop - start, N), q.dtype, q.device)
+            patches = write_bias_rows(scores, rf, cf, num_prefix, start)
+            scores.baddbmm_(qf[:, start:stop], kf.transpose(1, 2), alpha=scale)
+            probs = torch.softmax(scores, dim=-1, out=scratch("probs", scores.shape, q.dtype, q.device))
+            dv.baddbmm_(probs.transpose(1, 2), do[:, start:stop])
+            d_scores = torch.bmm(do[:, start:stop], vf.transpose(1, 2), out=scores)
+            d_scores.sub_(delta[:, start:stop]).mul_(probs)
+            torch.bmm(d_scores, kf, out=dq[:, start:stop])
+            dk.baddbmm_(d_scores.transpose(1, 2), qf[:, start:stop])
+            if patches.stop > patches.start:
+                first = patches.start + num_prefix - start
+                block = d_scores[:, first:, num_prefix:]
+                work = scratch("probs", (*block.shape[:2], rf.shape[-1], cf.shape[-1]), rf.dtype, q.device)
+                d_rows[:, patches], d_cols[:, patches] = profile_grads(block, rf[:, patches], cf[:, patches], work)
+        dq.mul_(scale)
+        dk.mul_(scale)
+        unflat = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731
+        return unflat(dq), unflat(dk), unflat(dv), unflat(d_rows), unflat(d_cols), None, None
+
+
+def separable_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    num_prefix: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention output ``[B, H, N, d]`` with the bias ``S[p, i·w+j] = rows[p, i]·cols[p, j]``
+    added to the logits of patch queries on patch keys (prefix rows/columns get no bias).
+
+    ``q, k, v [B, H, N, d]``; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]`` (fp32 fine under
+    autocast: cast on write); ``scale`` defaults to ``d ** -0.5``. Differentiable in all five.
+    """
+    return _SeparableBiasAttention.apply(q, k, v, rows, cols, num_prefix, q.shape[-1] ** -0.5 if scale is None else scale)
