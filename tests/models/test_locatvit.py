@@ -33,6 +33,17 @@ def test_class_token_loss_reaches_every_gaug_parameter(tiny_locatvit):
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
 
+def test_without_prr_the_last_blocks_gaug_gets_no_class_token_gradient():
+    """Why PRR: GAug only biases patch rows, and the class token of the last block reads patch
+    outputs of the block before, so without PRR the last block's GAug is unreachable."""
+    torch.manual_seed(0)
+    model = timm.create_model("locatvit_tiny", num_classes=0, global_pool="token", **TINY).train()
+    model(torch.randn(2, 3, 64, 64)).square().sum().backward()
+    assert model.blocks[0].attn.gaug.log_var.weight.grad.abs().sum() > 0
+    last = model.blocks[-1].attn.gaug
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in last.parameters())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("size", [512, 1024])
 def test_finite_under_autocast_at_large_inputs(dtype, size):
@@ -41,6 +52,17 @@ def test_finite_under_autocast_at_large_inputs(dtype, size):
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         out = model(torch.randn(1, 3, size, size))
     assert torch.isfinite(out).all()
+
+
+def test_training_step_at_512_px_under_bf16_uses_fast_mode():
+    """A 32×32 grid in training takes the reference's fast path; loss and gradients stay finite."""
+    torch.manual_seed(0)
+    model = timm.create_model("locatvit_tiny", num_classes=0, depth=1, embed_dim=32, num_heads=1).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(torch.randn(1, 3, 512, 512)).float().square().mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 def test_features_only_model_is_wired():

@@ -1,9 +1,11 @@
 import copy
 
 import pytest
+import timm
 import torch
 
 from locatdino.models.patch_grid import PatchGrid
+from tests.models.conftest import TINY
 
 
 def test_grid_follows_each_input_and_keeps_earlier_sizes(tiny_locatvit):
@@ -54,3 +56,9 @@ def test_oldest_grid_is_evicted():
     assert grid.lookup(1 + 19 * 19) == (19, 19)
     with pytest.raises(RuntimeError):
         grid.lookup(1 + 1)
+
+
+def test_dynamic_img_pad_accepts_any_size_with_the_padded_grid():
+    model = timm.create_model("locatvit_tiny", num_classes=0, dynamic_img_pad=True, **TINY).eval()
+    model(torch.randn(1, 3, 70, 40))
+    assert model.blocks[0].attn.patch_grid.lookup(1 + 15) == (5, 3)
