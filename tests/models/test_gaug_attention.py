@@ -1,0 +1,52 @@
+import pytest
+import torch
+from timm.layers import Attention
+
+from locatdino.models import GAugAttention
+from locatdino.models.patch_grid import PatchGrid
+
+
+def _layer(**kwargs):
+    torch.manual_seed(0)
+    layer = GAugAttention(32, num_heads=2, qkv_bias=True, **kwargs).train()
+    with torch.no_grad():
+        for p in layer.gaug.parameters():
+            p.normal_(0, 0.5)
+    layer.patch_grid = PatchGrid(num_prefix_tokens=2, patch_size=(16, 16), dynamic_img_pad=False)
+    layer.patch_grid.record((3, 4))
+    return layer
+
+
+def _run(layer, x, **kwargs):
+    x = x.clone().requires_grad_(True)
+    out = layer(x, **kwargs)
+    out.backward(torch.ones_like(out))
+    return [out, x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("path", ["SDPA float mask (GPU path)", "unfused (fused_attn=False)"])
+def test_generic_path_matches_fused_cpu_path(path):
+    """The mask + SDPA path (taken on GPU, with dropout or extra masks) and timm's unfused path
+    give the fused CPU kernel's outputs and gradients."""
+    x = torch.randn(2, 14, 32)
+    fused = _run(_layer(), x)
+    layer = _layer()
+    if path.startswith("unfused"):
+        layer.fused_attn = False
+        other = _run(layer, x)
+    else:
+        other = _run(layer, x, attn_mask=torch.zeros(14, 14))
+    for a, b in zip(fused, other):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_same_parameters_as_timm_attention_plus_gaug():
+    timm_names = set(dict(Attention(32, num_heads=2, qkv_bias=True).named_parameters()))
+    names = set(dict(_layer().named_parameters()))
+    assert names - timm_names == {f"gaug.{m}.{p}" for m in ("log_var", "log_alpha") for p in ("weight", "bias")}
+    assert timm_names <= names
+
+
+def test_unwired_layer_raises_a_clear_error():
+    with pytest.raises(RuntimeError, match="does not know the patch grid.*locatify"):
+        GAugAttention(32, num_heads=2)(torch.randn(1, 5, 32))
