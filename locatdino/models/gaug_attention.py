@@ -64,7 +64,7 @@ class GAugAttention(Attention):
         q, k = self.q_norm(q), self.k_norm(k)
 
         num_prefix = N - grid[0] * grid[1]
-        rows, cols = self.gaug.profiles(q[:, :, num_prefix:], grid)
+        rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
         if self.fused_attn and x.device.type == "cpu" and dropout_p == 0.0 and attn_mask is None and not is_causal:
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)

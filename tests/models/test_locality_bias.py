@@ -64,9 +64,11 @@ def test_constants_follow_spec():
 
 def test_default_init_gives_unit_variance_and_ln2_amplitude():
     bias = GaussianLocalityBias(head_dim=64)
-    var, alpha = bias.variance_and_alpha(torch.zeros(3, 64), (14, 14))
-    torch.testing.assert_close(var, torch.ones(3, 2))
-    torch.testing.assert_close(alpha, torch.full((3, 1), math.log(2)))
+    S = bias(torch.zeros(1, 1, 14 * 14, 64), (14, 14))[0, 0]
+    p = 5 * 14 + 5
+    torch.testing.assert_close(S[p, p], torch.tensor(math.log(2)))
+    for neighbour in (p - 1, p + 1, p - 14, p + 14):  # one patch away: exp(-½ / (1 + eps))
+        torch.testing.assert_close(S[p, neighbour], torch.tensor(math.log(2) * math.exp(-0.5 / 1.1)))
     assert sum(p.numel() for p in bias.parameters()) == 3 * 64 + 3
 
 
@@ -88,9 +90,10 @@ def test_fast_mode_equals_coarse_kernel_repeated():
     q = torch.randn(1, 1, 8 * 8, 4)
     fast = bias(q, (8, 8))[0, 0].view(8, 8, 8, 8)
     # reference: queries averaged over 2×2 blocks, kernel at fine rows/cols 0, 2, 4, 6
-    q_coarse = q.view(4, 2, 4, 2, 4).mean((1, 3)).reshape(1, 1, 16, 4)
-    var, alpha = bias.variance_and_alpha(q_coarse[0, 0], (8, 8))
+    q_coarse = q.view(4, 2, 4, 2, 4).mean((1, 3)).reshape(16, 4)
     c, b, eps, lo = gaug_constants((4, 4))
+    var = c * (8 / 4) * torch.sigmoid(q_coarse @ bias.log_var.weight.T + bias.log_var.bias - b)
+    alpha = torch.nn.functional.softplus(q_coarse @ bias.log_alpha.weight.T + bias.log_alpha.bias)
     pos = torch.arange(0, 8, 2).float()
     d = (-0.5 * (pos[:, None] - pos[None, :]) ** 2).clamp(min=lo)
     for ic in range(4):
@@ -103,3 +106,19 @@ def test_fast_mode_equals_coarse_kernel_repeated():
                     torch.testing.assert_close(fast[2 * ic + di, 2 * jc + dj], want)
     bias.eval()  # eval or odd grids: exact kernel
     assert not torch.allclose(bias(q, (8, 8))[0, 0].view(8, 8, 8, 8), fast)
+
+
+@pytest.mark.parametrize("log_var_bias", [0.0, -6.0], ids=["smooth", "floored far keys"])
+def test_gradients_match_finite_differences(log_var_bias):
+    """The analytic backward of the profiles, including entries held at the e⁻³⁰ floor."""
+    torch.manual_seed(0)
+    bias = GaussianLocalityBias(head_dim=2, build_grid=(14, 14)).double()
+    with torch.no_grad():
+        for p in bias.parameters():
+            p.normal_(0, 0.5)
+        bias.log_var.bias.add_(log_var_bias)  # tiny variance: most exponents far below -30
+    q = torch.randn(1, 1, 1 + 4 * 5, 2, dtype=torch.float64, requires_grad=True)
+    if log_var_bias:
+        rows, cols = bias.profiles(q, (4, 5))
+        assert (rows < 1e-12).float().mean() > 0.1 and (cols < 1e-12).float().mean() > 0.1
+    assert torch.autograd.gradcheck(lambda q, *params: bias(q, (4, 5)), (q, *bias.parameters()))
