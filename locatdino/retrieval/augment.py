@@ -49,7 +49,7 @@ class PairedAugmentation:
     """Random-resized crop (zoom-out for scale > 1) of an image and its mask, plus colour jitter.
 
     Call with ``image`` uint8 ``[3, H, W]``, ``mask`` integer ``[H, W]`` and a generator; returns
-    ``(image uint8 [3, S, S], mask int64 [S, S])`` with ``S = size``.
+    ``(image uint8 [3, S, S], mask int32 [S, S])`` with ``S = size``.
     """
 
     size: int
@@ -72,7 +72,7 @@ class PairedAugmentation:
         height, width = image.shape[-2:]
         top, left, h, w = self.crop_box(height, width, generator)
         pad = [max(0, -left), max(0, -top), max(0, left + w - width), max(0, top + h - height)]
-        mask = tv_tensors.Mask(mask.long())
+        mask = tv_tensors.Mask(mask.int())
         if any(pad):  # zoom-out: put the image on a canvas of mean colour / PAD labels
             image = TF.pad(image, pad, fill=_MEAN_RGB)
             mask = TF.pad(mask, pad, fill=PAD)

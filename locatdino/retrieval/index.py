@@ -59,6 +59,7 @@ class PatchIndex:
         self.params = {k: v for k, v in (("nprobe", nprobe), ("efSearch", ef_search)) if v is not None}
         self.device, self.train_size, self.seed = device, train_size, seed
         self.on_gpu = False
+        self.cpu_index = self.index  # kept when a GPU copy is made: vectors() views its storage
 
     @property
     def exact_scores(self) -> bool:
@@ -70,9 +71,16 @@ class PatchIndex:
     def ntotal(self) -> int:
         return self.index.ntotal
 
+    @property
+    def streamable(self) -> bool:
+        """Whether vectors can be added batch by batch with no training and read back without a
+        copy (:meth:`vectors`): the exact ``Flat`` index."""
+        return isinstance(self.cpu_index, faiss.IndexFlat)
+
     def build(self, features: np.ndarray, chunk: int = 65_536) -> PatchIndex:
         """Train (if the index needs it) on a random sample and add ``features [N, D]`` in chunks,
-        so a memory-mapped float16 memory is never copied whole into float32."""
+        so a memory-mapped float16 memory is never copied whole into float32; then
+        :meth:`finish`."""
         n = features.shape[0]
         if features.ndim != 2 or features.shape[1] != self.dim:
             raise ValueError(f"index expects features [N, {self.dim}], got {tuple(features.shape)}")
@@ -81,7 +89,23 @@ class PatchIndex:
             sample = np.sort(rng.choice(n, size=min(n, self.train_size), replace=False))
             self.index.train(np.ascontiguousarray(features[sample], dtype=np.float32))
         for start in range(0, n, chunk):
-            self.index.add(np.ascontiguousarray(features[start : start + chunk], dtype=np.float32))
+            self.add(features[start : start + chunk])
+        return self.finish()
+
+    def add(self, features: np.ndarray) -> None:
+        """Append vectors ``[n, D]`` (the index must be trained)."""
+        self.index.add(np.ascontiguousarray(features, dtype=np.float32))
+
+    def vectors(self) -> np.ndarray:
+        """The stored vectors ``[N, D]`` of a :attr:`streamable` index: a zero-copy float32 view of
+        FAISS' storage, valid while this object lives and no vector is added."""
+        if not self.streamable:
+            raise TypeError(f"FAISS index {self.spec!r} does not store plain float vectors")
+        n = self.cpu_index.ntotal
+        return faiss.rev_swig_ptr(self.cpu_index.get_xb(), n * self.dim).reshape(n, self.dim)
+
+    def finish(self) -> PatchIndex:
+        """Set the search parameters and move to the GPU when one is available (``device``)."""
         self._apply_params(faiss.ParameterSpace())
         if self.device != "cpu" and faiss_gpu_available():
             self._to_gpu()

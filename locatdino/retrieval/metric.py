@@ -45,20 +45,24 @@ class ConfusionMatrix:
         self.ignore_index = ignore_index
         self.matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
 
-    def update(self, pred: Tensor, target: Tensor) -> None:
-        """Add pixels of ``pred`` and ``target`` (integer tensors of one shape)."""
+    def update(self, pred: Tensor | np.ndarray, target: Tensor | np.ndarray) -> None:
+        """Add pixels of ``pred`` and ``target`` (integer arrays of one shape).
+
+        Counted in NumPy: a handful of single-threaded vector ops per image, where torch's
+        intra-op thread pool costs milliseconds per small op on a busy machine.
+        """
+        pred, target = np.asarray(pred), np.asarray(target)
         if pred.shape != target.shape:
-            raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ")
+            raise ValueError(f"prediction {pred.shape} and target {target.shape} differ")
         c = self.num_classes
-        target = target.reshape(-1).long()
-        pred = pred.reshape(-1).long()
+        pred, target = pred.reshape(-1).astype(np.int64), target.reshape(-1).astype(np.int64)
+        if pred.size and (pred.min() < 0 or pred.max() >= c):
+            raise ValueError(f"predictions must lie in [0, {c})")
         valid = (target >= 0) & (target < c)
         if self.ignore_index is not None:
             valid &= target != self.ignore_index
-        if (pred[valid] < 0).any() or (pred[valid] >= c).any():
-            raise ValueError(f"predictions must lie in [0, {c})")
-        keys = target[valid] * c + pred[valid]
-        self.matrix += torch.bincount(keys, minlength=c * c).view(c, c).cpu()
+        keys = (target * c + pred)[valid]
+        self.matrix += torch.from_numpy(np.bincount(keys, minlength=c * c).reshape(c, c))
 
     def merge(self, other: ConfusionMatrix) -> None:
         """Add another matrix of the same classes (e.g. from another process)."""

@@ -28,12 +28,12 @@ def view_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 def load_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor] | None:
-    """``(image uint8 [3, H, W], mask int64 [H, W])`` of ``dataset[index]``, or None (with a
+    """``(image uint8 [3, H, W], mask int32 [H, W])`` of ``dataset[index]``, or None (with a
     warning) when the sample is corrupt."""
     try:
         image, mask = dataset[index]
         image = TF.pil_to_tensor(image.convert("RGB"))
-        mask = torch.from_numpy(np.asarray(mask, dtype=np.int64))
+        mask = torch.from_numpy(np.asarray(mask, dtype=np.int32))  # 16-bit PNG labels fit
     except (OSError, ValueError, SyntaxError, TypeError) as err:
         warnings.warn(f"skipping sample {index} of {type(dataset).__name__}: {err}", stacklevel=2)
         return None
@@ -49,7 +49,7 @@ def load_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor] | None:
 
 class MemoryViews(Dataset):
     """``epochs`` augmented passes over a labelled split: item ``e·N + i`` is view ``e`` of image
-    ``i``, as ``(image uint8 [3, S, S], mask int64 [S, S])`` or None if corrupt."""
+    ``i``, as ``(image uint8 [3, S, S], mask int32 [S, S])`` or None if corrupt."""
 
     def __init__(self, dataset: Any, augmentation: PairedAugmentation, epochs: int = 1, seed: int = 0):
         self.dataset, self.augmentation, self.epochs, self.seed = dataset, augmentation, epochs, seed
@@ -67,7 +67,7 @@ class MemoryViews(Dataset):
 
 class QueryViews(Dataset):
     """Evaluation images resized to ``size`` with their masks at original resolution:
-    ``(image uint8 [3, S, S], mask int64 [H, W])`` or None if corrupt."""
+    ``(image uint8 [3, S, S], mask int32 [H, W])`` or None if corrupt."""
 
     def __init__(self, dataset: Any, size: int):
         self.dataset, self.size = dataset, size

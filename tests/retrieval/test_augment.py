@@ -16,13 +16,13 @@ def _pair():
 
 def _check_aligned(image, mask):
     """Away from label edges (antialiasing blurs ~2 px), the grey level decodes to the mask."""
-    one_hot = torch.nn.functional.one_hot(mask + 1, 5).permute(2, 0, 1).float()[None]
+    one_hot = torch.nn.functional.one_hot(mask.long() + 1, 5).permute(2, 0, 1).float()[None]
     interior = -torch.nn.functional.max_pool2d(-one_hot, 7, stride=1, padding=3)  # erosion
     interior = interior[0].amax(0).bool() & (mask != PAD)
     interior[[0, -1], :] = interior[:, [0, -1]] = False  # may blend a sub-pixel padding strip
     decoded = (image[0].float() / 60).round().long()
     assert interior.float().mean() > 0.2
-    assert torch.equal(decoded[interior], mask[interior])
+    assert torch.equal(decoded[interior], mask[interior].long())
 
 
 def test_crop_keeps_image_and_mask_aligned_and_sized():

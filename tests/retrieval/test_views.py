@@ -39,7 +39,7 @@ def test_views_skip_and_count_corrupt_samples():
 
 def test_query_views_keep_original_masks():
     image, mask = QueryViews(TinySet(), 32)[0]
-    assert image.shape == (3, 32, 32) and mask.shape == (30, 40) and mask.dtype == torch.int64
+    assert image.shape == (3, 32, 32) and mask.shape == (30, 40) and mask.dtype == torch.int32
 
 
 def test_views_depend_only_on_seed_epoch_and_index():
