@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
-from locatdino.data.decode import decode_mask, decode_rgb
+from locatdino.data.file_pairs import FilePairsSegmentation
 
 ADE20K_CLASSES: tuple[str, ...] = ("other",) + tuple(n.strip() for n in (
     "wall, building, sky, floor, tree, ceiling, road, bed, windowpane, grass, cabinet, sidewalk, person, earth, "
@@ -63,7 +60,7 @@ def ade20k_pairs(root: str | Path, split: str = "validation") -> list[tuple[Path
     return pairs
 
 
-class ADE20KSegmentation:
+class ADE20KSegmentation(FilePairsSegmentation):
     """``ds[i] -> (PIL RGB image, mask uint8 [H, W])``; values 0..150, ignore index 0."""
 
     class_names: list[str] = list(ADE20K_CLASSES)
@@ -71,12 +68,5 @@ class ADE20KSegmentation:
     ignore_index: int | None = ADE20K_IGNORE_INDEX
 
     def __init__(self, root: str | Path, split: str = "validation") -> None:
+        super().__init__(ade20k_pairs(root, split))
         self.root, self.split = Path(root), split
-        self.pairs = ade20k_pairs(root, split)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
-        image, mask = self.pairs[index]
-        return decode_rgb(image), decode_mask(mask)

@@ -53,9 +53,13 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         return image
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):  # high bit depth: rescale to 8 bit
         arr = np.asarray(image, dtype=np.float64)
-        lo, hi = (0.0, 65535.0) if mode.startswith("I;16") else (float(arr.min()), float(arr.max()))
-        if mode == "I" and lo >= 0 and hi <= 255:
-            lo, hi = 0.0, 255.0
+        lo, hi = float(arr.min()), float(arr.max())
+        # the nominal range of the data (float [0, 1], 8 or 16 bit); stretch only what fits none
+        full = next((r for r in (1.0, 255.0, 65535.0) if lo >= 0 and hi <= r and (r > 1 or mode == "F")), None)
+        if mode.startswith("I;16"):
+            full = 65535.0
+        if full is not None:
+            lo, hi = 0.0, full
         arr = np.clip((arr - lo) / max(hi - lo, 1e-12) * 255 + 0.5, 0, 255).astype(np.uint8)
         return Image.fromarray(arr, "L").convert("RGB")
     if mode == "P" and "transparency" in image.info:

@@ -5,16 +5,15 @@ solarization to each crop independently. torchvision's functional ops take one p
 call, so a per-crop loop would re-enter the library 40+ times per image; here every op works on a
 stack ``x [N, 3, H, W]`` (float, values in [0, 1]) of same-size crops with per-crop parameters
 ``[N]``, and follows torchvision's formulas exactly (tests compare against
-``torchvision.transforms.v2.functional``). Two ops are also cheaper than torchvision's:
+``torchvision.transforms.v2.functional``). Measured on one CPU core (two 224 px crops):
 
-- hue: torchvision converts RGB → HSV → RGB with six one-hot sector masks (~1.8 ms for one
-  224 px crop); ``adjust_hue`` uses the closed-form HSV → RGB map
-  ``c_n = V − chroma · clamp(min(k_n, 4 − k_n), 0, 1)``, ``k_n = (n + 6H) mod 6``, n = 5, 3, 1
-  (same result to float precision, ~4× faster);
+- hue: torchvision converts RGB → HSV → RGB with argmax, ``where`` and six one-hot sector
+  masks; ``adjust_hue`` uses the closed-form HSV → RGB map
+  ``c_n = V − chroma · clamp(min(k_n, 4 − k_n), 0, 1)``, ``k_n = (n + 6H) mod 6``, n = 5, 3, 1,
+  with float arithmetic only (same result to 1e-6; torchvision 6.7 ms, this 2.2 ms);
 - blur: torchvision convolves with a dense 2-D kernel; ``gaussian_blur`` is separable (two 1-D
-  passes, O(k) instead of O(k²) per pixel), with the kernel truncated at 3 sigma.
-- colour jitter: the four ops run on the whole stack in one order (``color_jitter``), instead of
-  regrouping crops per op and slot.
+  passes, O(k) instead of O(k²) per pixel; 3.6 → 1.7 ms at sigma 1), kernel truncated at 3 sigma;
+- colour jitter: the four ops run on the whole stack in one given order (``color_jitter``).
 """
 
 from __future__ import annotations

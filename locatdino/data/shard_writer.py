@@ -76,8 +76,9 @@ def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
     if not tars and not index.exists():
         return []
     if not overwrite:
-        raise FileExistsError(f"{out} already holds shards ({len(tars)} .tar, index.json: {index.exists()}); "
-                              "pass --overwrite (overwrite=True) to replace them, or choose another directory")
+        found = f"{len(tars)} .tar file(s)" + (" and index.json" if index.exists() else "")
+        raise FileExistsError(f"{out} already holds shards ({found}); pass --overwrite (overwrite=True) to "
+                              "replace them, or choose another directory")
     foreign = [t for t in tars if not (t.name.startswith(f"{prefix}-") and t.name[len(prefix) + 1:-4].isdigit())]
     if foreign:
         raise FileExistsError(f"{out} holds .tar files that are not {prefix}-NNNNNN.tar shards (e.g. {foreign[0].name}); "

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
-from locatdino.data.decode import decode_mask, decode_rgb
+from locatdino.data.file_pairs import FilePairsSegmentation
 
 VOC_CLASSES: tuple[str, ...] = (
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
@@ -56,7 +53,7 @@ def voc_pairs(root: str | Path, split: str = "val") -> list[tuple[Path, Path]]:
     return pairs
 
 
-class VOCSegmentation:
+class VOCSegmentation(FilePairsSegmentation):
     """``ds[i] -> (PIL RGB image, mask uint8 [H, W])``; 21 classes, ignore index 255."""
 
     class_names: list[str] = list(VOC_CLASSES)
@@ -64,12 +61,5 @@ class VOCSegmentation:
     ignore_index: int | None = VOC_IGNORE_INDEX
 
     def __init__(self, root: str | Path, split: str = "val") -> None:
+        super().__init__(voc_pairs(root, split))
         self.root, self.split = Path(root), split
-        self.pairs = voc_pairs(root, split)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
-        image, mask = self.pairs[index]
-        return decode_rgb(image), decode_mask(mask)

@@ -57,7 +57,11 @@ def test_conversions_keep_the_right_values():
     transparent = Image.new("RGBA", (4, 4), (10, 20, 30, 0))
     assert decode_rgb(_encoded(transparent, "PNG")).getpixel((0, 0)) == (255, 255, 255)  # on white
     f = np.asarray(decode_rgb(_good_variants()["float_tiff"]))[..., 0]
-    assert f.min() == 0 and f.max() == 255  # float rescaled from its own range
+    assert f.min() == 0 and f.max() == 255  # float in [0, 1] -> 0..255
+    i32 = Image.fromarray(np.array([[0, 1000], [30000, 65535]], np.int32), "I")
+    np.testing.assert_array_equal(np.asarray(decode_rgb(_encoded(i32, "TIFF")))[..., 0], [[0, 4], [117, 255]])
+    dark = Image.fromarray(np.array([[0, 100]], np.int32), "I")  # 8-bit range stays as is
+    np.testing.assert_array_equal(np.asarray(decode_rgb(_encoded(dark, "TIFF")))[..., 0], [[0, 100]])
     cmyk = decode_rgb(_good_variants()["cmyk"]).getpixel((4, 3))
     assert np.abs(np.subtract(cmyk, (200, 40, 90))).max() < 12
 
