@@ -59,8 +59,9 @@ class _SeparableBiasAttention(torch.autograd.Function):
         num_prefix, scale = ctx.num_prefix, ctx.scale
         B, H, N, d = q.shape
         flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
-        qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out.to(q.dtype), rows, cols))
-        delta = (do * flat(out)).sum(-1, keepdim=True)
+        grad_out = grad_out.to(q.dtype)
+        delta = flat((grad_out * out).sum(-1, keepdim=True))  # rowsum(dO ⊙ O), before flattening copies
+        qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out, rows, cols))
         dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
         d_rows, d_cols = torch.zeros_like(rf), torch.zeros_like(cf)
         chunk = _chunk_rows(B * H, N, q.element_size())
@@ -78,7 +79,7 @@ class _SeparableBiasAttention(torch.autograd.Function):
             if patches.stop > patches.start:
                 first = patches.start + num_prefix - start
                 block = d_scores[:, first:, num_prefix:]
-                work = scratch("probs", (*block.shape[:2], rf.shape[-1], cf.shape[-1]), rf.dtype, q.device)
+                work = scratch("products", (*block.shape[:2], rf.shape[-1], cf.shape[-1]), rf.dtype, q.device)
                 d_rows[:, patches], d_cols[:, patches] = profile_grads(block, rf[:, patches], cf[:, patches], work)
         dq.mul_(scale)
         dk.mul_(scale)
