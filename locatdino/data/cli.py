@@ -32,10 +32,11 @@ def _bytes(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="locatdino shards", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="locatdino shards [options] SOURCE OUT_DIR\n       locatdino shards [options] --synthetic N OUT_DIR",
         description="Write WebDataset tar shards (+ index.json) from an image folder tree (optionally one "
                     "sub-folder per class -> 'cls'), a Pascal VOC 2012 tree, an ADE20K tree (masks -> "
                     "'seg.png') or the built-in synthetic scenes.", epilog=__doc__.split("Examples::")[1])
-    p.add_argument("paths", nargs="+", metavar="SOURCE OUT_DIR",
+    p.add_argument("paths", nargs="+", metavar="PATH",
                    help="source directory (or 'scenes') and output directory; with --synthetic only OUT_DIR")
     p.add_argument("--kind", default="auto", choices=["auto", "folder", "voc", "ade20k", "scenes"],
                    help="source layout (default: detected from the tree)")
