@@ -2,22 +2,24 @@
 
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_locatvit.py [--reps 7] [--profile]
 
+- Models: ViT-S (timm ``vit_small_patch16_224``), ViT-S + PRR only (``locatify(gaug=False)``,
+  to split the cost of the two add-ons) and LocAtViT-S, all ``num_classes=0``, same init seed.
 - Train step: forward + backward + AdamW on a DINO-like batch (8 crops at 224 px and 32 crops at
   96 px, one forward per resolution, as DINO's student does), loss on the pooled embedding.
 - Eval forward at 224 and 448 px (``torch.inference_mode``).
-- Timings alternate the two models rep by rep (ABAB…) so load from other processes hits both
-  alike. Each time is the process CPU time (``time.process_time``) of one call, minimum over the
-  reps; ratio = LocAtViT over ViT. CPU time and 1 intra-op thread by default because the
-  development machine is shared: with 2 OpenMP threads a single preempted thread stalls the
-  other at every barrier and wall-clock ratios swing by ±50 %. ``--threads 2 --clock wall`` for
-  an idle machine.
-- Peak memory: each model runs in a fresh subprocess (``--memory-child``) with glibc's mmap
+- Timings alternate the models rep by rep (ABCABC…) so load from other processes hits all alike.
+  Each time is the process CPU time (``time.process_time``) of one call, minimum over the reps;
+  ratios are over ViT-S. CPU time and 1 intra-op thread by default because the development
+  machine is shared: with 2 OpenMP threads one preempted thread stalls the other at every
+  barrier and wall-clock ratios swing by ±50 %. ``--threads 2 --clock wall`` for an idle machine.
+- Peak memory (ViT-S and LocAtViT-S): each model runs in a fresh subprocess with glibc's mmap
   threshold pinned at 64 KiB, so every tensor buffer is mmapped and returned on free and the
-  resident set follows live tensors. After a warm-up step (AdamW state and gradients allocated),
-  the kernel's peak-RSS counter is reset (``/proc/self/clear_refs`` ← 5) and one more step runs;
-  the reported peak is VmHWM (whole process: weights, gradients, AdamW state, activations) and
-  its rise above the resting RSS (activations and temporaries of the step alone).
-- ``--profile`` prints where LocAtViT's step time goes (torch profiler, top self-CPU ops).
+  resident set follows live tensors (``tracemalloc`` does not see torch's allocations). After a
+  warm-up step (AdamW state and gradients allocated), the kernel's peak-RSS counter is reset
+  (``/proc/self/clear_refs`` ← 5) and one more step runs; reported: VmHWM (whole process:
+  weights, gradients, AdamW state, activations) and its rise above the resting RSS
+  (activations and temporaries of the step alone). Median over ``--memory-reps`` processes.
+- ``--profile`` prints where LocAtViT's time goes (torch profiler, top self-CPU ops).
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ import timm
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import locatdino  # noqa: E402,F401  (registers locatvit_*)
+from locatdino.models import locatify  # noqa: E402  (importing locatdino registers locatvit_*)
 
-MODELS = {"ViT-S": "vit_small_patch16_224", "LocAtViT-S": "locatvit_small_patch16_224"}
+MODELS = ("ViT-S", "ViT-S + PRR", "LocAtViT-S")
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-def build(name: str) -> torch.nn.Module:
+def build(label: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    return timm.create_model(name, num_classes=0, dynamic_img_size=True)
+    name = "locatvit_small_patch16_224" if label == "LocAtViT-S" else "vit_small_patch16_224"
+    model = timm.create_model(name, num_classes=0, dynamic_img_size=True)
+    return locatify(model, gaug=False) if label == "ViT-S + PRR" else model
 
 
 def dino_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,38 +62,33 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, crops: tuple[
     opt.step()
 
 
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-
-
-def timed(fn, clock) -> float:
-    start = clock()
-    fn()
-    return clock() - start
+def evaluate(model: torch.nn.Module, x: torch.Tensor) -> None:
+    with torch.inference_mode():
+        model.eval()(x)
 
 
 def bench_time(reps: int, clock) -> dict[str, dict[str, float]]:
-    models = {label: build(name) for label, name in MODELS.items()}
+    models = {label: build(label) for label in MODELS}
     opts = {label: torch.optim.AdamW(m.parameters(), lr=1e-4) for label, m in models.items()}
     crops = dino_batch()
-    evals = {224: torch.randn(8, 3, 224, 224), 448: torch.randn(4, 3, 448, 448)}
+    x224, x448 = torch.randn(8, 3, 224, 224), torch.randn(4, 3, 448, 448)
     cases = {
         "train step": lambda m, o: train_step(m.train(), o, crops),
-        "eval 224 px (8 images)": lambda m, o: _eval(m, evals[224]),
-        "eval 448 px (4 images)": lambda m, o: _eval(m, evals[448]),
+        "eval 224 px (8 images)": lambda m, o: evaluate(m, x224),
+        "eval 448 px (4 images)": lambda m, o: evaluate(m, x448),
     }
-    results: dict[str, dict[str, list[float]]] = {case: {label: [] for label in models} for case in cases}
+    times: dict[str, dict[str, float]] = {}
     for case, fn in cases.items():
-        for label in models:  # warm-up
+        for label in MODELS:  # warm-up
             fn(models[label], opts[label])
+        runs: dict[str, list[float]] = {label: [] for label in MODELS}
         for _ in range(reps):
-            for label in models:
-                results[case][label].append(timed(lambda: fn(models[label], opts[label]), clock))
-    return {case: {label: min(t) for label, t in per.items()} for case, per in results.items()}
-
-
-def _eval(model: torch.nn.Module, x: torch.Tensor) -> None:
-    with torch.inference_mode():
-        model.eval()(x)
+            for label in MODELS:
+                start = clock()
+                fn(models[label], opts[label])
+                runs[label].append(clock() - start)
+        times[case] = {label: min(r) for label, r in runs.items()}
+    return times
 
 
 def _status_kib(field: str) -> int:
@@ -98,9 +98,9 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def memory_child(name: str) -> None:
+def memory_child(label: str) -> None:
     """Runs in a fresh process: print the peak RSS of one train step as JSON (MiB)."""
-    model = build(name)
+    model = build(label)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     crops = dino_batch()
     train_step(model.train(), opt, crops)
@@ -111,26 +111,26 @@ def memory_child(name: str) -> None:
     print(json.dumps({"peak_mib": peak / 1024, "step_mib": (peak - rest) / 1024}))
 
 
-def bench_memory(reps: int, threads: int) -> dict[str, dict[str, float]]:
+def bench_memory(reps: int, threads: int, labels: tuple[str, ...]) -> dict[str, dict[str, float]]:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label in MODELS}
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
     for _ in range(reps):
-        for label, name in MODELS.items():
-            out = subprocess.run([sys.executable, __file__, "--memory-child", name, "--threads", str(threads)],
-                                 env=env, check=True,
-                                 capture_output=True, text=True).stdout
+        for label in labels:
+            cmd = [sys.executable, __file__, "--memory-child", label, "--threads", str(threads)]
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
     return {key: {label: statistics.median(r[key] for r in rs) for label, rs in runs.items()}
             for key in ("peak_mib", "step_mib")}
 
 
-def profile_step(top: int) -> None:
-    model = build(MODELS["LocAtViT-S"]).train()
+def profile(top: int) -> None:
+    model = build("LocAtViT-S").train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     crops = dino_batch()
     train_step(model, opt, crops)
+    x448 = torch.randn(4, 3, 448, 448)
     for label, fn in {"train step": lambda: train_step(model, opt, crops),
-                      "eval 448 px": lambda: _eval(model, torch.randn(4, 3, 448, 448))}.items():
+                      "eval 448 px": lambda: evaluate(model, x448)}.items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fn()
         print(f"\nLocAtViT-S {label}: top {top} ops by self CPU time")
@@ -150,19 +150,19 @@ def main() -> None:
     if args.memory_child:
         return memory_child(args.memory_child)
     if args.profile:
-        return profile_step(top=15)
+        return profile(top=15)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} time, min of {args.reps}; "
-          "ratios = LocAtViT-S / ViT-S")
-    times = bench_time(args.reps, CLOCKS[args.clock])
-    for case, t in times.items():
-        print(f"{case:24s} ViT-S {t['ViT-S'] * 1e3:8.1f} ms  LocAtViT-S {t['LocAtViT-S'] * 1e3:8.1f} ms  "
-              f"ratio {t['LocAtViT-S'] / t['ViT-S']:.3f}")
-    memory = bench_memory(args.memory_reps, args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, min of {args.reps}")
+    print(f"{'':24s} {'ViT-S':>10s} {'+PRR ratio':>11s} {'LocAtViT-S':>11s} {'ratio':>7s}")
+    for case, t in bench_time(args.reps, CLOCKS[args.clock]).items():
+        base = t["ViT-S"]
+        print(f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
+              f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}")
+    memory = bench_memory(args.memory_reps, args.threads, ("ViT-S", "LocAtViT-S"))
     for key, label in (("peak_mib", "peak RSS, train step"), ("step_mib", "RSS rise during step")):
         m = memory[key]
-        print(f"{label:24s} ViT-S {m['ViT-S']:8.1f} MiB LocAtViT-S {m['LocAtViT-S']:8.1f} MiB "
-              f"ratio {m['LocAtViT-S'] / m['ViT-S']:.3f}")
+        print(f"{label:24s} {m['ViT-S']:6.0f} MiB {'':11s} {m['LocAtViT-S']:7.0f} MiB "
+              f"{m['LocAtViT-S'] / m['ViT-S']:7.3f}")
 
 
 if __name__ == "__main__":
