@@ -24,7 +24,9 @@ class GAugAttention(Attention):
     """Multi-head self-attention with a learned, query-dependent Gaussian locality bias.
 
     ``attn = softmax(q kᵀ / √d_h + S) v`` with S from :class:`GaussianLocalityBias`, fed to
-    ``F.scaled_dot_product_attention`` as a float mask.
+    ``F.scaled_dot_product_attention`` as a float mask: on CPU through the fused
+    :func:`separable_bias_attention` (mask rows written chunk by chunk, its own backward), else
+    as one differentiable ``[B, H, N, N]`` mask, which CUDA's SDPA kernels differentiate.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from timm.layers import Attention, AttentionPoolPrr
 from timm.models.vision_transformer import VisionTransformer
-from torch import nn
 
 from locatdino.models.gaug_attention import GAugAttention
 from locatdino.models.patch_grid import install_patch_grid
@@ -59,7 +58,3 @@ def _add_prr(model: VisionTransformer) -> None:
     model.global_pool = "prr"
     model.pool_include_prefix = True
 
-
-def gaug_layers(model: nn.Module) -> list[GAugAttention]:
-    """All GAug attention layers of ``model``, in block order."""
-    return [m for m in model.modules() if isinstance(m, GAugAttention)]
