@@ -62,7 +62,7 @@ class _SeparableBiasAttention(torch.autograd.Function):
         grad_out = grad_out.to(q.dtype)
         delta = flat((grad_out * out).sum(-1, keepdim=True))  # rowsum(dO ⊙ O), before flattening copies
         qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out, rows, cols))
-        dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
         d_rows, d_cols = torch.zeros_like(rf), torch.zeros_like(cf)
         chunk = _chunk_rows(B * H, N, q.element_size())
         for start in range(0, N, chunk):
@@ -71,11 +71,12 @@ class _SeparableBiasAttention(torch.autograd.Function):
             patches = write_bias_rows(scores, rf, cf, num_prefix, start)
             scores.baddbmm_(qf[:, start:stop], kf.transpose(1, 2), alpha=scale)
             probs = torch.softmax(scores, dim=-1, out=scratch("probs", scores.shape, q.dtype, q.device))
-            dv.baddbmm_(probs.transpose(1, 2), do[:, start:stop])
+            beta = 0.0 if start == 0 else 1.0  # dk, dv start uninitialised: overwrite, then accumulate
+            dv.baddbmm_(probs.transpose(1, 2), do[:, start:stop], beta=beta)
             d_scores = torch.bmm(do[:, start:stop], vf.transpose(1, 2), out=scores)
             d_scores.sub_(delta[:, start:stop]).mul_(probs)
             torch.bmm(d_scores, kf, out=dq[:, start:stop])
-            dk.baddbmm_(d_scores.transpose(1, 2), qf[:, start:stop])
+            dk.baddbmm_(d_scores.transpose(1, 2), qf[:, start:stop], beta=beta)
             if patches.stop > patches.start:
                 first = patches.start + num_prefix - start
                 block = d_scores[:, first:, num_prefix:]
