@@ -149,13 +149,13 @@ class DINOModule(LightningModule):
     # ------------------------------------------------------------------ training
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        crops_global, crops_local = batch["global"], batch.get("local")
+        crops_global = batch["global"]
         self._check_batch(crops_global)
         values = self.schedules.at(self.trainer.global_step)
         with torch.no_grad():
             teacher_out = self.forward_branch(self.teacher, [crops_global])
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
-        student_out = self.forward_branch(self.student, [crops_global] + ([crops_local] if crops_local is not None else []))
+        student_out = self.forward_branch(self.student, [crops_global, *([batch["local"]] if "local" in batch else [])])
         loss = self.dino_loss(student_out, teacher_probs)
 
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
@@ -186,13 +186,15 @@ class DINOModule(LightningModule):
     def _on_nonfinite(self, loss: Tensor) -> None:
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
-            rank_zero_warn(f"DINO loss is not finite ({loss.item()}) at step {step} on some rank: skipping the step.")
+            rank_zero_warn(f"DINO loss is not finite at step {step} (on some rank; here {loss.item()}): "
+                           "skipping the step on every rank.")
             self._skipped_steps += 1
             self.log("train/skipped_steps", float(self._skipped_steps))
             return None
         saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
         raise FloatingPointError(
-            f"DINO loss is not finite ({loss.item()}) at step {step}, epoch {self.current_epoch}: stopping. "
+            f"DINO loss is not finite at step {step}, epoch {self.current_epoch} (on some rank; here {loss.item()}): "
+            "stopping. "
             f"Last good checkpoint: {saved[-1] if saved else 'none saved yet'}. Resume it with --ckpt_path last "
             "using bf16-mixed or 32-true instead of 16-mixed, a lower model.lr or model.clip_grad, "
             "or set model.on_nonfinite=skip."
@@ -251,6 +253,9 @@ class DINOModule(LightningModule):
                            f"then, {info} now (changed max_epochs/max_steps, world size or batch size?).")
         self._schedule_info = info
 
+        if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
+            raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
+                             "trainer.strategy locatdino.ssl.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP")
         named = [(n.replace(_FSDP_PREFIX, ""), p) for n, p in self.student.named_parameters() if p.requires_grad]
         self._clipped_params = [p for _, p in named]
         self._last_layer_params = [p for n, p in named if n.startswith("head.last_layer.")]

@@ -1,0 +1,78 @@
+"""``locatdino fit``: DINO pretraining from layered YAML configs through Lightning's ``LightningCLI``.
+
+``configs/default.yaml`` is always loaded first and holds every key; a recipe file holds only
+what changes, and command-line flags override both::
+
+    locatdino fit --config configs/tiny_locatvit.yaml --trainer.max_steps 200
+    locatdino fit --config configs/dino_vits16.yaml --ckpt_path last   # resume
+
+Besides LightningCLI's ``model`` / ``data`` / ``trainer`` groups, the callbacks every run needs
+are config groups of their own, so a recipe changes one key without restating a callback list:
+``step_checkpoint`` (``last.ckpt`` every N steps), ``epoch_checkpoint`` (at epoch end),
+``collapse_monitor`` and ``skipped_samples``. Everything a run writes goes under
+``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
+``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start).
+``data.init_args.batch_size`` (per rank) feeds ``model.batch_size`` for the lr scaling rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from locatdino.data import ShardDataModule, SkippedSamplesLogger
+from locatdino.ssl.collapse import CollapseMonitor
+from locatdino.ssl.dino_module import DINOModule
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+def checkpoint_dir(default_root_dir: str | None) -> str:
+    """``<default_root_dir>/checkpoints``: one folder per run, found again on resume."""
+    return os.path.join(default_root_dir or ".", "checkpoints")
+
+
+class DINOCLI(LightningCLI):
+    """``LightningCLI`` for :class:`DINOModule` with the run's callbacks as config groups."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for key in ("step_checkpoint", "epoch_checkpoint"):
+            parser.add_lightning_class_args(ModelCheckpoint, key)
+            parser.link_arguments("trainer.default_root_dir", f"{key}.dirpath", compute_fn=checkpoint_dir)
+        parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
+        parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
+        parser.link_arguments("data.init_args.batch_size", "model.batch_size")
+
+    def before_instantiate_classes(self) -> None:
+        """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``."""
+        trainer = self.config[self.subcommand].trainer
+        if trainer.logger is None:
+            trainer.logger = Namespace(
+                class_path="lightning.pytorch.loggers.CSVLogger",
+                init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fit`` with ``argv`` (without the word ``fit``); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
+    try:
+        DINOCLI(
+            DINOModule,
+            ShardDataModule,
+            subclass_mode_data=True,
+            args=["fit", *argv],
+            parser_kwargs={"fit": {"default_config_files": defaults}},
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+        )
+    except FloatingPointError as err:  # non-finite loss: the message says what to do
+        print(f"locatdino fit: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,71 @@
+"""``locatdino export CKPT OUT``: a DINO checkpoint's backbone as a plain timm state dict.
+
+The output holds only the backbone's tensors under timm's key names (``cls_token``,
+``blocks.0.attn.qkv.weight``, … plus ``blocks.*.attn.gaug.*`` for LocAtViT), no head, no
+optimizer, no Python objects: ``torch.load(OUT, weights_only=True)`` reads it and
+``timm.create_model(name, num_classes=0, ...).load_state_dict(...)`` or
+``locatdino.models.create_backbone(name, checkpoint=OUT)`` loads it. Input: this project's
+Lightning checkpoints, and any other container ``locatdino.models`` reads (full DINO training
+checkpoints, …). For Lightning checkpoints the weights are first loaded, ``strict=True``, into
+the backbone their hyper-parameters describe, so a broken export never gets written. The file is
+written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from locatdino.models import create_backbone
+from locatdino.models.checkpoint import extract_backbone
+from locatdino.ssl.checkpoint_io import atomic_torch_save
+
+
+def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which: str = "teacher") -> str:
+    """Write the ``which`` backbone of ``checkpoint`` to ``out``; return a one-line summary."""
+    source = os.fspath(checkpoint)
+    if os.path.isdir(source):
+        raise ValueError(f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
+                         "FSDPStrategy(state_dict_type='full') to get one file")
+    try:
+        ckpt = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - one line naming the file
+        raise ValueError(f"{source}: cannot be read with torch.load(weights_only=True): "
+                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
+    state = {k: v.contiguous() for k, v in extract_backbone(ckpt, which, source).items()}
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    described = _check_against_hparams(state, hparams, source) if hparams else "backbone"
+    atomic_torch_save(state, out)
+    params = sum(v.numel() for v in state.values())
+    return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
+
+
+def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str, Any], source: str) -> str:
+    name, kwargs = hparams["backbone"], dict(hparams.get("backbone_kwargs") or {})
+    model = create_backbone(name, **kwargs)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{source}: the backbone weights do not load into {name}({kwargs}): "
+                         f"{str(err).splitlines()[0]}") from err
+    return f"{name} backbone" + (f" {kwargs}" if kwargs else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="Lightning checkpoint (runs/<run>/checkpoints/last.ckpt) or DINO checkpoint")
+    parser.add_argument("out", help="output .pth file (plain timm state dict)")
+    parser.add_argument("--which", choices=("teacher", "student"), default="teacher",
+                        help="network to export (default: the teacher, the one DINO evaluates)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        print(export_backbone(args.checkpoint, args.out, args.which))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"locatdino export: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,34 @@
+"""Callbacks the multi-process tests add to ``locatdino fit`` (``--trainer.callbacks+=...``).
+
+Importable from every rank: the tests put this folder on ``PYTHONPATH``.
+"""
+
+import os
+
+import torch
+from lightning.pytorch import Callback
+
+
+class SaveRankState(Callback):
+    """Each rank writes its student, teacher, centre and counters to ``<out_dir>/rank<k>.pt``."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        state["_global_step"] = torch.tensor(trainer.global_step)
+        state["_skipped_steps"] = torch.tensor(pl_module._skipped_steps)
+        torch.save(state, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+
+
+class NaNBatch(Callback):
+    """Poison the global crops of rank ``rank`` at optimizer step ``step`` (a non-finite loss)."""
+
+    def __init__(self, rank: int = 1, step: int = 2) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            batch["global"].fill_(float("nan"))
