@@ -80,7 +80,7 @@ def _vit_s():
 
 
 # ------------------------------------------------------------------------- reference baseline
-def reference_style(size: int, batch_size: int = 32, workers: int = 2) -> dict:
+def reference_style(size: int, batch_size: int = 32, workers: int = 1) -> dict:
     """The public reference's data flow (re-written, not copied): see the module docstring."""
     import faiss
     import torch
@@ -168,7 +168,7 @@ def reference_style(size: int, batch_size: int = 32, workers: int = 2) -> dict:
 
 # ----------------------------------------------------------------------------------- our cases
 def ours(size: int, precision: str = "fp32", index: str = "Flat", nprobe: int | None = None,
-         eval_resolution: str = "input", workers: int = 2) -> dict:
+         eval_resolution: str = "input", workers: int | None = None) -> dict:
     from locatdino.data import build_segmentation_dataset
     from locatdino.retrieval import HummingbirdConfig, hummingbird
 
@@ -191,16 +191,21 @@ def run_case(case: dict) -> dict:
 def _case_main(spec: str) -> None:
     case = json.loads(spec)
     kind = case.pop("kind")
-    out = reference_style(**case) if kind == "reference-style" else ours(**case)
+    if kind == "scaling":
+        out = {"rows": scaling_case(**case)}
+    else:
+        out = reference_style(**case) if kind == "reference-style" else ours(**case)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["worker_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps(out))
 
 
-def reference(sizes: list[int]) -> list[dict]:
+def reference(sizes: list[int], repeats: int = 2) -> list[dict]:
+    """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
+    runs vary by 2-3x with the load of other jobs; compare medians)."""
     voc_scenes()
     rows = []
-    for size in sizes:  # baseline and our cases interleaved, one size at a time
+    for rep, size in ((r, s) for r in range(repeats) for s in sizes):
         cases = [
             {"kind": "reference-style", "size": size},
             {"kind": "ours", "size": size},
@@ -210,56 +215,67 @@ def reference(sizes: list[int]) -> list[dict]:
         if size == 224:  # our default protocol: score every original mask pixel
             cases.append({"kind": "ours", "size": size, "eval_resolution": "original"})
         for case in cases:
-            row = run_case(case)
+            row = {**run_case(case), "repeat": rep}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
 
 
 # ------------------------------------------------------------------------------------- scaling
-def scaling(sizes: list[int], n_queries: int = 50) -> list[dict]:
-    """Exact vs IVF on budgeted memories of growing size (224 px views, random-init ViT-S)."""
-    import faiss
-    import torch
+def _ivf(m: int) -> str:
+    return f"IVF{max(64, int(4 * np.sqrt(m)) // 64 * 64)},Flat"
 
+
+def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
+    """One memory size (run in its own process): build the memory once, then per index the
+    build time, the full query pass (features, search, transfer + metric), mIoU, recall@30."""
     from locatdino.data import build_segmentation_dataset
-    from locatdino.retrieval import FeatureExtractor, HummingbirdConfig, PatchIndex, build_memory
+    from locatdino.retrieval import FeatureExtractor, HummingbirdConfig, PatchIndex, build_memory, evaluate_queries
     from locatdino.retrieval.evaluate import PhaseClock
+    from locatdino.retrieval.splits import SubsetSplit
     from locatdino.retrieval.views import QueryViews, collate_views
 
     train = build_segmentation_dataset("voc", str(voc_scenes()), "train")
-    val = build_segmentation_dataset("voc", str(voc_scenes()), "val")
+    val = SubsetSplit(build_segmentation_dataset("voc", str(voc_scenes()), "val"), np.arange(n_val))
     extractor = FeatureExtractor(_vit_s(), precision="bf16")
-    qs = [extractor(collate_views([QueryViews(val, 224)[i] for i in range(j, min(j + 25, n_queries))])[0])
-          for j in range(0, n_queries, 25)]
-    queries = torch.cat(qs).flatten(0, 2).numpy()
+    epochs = max(1, -(-memory_size // (len(train) * 196)))
+    cfg = HummingbirdConfig(input_size=224, memory_size=memory_size, aug_epochs=epochs, precision="bf16",
+                            memory_dtype="float16", eval_resolution="input", progress=False)
+    clock = PhaseClock()
+    bank, _ = build_memory(extractor, train, cfg, clock)
+    memory_times = {k: round(v, 2) for k, v in clock.totals.items()}
+    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
+    views = [QueryViews(val, 224)[i] for i in range(min(n_val, 16))]
+    probe = extractor(collate_views(views)[0]).flatten(0, 2).numpy()  # real query patches
+    exact_ids, rows = None, []
+    for spec, nprobe in (("Flat", None), (_ivf(len(bank)), 8), (_ivf(len(bank)), 32)):
+        t = time.perf_counter()
+        index = PatchIndex(bank.dim, spec, nprobe=nprobe).build(bank.features)
+        build = time.perf_counter() - t
+        ids = index.search(probe, 30)[1]
+        exact_ids = ids if exact_ids is None else exact_ids
+        recall = float(np.mean([len(np.intersect1d(a, b)) / 30 for a, b in zip(ids, exact_ids)]))
+        q_clock = PhaseClock()
+        cm, _ = evaluate_queries(extractor, bank, index, val, cfg, q_clock)
+        rows.append({
+            "memory_patches": len(bank), "aug_epochs": epochs, "index": spec, "nprobe": nprobe,
+            "memory_build_s": memory_times, "index_build_s": round(build, 2),
+            **{f"{k}_s": round(v, 2) for k, v in q_clock.totals.items()},
+            "queries": n_val * 196, "miou": round(100 * cm.compute().miou, 2), "recall@30": round(recall, 4),
+            "peak_rss_mb": round(rss()),
+        })
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        del index
+    return rows
+
+
+def scaling(sizes: list[int]) -> list[dict]:
+    voc_scenes()
     rows = []
     for m in sizes:
-        epochs = max(1, -(-m // (len(train) * 196)))
-        cfg = HummingbirdConfig(input_size=224, memory_size=m, aug_epochs=epochs, precision="bf16",
-                                memory_dtype="float16", progress=False)
-        clock = PhaseClock()
-        bank, _ = build_memory(extractor, train, cfg, clock)
-        exact_ids = None
-        for spec, nprobe in (("Flat", None), (f"IVF{int(4 * np.sqrt(m)) // 64 * 64 or 64},Flat", 16),
-                             (f"IVF{int(4 * np.sqrt(m)) // 64 * 64 or 64},Flat", 64)):
-            rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            t = time.perf_counter()
-            index = PatchIndex(bank.dim, spec, nprobe=nprobe).build(bank.features)
-            build = time.perf_counter() - t
-            t = time.perf_counter()
-            _, ids = index.search(queries, 30)
-            search = time.perf_counter() - t
-            exact_ids = ids if spec == "Flat" else exact_ids
-            recall = np.mean([len(np.intersect1d(a, b)) / 30 for a, b in zip(ids, exact_ids)])
-            row = {"memory": len(bank), "index": spec, "nprobe": nprobe, "build_s": build, "search_s": search,
-                   "queries": len(queries), "recall@30": recall, "memory_build_s": sum(clock.totals.values()),
-                   "peak_rss_mb": max(rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+        for row in run_case({"kind": "scaling", "memory_size": m})["rows"]:
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del index
-        del bank
-        faiss.omp_set_num_threads(faiss.omp_get_max_threads())
     return rows
 
 
@@ -268,12 +284,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("part", choices=("reference", "scaling", "_case"))
     p.add_argument("spec", nargs="?")
     p.add_argument("--sizes", type=int, nargs="+", default=None)
+    p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
     if args.part == "_case":
         return _case_main(args.spec)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "reference":
-        rows = reference(args.sizes or [224, 448])
+        rows = reference(args.sizes or [224, 448], args.repeats)
     else:
         rows = scaling(args.sizes or [10_000, 100_000, 1_000_000])
     (RESULTS / f"{args.part}.json").write_text(json.dumps(rows, indent=2))

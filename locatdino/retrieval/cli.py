@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--workers", type=int, default=d.num_workers)
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default="hbird_results", metavar="DIR")
     p.add_argument("--no-progress", action="store_true")

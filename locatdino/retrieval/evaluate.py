@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import resource
 import time
 from collections import defaultdict
@@ -66,7 +67,7 @@ class HummingbirdConfig:
     memory_dtype: str = "float32"  # float32 | float16 (memory_dir banks, non-Flat indices)
     memory_dir: str | None = None  # memory-map the bank into this directory
     batch_size: int = 16
-    num_workers: int = 2
+    num_workers: int | None = None  # DataLoader workers; None: 1 for a CPU encoder, else min(8, cores)
     eval_resolution: str = "original"  # original | input (reference)
     scale: tuple[float, float] = (0.5, 2.0)  # crop area / image area; > 1 zooms out
     ratio: tuple[float, float] = (3 / 4, 4 / 3)  # crop aspect ratio range
@@ -130,10 +131,15 @@ class PhaseClock:
             yield item
 
 
-def _loader(dataset, cfg: HummingbirdConfig) -> DataLoader:
-    return DataLoader(
-        dataset, batch_size=cfg.batch_size, num_workers=cfg.num_workers, collate_fn=collate_views
-    )
+def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:
+    """Batches of views. A CPU encoder gets one worker by default: decoding and augmenting beside
+    the forward is enough to keep it fed, and every further worker steals a core from the
+    compute-bound forward (2 workers on 2 cores made it 4.6x slower, benchmarks/RESULTS.md)."""
+    workers = cfg.num_workers
+    if workers is None:
+        on_cpu = getattr(extractor, "device", torch.device("cpu")).type == "cpu"
+        workers = 1 if on_cpu else min(8, os.cpu_count() or 1)
+    return DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_views)
 
 
 def build_memory(
@@ -169,7 +175,7 @@ def build_memory(
     sampler_rng = torch.Generator().manual_seed(cfg.seed)
     min_valid = math.ceil(cfg.min_valid_fraction * p * p)
     skipped = 0
-    batches = tqdm(_loader(views, cfg), desc="memory", disable=not cfg.progress, leave=False)
+    batches = tqdm(_loader(views, cfg, extractor), desc="memory", disable=not cfg.progress, leave=False)
     for images, masks, n_skipped in clock.iterate(batches, "data"):
         skipped += n_skipped
         if not masks:
@@ -214,7 +220,8 @@ def evaluate_queries(
     cm = ConfusionMatrix(c, dataset.ignore_index)
     chunk = max(1, _TRANSFER_CHUNK_BYTES // (4 * cfg.k * max(c, bank.dim)))
     skipped = 0
-    batches = tqdm(_loader(QueryViews(dataset, size), cfg), desc="query", disable=not cfg.progress, leave=False)
+    loader = _loader(QueryViews(dataset, size), cfg, extractor)
+    batches = tqdm(loader, desc="query", disable=not cfg.progress, leave=False)
     for images, masks, n_skipped in clock.iterate(batches, "data"):
         skipped += n_skipped
         if not masks:
@@ -235,11 +242,12 @@ def evaluate_queries(
                     chunk_sims = _rescored(bank, queries[s:e], ids[s:e])
                 scores[s:e] = transfer_labels(chunk_sims, bank.gather_labels(ids[s:e]), cfg.beta)
             scores = scores.view(b, h, w, c).permute(0, 3, 1, 2)
-            for i, mask in enumerate(masks):
-                if cfg.eval_resolution == "input":
-                    mask = TF.resize(tv_tensors.Mask(mask), [size, size], interpolation=NEAREST_EXACT)
-                    mask = mask.as_subclass(torch.Tensor)
-                cm.update(predict(scores[i : i + 1], tuple(mask.shape))[0], mask)
+            if cfg.eval_resolution == "input":  # the reference: masks resized to the input
+                resized = [TF.resize(tv_tensors.Mask(m), [size, size], interpolation=NEAREST_EXACT) for m in masks]
+                cm.update(predict(scores, (size, size)), torch.stack(resized))
+            else:  # every original pixel, one image at a time (masks differ in size)
+                for i, mask in enumerate(masks):
+                    cm.update(predict(scores[i : i + 1], tuple(mask.shape))[0], mask)
     return cm, skipped
 
 

@@ -62,7 +62,7 @@ class HummingbirdMonitor(pl.Callback):
         self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
         self.config = HummingbirdConfig(
             input_size=input_size, memory_size=memory_size, aug_epochs=aug_epochs, k=k,
-            precision=precision, batch_size=batch_size, num_workers=0, seed=seed, progress=False,
+            precision=precision, batch_size=batch_size, seed=seed, progress=False,
         )
         self._splits = None
         self._last_step = -1
@@ -85,7 +85,9 @@ class HummingbirdMonitor(pl.Callback):
         with torch.random.fork_rng(devices=[]):  # DataLoader draws a base seed from the global RNG
             return hummingbird(backbone, train_set, val_set, self.config).miou
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx
+    ) -> None:
         step = trainer.global_step
         if step == 0 or step % self.every_n_steps or step == self._last_step:
             return

@@ -28,7 +28,8 @@ def test_ivf_visiting_every_cell_is_exact_and_pq_scores_are_flagged():
     assert np.array_equal(ivf.search(queries, 10)[1], exact.search(queries, 10)[1])
     assert not PatchIndex(16, "IVF16,PQ4").exact_scores
     hnsw = PatchIndex(16, "HNSW16", ef_search=64).build(memory)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(hnsw.search(queries, 10)[1], exact.search(queries, 10)[1])])
+    pairs = zip(hnsw.search(queries, 10)[1], exact.search(queries, 10)[1])
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in pairs])
     assert recall > 0.9
 
 
