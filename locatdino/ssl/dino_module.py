@@ -37,11 +37,11 @@ class DINOModule(LightningModule):
     teacher sees the global crops, the student all of them.
 
     Why automatic optimisation: Lightning unscales 16-mixed gradients *before* calling
-    :meth:`configure_gradient_clipping`, which is where the per-tensor clipping and the
-    last-layer freeze go; the per-step lr/weight decay are written into the optimizer in
-    :meth:`optimizer_step`, the EMA runs right after it, and returning ``None`` from
-    ``training_step`` skips a step (backward, optimizer and EMA) in every precision. Manual
-    optimisation would re-implement all of that and gradient accumulation for nothing.
+    :meth:`configure_gradient_clipping`, which is where the per-tensor clipping, the last-layer
+    freeze and the skipping of a step with a non-finite loss go (gradients dropped on every rank,
+    so AdamW and the grad scaler leave the weights alone); the per-step lr / weight decay are
+    written into the optimizer in :meth:`optimizer_step` and the EMA runs right after it. Manual
+    optimisation would re-implement all of that, and gradient accumulation, for nothing.
 
     Args:
         backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
@@ -62,8 +62,9 @@ class DINOModule(LightningModule):
         momentum_teacher, momentum_teacher_end: cosine teacher EMA momentum schedule.
         clip_grad: per-parameter-tensor gradient norm bound (``None``: no clipping).
         freeze_last_layer: epochs during which the head's last layer gets no update.
-        on_nonfinite: a non-finite loss either stops the run (``"stop"``, the reference; the last
-            saved checkpoint stays the newest) or skips the step on every rank (``"skip"``).
+        on_nonfinite: a non-finite loss (on any rank) either stops the run (``"stop"``, the
+            reference; the last saved checkpoint stays the newest) or skips the step on every rank
+            (``"skip"``: no weight, teacher or centre update).
     """
 
     def __init__(
@@ -148,7 +149,7 @@ class DINOModule(LightningModule):
 
     # ------------------------------------------------------------------ training
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         crops_global = batch["global"]
         self._check_batch(crops_global)
         values = self.schedules.at(self.trainer.global_step)
@@ -183,14 +184,16 @@ class DINOModule(LightningModule):
                     f"first batch has {crops_global.shape[1]} images; set model.batch_size to match."
                 )
 
-    def _on_nonfinite(self, loss: Tensor) -> None:
+    def _on_nonfinite(self, loss: Tensor) -> Tensor:
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
             rank_zero_warn(f"DINO loss is not finite at step {step} (on some rank; here {loss.item()}): "
                            "skipping the step on every rank.")
             self._skipped_steps += 1
             self.log("train/skipped_steps", float(self._skipped_steps))
-            return None
+            # DDP needs the backward on every rank (Lightning refuses a None loss there); its
+            # gradients are dropped in configure_gradient_clipping.
+            return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
         raise FloatingPointError(
             f"DINO loss is not finite at step {step}, epoch {self.current_epoch} (on some rank; here {loss.item()}): "
@@ -202,6 +205,10 @@ class DINOModule(LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Called by Lightning after backward and after unscaling 16-mixed gradients."""
+        if self._skip_update:
+            for p in self._clipped_params:
+                p.grad = None
+            return
         if self.trainer.global_step < round(self.hparams.freeze_last_layer * self._steps_per_epoch):
             for p in self._last_layer_params:
                 p.grad = None
