@@ -1,12 +1,11 @@
-"""Shared tiny models for the LocAtViT tests (2 blocks, 64-wide, 64 px) to stay fast on CPU."""
+"""Shared tiny models for the LocAtViT tests (geometry in tiny.py) to stay fast on CPU."""
 
 import pytest
 import timm
 import torch
 
 import locatdino  # noqa: F401  (registers locatvit_*)
-
-TINY = dict(img_size=64, depth=2, embed_dim=64, num_heads=2)
+from tests.models.tiny import TINY
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import timm
 import torch
 
 from locatdino.models import create_backbone, load_backbone_state_dict
-from tests.models.conftest import TINY
+from tests.models.tiny import TINY
 
 
 @pytest.fixture

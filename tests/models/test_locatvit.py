@@ -2,7 +2,7 @@ import pytest
 import timm
 import torch
 
-from tests.models.conftest import TINY
+from tests.models.tiny import TINY
 
 VARIANTS = timm.list_models("locatvit_*")
 

@@ -5,7 +5,7 @@ import timm
 import torch
 
 from locatdino.models.patch_grid import PatchGrid
-from tests.models.conftest import TINY
+from tests.models.tiny import TINY
 
 
 def test_grid_follows_each_input_and_keeps_earlier_sizes(tiny_locatvit):
