@@ -1,14 +1,18 @@
 """FSDP for DINO: the wrapping policy and a strategy preset (configs/fsdp_vitl16.yaml).
 
-Every transformer block, every backbone and every head becomes its own FSDP unit. Student and
-teacher are therefore sharded identically (same units, same shapes, same order), which is what
-lets :func:`~locatdino.ssl.teacher_update.update_teacher` run on the local shards with no
-communication, and the frozen teacher never shares a flat parameter with the trained student.
+Every transformer block, every backbone, every head and the head's weight-normalised last layer
+becomes its own FSDP unit. Student and teacher are therefore sharded identically (same units,
+same shapes, same order), which is what lets :func:`~locatdino.ssl.teacher_update.update_teacher`
+run on the local shards with no communication, and the frozen teacher never shares a flat
+parameter with the trained student. The last layer is a unit of its own because it has no
+optimizer state while it is frozen (first epoch): FSDP cannot save the optimizer state of a
+unit where only some trainable parameters have one.
 
 :class:`DINOFSDPStrategy` exists because ``FSDPStrategy``'s ``auto_wrap_policy`` argument is
 annotated with a string forward reference that LightningCLI cannot resolve: given in YAML it is
 silently dropped. The preset also keeps gradient reduction and buffers (the DINO centre) in
-fp32 under ``bf16-mixed`` / ``16-mixed``, as the reference's AMP does.
+fp32 under ``bf16-mixed`` / ``16-mixed``, as the reference's AMP does. Importing this module
+registers it as ``trainer.strategy: dino_fsdp`` (``locatdino fit`` does).
 """
 
 from __future__ import annotations
@@ -17,18 +21,26 @@ import dataclasses
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 from timm.models.vision_transformer import Block, VisionTransformer
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+from torch.nn.utils import parametrize
 
 from locatdino.ssl.head import DINOHead
 
 
-class DINOWrapPolicy(ModuleWrapPolicy):
-    """``ModuleWrapPolicy({Block, VisionTransformer, DINOHead})`` (timm ViT and LocAtViT)."""
+def _is_fsdp_unit(module: nn.Module) -> bool:
+    return isinstance(module, (Block, VisionTransformer, DINOHead)) or parametrize.is_parametrized(module)
+
+
+class DINOWrapPolicy(CustomPolicy):
+    """Units: timm ``Block``, ``VisionTransformer`` (ViT and LocAtViT), ``DINOHead`` and its
+    weight-normalised (parametrized) last layer."""
 
     def __init__(self) -> None:
-        super().__init__({Block, VisionTransformer, DINOHead})
+        super().__init__(_is_fsdp_unit)
 
 
 class DINOFSDPStrategy(FSDPStrategy):
@@ -60,9 +72,24 @@ class DINOFSDPStrategy(FSDPStrategy):
             **kwargs,
         )
 
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        """On CPU (gloo) wrap with ``device_id=cpu`` first: Lightning passes the device index,
+        ``None`` on CPU, and FSDP then refuses to run without an accelerator."""
+        if self.root_device.type == "cpu" and not isinstance(model, FullyShardedDataParallel):
+            model = FullyShardedDataParallel(
+                module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy, device_id=torch.device("cpu"), **self.kwargs,
+            )
+            self.kwargs.pop("auto_wrap_policy", None)  # applied; Lightning would warn that it is ignored
+        return super()._setup_model(model)
+
     @property
     def mixed_precision_config(self):
         config = super().mixed_precision_config
         if config is None:
             return None
         return dataclasses.replace(config, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+
+
+StrategyRegistry.register("dino_fsdp", DINOFSDPStrategy, description="FSDP with DINO's wrapping policy",
+                          override=True)
