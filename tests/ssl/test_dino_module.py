@@ -3,7 +3,7 @@ import copy
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import batches_loader, random_batch, tiny_module, tiny_trainer
+from ssl_helpers import batches_loader, random_batch, tiny_module, tiny_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import TINY_MODEL
+from ssl_helpers import TINY_MODEL
 
 from locatdino.ssl import cli, export
 
