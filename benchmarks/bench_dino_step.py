@@ -3,8 +3,8 @@
 Both run the same step on the same in-memory batch in the same process (same threads): teacher
 forward, student forward, DINO loss, non-finite check, backward, last-layer freeze, per-tensor
 clipping, AdamW with the scheduled lr / weight decay, EMA teacher, centre update and the logged
-teacher entropies. Lightning adds its loop, hooks, logging (CSV, every 10 steps) and the
-``self.log`` calls. Rounds alternate (Lightning, bare, Lightning, ...) so load from other jobs
+teacher entropies (every 10 steps). Lightning adds its loop, hooks, logging (CSV, every 10 steps)
+and the ``self.log`` calls. Rounds alternate (Lightning, bare, Lightning, ...) so load from other jobs
 hits both alike; a step's time is the interval between consecutive step starts, the first step
 of each round (warm-up, Trainer set-up) excluded. Target: ratio of medians <= 1.05.
 
@@ -32,6 +32,9 @@ CONFIGS = {
 }
 
 
+LOG_EVERY = 10
+
+
 class StepTimer(pl.Callback):
     def __init__(self) -> None:
         self.starts: list[float] = []
@@ -45,8 +48,9 @@ class StepTimer(pl.Callback):
 
 def lightning_round(module: DINOModule, batch: dict, steps: int, log_dir: str) -> list[float]:
     timer = StepTimer()
-    trainer = pl.Trainer(max_steps=steps, logger=CSVLogger(log_dir), log_every_n_steps=10, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer])
+    trainer = pl.Trainer(max_steps=steps, logger=CSVLogger(log_dir), log_every_n_steps=LOG_EVERY,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[timer])
     trainer.fit(module, torch.utils.data.DataLoader([batch] * steps, batch_size=None))
     return [b - a for a, b in zip(timer.starts[1:-1], timer.starts[2:])]
 
@@ -72,7 +76,8 @@ def bare_round(module: DINOModule, batch: dict, steps: int) -> list[float]:
         if not torch.isfinite(loss):
             raise FloatingPointError("non-finite loss")
         loss_fn.update_center(t_out)
-        teacher_entropies(probs)
+        if (step + 1) % LOG_EVERY == 0:  # what DINOModule logs on the logger's steps
+            teacher_entropies(probs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if step < h.freeze_last_layer * module._steps_per_epoch:
