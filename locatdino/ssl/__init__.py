@@ -1,9 +1,14 @@
-"""DINO self-distillation: loss, head, teacher EMA, schedules, LightningModule, callbacks."""
+"""DINO self-distillation: loss, head, teacher EMA, schedules, LightningModule, callbacks.
+
+Importing it registers the Lightning strategy name ``dino_fsdp`` (:class:`DINOFSDPStrategy`).
+"""
 
 from locatdino.ssl.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
 from locatdino.ssl.collapse import CollapseMonitor, teacher_entropies
 from locatdino.ssl.dino_loss import DINOLoss
 from locatdino.ssl.dino_module import DINOModule
+from locatdino.ssl.export import export_backbone
+from locatdino.ssl.fsdp import DINOFSDPStrategy, DINOWrapPolicy
 from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
 from locatdino.ssl.schedules import DINOSchedules, cosine_schedule, scaled_lr, warmup_constant_schedule
@@ -14,11 +19,14 @@ __all__ = [
     "CollapseMonitor",
     "DINOHead",
     "DINOLoss",
+    "DINOFSDPStrategy",
     "DINOModule",
     "DINOSchedules",
+    "DINOWrapPolicy",
     "atomic_torch_save",
     "clip_grad_per_tensor_",
     "cosine_schedule",
+    "export_backbone",
     "scaled_lr",
     "teacher_entropies",
     "update_teacher",

@@ -26,9 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
-from locatdino.ssl.collapse import CollapseMonitor
-from locatdino.ssl import fsdp  # noqa: F401  (registers trainer.strategy "dino_fsdp")
-from locatdino.ssl.dino_module import DINOModule
+from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
