@@ -59,15 +59,16 @@ class DINOCLI(LightningCLI):
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fit`` with ``argv`` (without the word ``fit``); returns the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    args = ["fit", *(sys.argv[2:] if argv is None else argv)]
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     try:
         DINOCLI(
             DINOModule,
             ShardDataModule,
             subclass_mode_data=True,
-            args=["fit", *argv],
-            parser_kwargs={"fit": {"default_config_files": defaults}},
+            # None when these are the process's own arguments: LightningCLI warns about both
+            args=None if args == sys.argv[1:] else args,
+            parser_kwargs={"prog": "locatdino", "fit": {"default_config_files": defaults}},
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
         )
