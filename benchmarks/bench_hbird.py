@@ -80,7 +80,8 @@ def _vit_s():
 
 
 # ------------------------------------------------------------------------- reference baseline
-def reference_style(size: int, batch_size: int = 32, workers: int = 1) -> dict:
+def reference_style(size: int, batch_size: int = 32, workers: int = 1, scale=(0.5, 2.0), ratio=(3 / 4, 4 / 3),
+                    jitter: float = 0.1) -> dict:
     """The public reference's data flow (re-written, not copied): see the module docstring."""
     import faiss
     import torch
@@ -93,7 +94,7 @@ def reference_style(size: int, batch_size: int = 32, workers: int = 1) -> dict:
     from locatdino.models import dense_features
 
     std = (0.229, 0.224, 0.255)  # the reference's typo, kept: this is its baseline
-    jitter = T.Compose([T.RandomApply([T.ColorJitter(**{k: 0.1})], p=0.5)
+    jitter = T.Compose([T.RandomApply([T.ColorJitter(**{k: jitter})], p=0.5)
                         for k in ("brightness", "contrast", "saturation", "hue")])
     to_input = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), std)])
 
@@ -109,7 +110,7 @@ def reference_style(size: int, batch_size: int = 32, workers: int = 1) -> dict:
             mask = torch.from_numpy(np.array(mask, dtype=np.uint8))[None]
             if self.train:
                 image = jitter(image)
-                box = T.RandomResizedCrop.get_params(image, scale=(0.5, 2.0), ratio=(3 / 4, 4 / 3))
+                box = T.RandomResizedCrop.get_params(image, scale=scale, ratio=ratio)
                 image = TF.resized_crop(image, *box, [size, size])
                 mask = TF.resized_crop(mask, *box, [size, size], interpolation=T.InterpolationMode.NEAREST)
             else:
@@ -210,7 +211,7 @@ def reference(sizes: list[int], repeats: int = 2) -> list[dict]:
             {"kind": "reference-style", "size": size},
             {"kind": "ours", "size": size},
             {"kind": "ours", "size": size, "precision": "bf16"},
-            {"kind": "ours", "size": size, "precision": "bf16", "index": "IVF1024,Flat", "nprobe": 64},
+            {"kind": "ours", "size": size, "precision": "bf16", "index": "IVF2048,Flat", "nprobe": 16},
         ]
         if size == 224:  # our default protocol: score every original mask pixel
             cases.append({"kind": "ours", "size": size, "eval_resolution": "original"})

@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ef-search", type=int, default=None)
     p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device)
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S")
+    p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
+                   help="memory crop area / image area; above 1 zooms out (the reference's sampler "
+                   "rejects those draws: '--scale 0.5 1' matches its effective range)")
     p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
     p.add_argument("--norm", action="store_true", help="apply the final norm to the features")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
