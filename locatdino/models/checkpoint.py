@@ -121,6 +121,20 @@ def convert_state_dict(state_dict: Mapping[str, torch.Tensor], model: VisionTran
     return out
 
 
+def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer) -> tuple[int, int] | None:
+    """Image size ``(H, W)`` of the square grid behind the checkpoint's ``pos_embed`` when it differs
+    from ``model``'s build grid; None when it matches, is absent or is not square."""
+    pos_embed = state_dict.get("pos_embed")
+    if pos_embed is None or getattr(model, "pos_embed", None) is None or pos_embed.shape == model.pos_embed.shape:
+        return None
+    num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    side = math.isqrt(max(pos_embed.shape[1] - num_prefix, 0))
+    if side == 0 or side * side != pos_embed.shape[1] - num_prefix:
+        return None
+    patch_h, patch_w = model.patch_embed.patch_size
+    return side * patch_h, side * patch_w
+
+
 def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer) -> torch.Tensor:
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     if pos_embed.shape == model.pos_embed.shape:
@@ -143,7 +157,12 @@ def create_backbone(
     """``timm.create_model(name, num_classes=0, dynamic_img_size=True, **timm_kwargs)``, then load
     ``checkpoint`` (any supported container, ``which`` network) with ``strict=True``.
 
-    Never downloads: ``pretrained`` is always False; pass a local file as ``checkpoint``.
+    Without an explicit ``img_size``, the model is built at the resolution the checkpoint was
+    trained at (its square ``pos_embed`` grid × the patch size): GAug's constants (c, b, eps,
+    clamp) and its variance rescaling depend on the build grid, so a LocAtViT trained at 64 px
+    and rebuilt at 224 px would compute a different attention. With ``dynamic_img_size`` the
+    model still runs at any input size. Pass ``img_size`` to rebuild elsewhere (pos_embed is
+    then resampled). Never downloads: ``pretrained`` is always False.
     """
     timm_kwargs.setdefault("num_classes", 0)
     timm_kwargs.setdefault("dynamic_img_size", True)
@@ -153,7 +172,11 @@ def create_backbone(
         return model
     source = os.fspath(checkpoint)
     try:
-        state_dict = convert_state_dict(load_backbone_state_dict(source, which), model)
+        raw = load_backbone_state_dict(source, which)
+        trained_size = _trained_img_size(raw, model)
+        if "img_size" not in timm_kwargs and trained_size is not None:
+            model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
+        state_dict = convert_state_dict(raw, model)
     except ValueError as err:
         if str(err).startswith(source):
             raise

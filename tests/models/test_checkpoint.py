@@ -83,3 +83,22 @@ def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     torch.save(vit_weights, tmp_path / "short.pth")
     with pytest.raises(ValueError, match=r"short.pth does not match vit_tiny_patch16_224: missing \['norm.bias'\]"):
         create_backbone("vit_tiny_patch16_224", tmp_path / "short.pth", **TINY)
+
+
+def test_model_is_rebuilt_at_the_checkpoint_build_size(tmp_path):
+    """A LocAtViT trained at 64 px loads as a 64 px model (GAug constants of a 4×4 build grid)
+    unless img_size is given, in which case pos_embed is resampled to the requested grid."""
+    torch.manual_seed(0)
+    trained = timm.create_model("locatvit_tiny", num_classes=0, **TINY).eval()
+    torch.save(trained.state_dict(), tmp_path / "teacher.pth")
+    small = dict(depth=2, embed_dim=64, num_heads=2)
+
+    loaded = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", **small).eval()
+    assert loaded.patch_embed.grid_size == (4, 4)
+    assert loaded.blocks[0].attn.gaug.c == 16.0
+    x = torch.randn(2, 3, 96, 128)
+    torch.testing.assert_close(loaded(x), trained(x), rtol=0, atol=0)
+
+    rebuilt = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", img_size=224, **small)
+    assert rebuilt.patch_embed.grid_size == (14, 14) and rebuilt.blocks[0].attn.gaug.c == 196.0
+    assert rebuilt.pos_embed.shape == (1, 1 + 14 * 14, 64)
