@@ -41,7 +41,6 @@ def _write_scene(args: tuple[str, int, Path]) -> str:
     from PIL import Image
 
     from locatdino.data.scenes import render_scene, scene_rng
-    from locatdino.data.voc import VOC_CLASSES  # noqa: F401  (palette indices 0..20)
 
     torch.set_num_threads(1)
     split, i, voc = args
