@@ -8,10 +8,12 @@ Add to a Lightning ``Trainer`` (or a LightningCLI config)::
           init_args: {every_n_steps: 500, num_train: 64, num_val: 16}
 
 Evaluates ``pl_module.teacher_backbone`` (the EMA teacher of ``DINOModule``) frozen and logs
-``hbird/mIoU`` (percent). Distributed runs: **rank 0 only** — the evaluation is small (seconds),
-the other ranks simply wait for rank 0 at the next gradient all-reduce, and the metric is logged
-with ``rank_zero_only=True`` (so it cannot be a ``ModelCheckpoint`` monitor on other ranks).
-The model's train/eval mode and the global RNG state are left untouched (memory views draw from
+``hbird/mIoU`` (percent). Distributed runs: **every rank runs the same small evaluation** and logs
+the same value (no sync needed). It costs no more wall time than rank 0 alone — the other ranks
+would wait for it at the next collective anyway — it works with sharded (FSDP) teachers, whose
+forward needs every rank for its all-gathers, and ``hbird/mIoU`` exists on every rank, so it can
+drive ``ModelCheckpoint(monitor="hbird/mIoU")``. Everything is deterministic (seeded views,
+exact search), so the ranks agree. The model's train/eval mode and the global RNG state are left untouched (memory views draw from
 their own generators; the DataLoader's seed draw runs under ``torch.random.fork_rng``), so adding
 the monitor does not change the training run.
 """
@@ -92,8 +94,6 @@ class HummingbirdMonitor(pl.Callback):
         if step == 0 or step % self.every_n_steps or step == self._last_step:
             return
         self._last_step = step
-        if not trainer.is_global_zero:
-            return
         backbone = getattr(pl_module, "teacher_backbone", None)
         if backbone is None:
             raise AttributeError(
@@ -101,4 +101,4 @@ class HummingbirdMonitor(pl.Callback):
             )
         miou = self.evaluate(backbone)
         self.history.append((step, miou))
-        pl_module.log("hbird/mIoU", miou, rank_zero_only=True, on_step=True, on_epoch=False)
+        pl_module.log("hbird/mIoU", miou, on_step=True, on_epoch=False)

@@ -59,6 +59,49 @@ def test_needs_a_teacher_backbone():
         pass
 
     monitor = HummingbirdMonitor(every_n_steps=1)
-    trainer = type("T", (), {"global_step": 1, "is_global_zero": True})()
+    trainer = type("T", (), {"global_step": 1})()
     with pytest.raises(AttributeError, match="NoTeacher.teacher_backbone"):
         monitor.on_train_batch_end(trainer, NoTeacher(), None, None, 0)
+
+
+DDP_SCRIPT = """
+import json, sys
+import lightning.pytorch as pl
+import timm
+import torch
+sys.path.insert(0, {tests!r})
+from test_monitor import TinyDINOLike
+from locatdino.retrieval import HummingbirdMonitor
+
+torch.manual_seed(0)
+vit = timm.create_model("vit_small_patch16_224", patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                        num_classes=0, dynamic_img_size=True)
+monitor = HummingbirdMonitor(every_n_steps=2, num_train=4, num_val=2, input_size=32, k=10, batch_size=4)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 3)), batch_size=2)
+trainer = pl.Trainer(max_steps=4, callbacks=[monitor], accelerator="cpu", devices=2, strategy="ddp",
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+trainer.fit(TinyDINOLike(vit), data)
+with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
+    json.dump({{"history": monitor.history, "logged": trainer.callback_metrics["hbird/mIoU"].item()}}, f)
+"""
+
+
+@pytest.mark.slow
+def test_every_ddp_rank_evaluates_and_logs_the_same_miou(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    script = tmp_path / "ddp_monitor.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(tests), out=str(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": str(tests.parents[1])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s for s, _ in ranks[0]["history"]] == [2, 4]
+    assert ranks[0]["history"] == ranks[1]["history"]  # deterministic: the ranks agree
+    assert ranks[0]["logged"] == ranks[1]["logged"] == pytest.approx(ranks[0]["history"][-1][1])  # float32
