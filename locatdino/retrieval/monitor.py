@@ -13,9 +13,10 @@ the same value (no sync needed). It costs no more wall time than rank 0 alone â€
 would wait for it at the next collective anyway â€” it works with sharded (FSDP) teachers, whose
 forward needs every rank for its all-gathers, and ``hbird/mIoU`` exists on every rank, so it can
 drive ``ModelCheckpoint(monitor="hbird/mIoU")``. Everything is deterministic (seeded views,
-exact search), so the ranks agree. The model's train/eval mode and the global RNG state are left untouched (memory views draw from
-their own generators; the DataLoader's seed draw runs under ``torch.random.fork_rng``), so adding
-the monitor does not change the training run.
+exact search), so the ranks agree. The model's train/eval mode and the global RNG state are left
+untouched (memory views draw from their own generators; the DataLoader's seed draw runs under
+``torch.random.fork_rng``), so adding the monitor does not change the training run. (FSDP: not
+tested here, no multi-GPU machine; DDP is, with 2 CPU ranks.)
 """
 
 from __future__ import annotations
