@@ -1,46 +1,8 @@
-import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-from PIL import Image
 
 from locatdino.data import ScenesSegmentation
 from locatdino.retrieval.splits import CachedSplit
-
-
-class MaskAsImage:
-    """A segmentation set whose image *is* its mask (red = 25 x class), so an oracle encoder can
-    read the labels back; green marks the mean-colour canvas of zoom-out crops."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-        self.num_classes, self.ignore_index = dataset.num_classes, dataset.ignore_index
-        self.class_names = dataset.class_names
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        _, mask = self.dataset[i]
-        rgb = np.zeros(mask.shape + (3,), np.uint8)
-        rgb[..., 0] = mask.astype(np.uint8) * 25
-        return Image.fromarray(rgb), mask
-
-
-class OracleEncoder:
-    """Feature = one-hot of the patch's majority class (the encoder interface of hummingbird())."""
-
-    def __init__(self, patch_size, num_classes, dim=16):
-        self.patch_size, self.num_classes, self.dim = patch_size, num_classes, dim
-
-    def grid(self, size):
-        return size // self.patch_size
-
-    def __call__(self, images):
-        cls = (images[:, 0].float() / 25).round().long().clamp(0, self.num_classes - 1)
-        cls[images[:, 1] > 58] = self.dim - 1  # canvas
-        fractions = F.avg_pool2d(F.one_hot(cls, self.dim).permute(0, 3, 1, 2).float(), self.patch_size)
-        return F.one_hot(fractions.argmax(1), self.dim).float()
+from tests.retrieval.hbird_fixtures import tiny_vit_model
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +16,4 @@ def scenes():
 
 @pytest.fixture(scope="session")
 def tiny_vit():
-    import timm
-
-    torch.manual_seed(0)
-    return timm.create_model(
-        "vit_small_patch16_224", patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=0,
-        dynamic_img_size=True, pretrained=False,
-    ).eval()
+    return tiny_vit_model()

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MaskAsImage, OracleEncoder
 
 from locatdino.retrieval.evaluate import HummingbirdConfig, build_memory, hummingbird
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.metric import ConfusionMatrix
 from locatdino.retrieval.splits import CachedSplit, SubsetSplit
+from tests.retrieval.hbird_fixtures import MaskAsImage, OracleEncoder
 
 # The oracle reads labels from grey levels, which bilinear crops would blend: no augmentation.
 PLAIN = dict(num_workers=0, progress=False, input_size=96, jitter=0.0, scale=(1.0, 1.0), ratio=(1.0, 1.0))

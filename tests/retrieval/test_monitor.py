@@ -1,31 +1,16 @@
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
 
 from locatdino.retrieval import HummingbirdMonitor
-
-
-class TinyDINOLike(pl.LightningModule):
-    """Just what the monitor needs: a ``teacher_backbone`` and a training loop."""
-
-    def __init__(self, backbone):
-        super().__init__()
-        self.backbone = backbone.requires_grad_(False)
-        self.weight = torch.nn.Parameter(torch.ones(1))
-        self.teacher_modes = []
-
-    @property
-    def teacher_backbone(self):
-        return self.backbone
-
-    def training_step(self, batch, batch_idx):
-        self.teacher_modes.append(self.backbone.training)
-        return (self.weight * batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD([self.weight], lr=0.1)
+from tests.retrieval.hbird_fixtures import TinyDINOLike
 
 
 @pytest.mark.slow
@@ -65,17 +50,13 @@ def test_needs_a_teacher_backbone():
 
 
 DDP_SCRIPT = """
-import json, sys
+import json
 import lightning.pytorch as pl
-import timm
 import torch
-sys.path.insert(0, {tests!r})
-from test_monitor import TinyDINOLike
 from locatdino.retrieval import HummingbirdMonitor
+from tests.retrieval.hbird_fixtures import TinyDINOLike, tiny_vit_model
 
-torch.manual_seed(0)
-vit = timm.create_model("vit_small_patch16_224", patch_size=8, embed_dim=64, depth=2, num_heads=2,
-                        num_classes=0, dynamic_img_size=True)
+vit = tiny_vit_model()
 monitor = HummingbirdMonitor(every_n_steps=2, num_train=4, num_val=2, input_size=32, k=10, batch_size=4)
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 3)), batch_size=2)
 trainer = pl.Trainer(max_steps=4, callbacks=[monitor], accelerator="cpu", devices=2, strategy="ddp",
@@ -89,16 +70,10 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 
 @pytest.mark.slow
 def test_every_ddp_rank_evaluates_and_logs_the_same_miou(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tests = Path(__file__).parent
+    # Lightning's ddp re-executes the command line per rank: run it as a script in a subprocess
     script = tmp_path / "ddp_monitor.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(tests), out=str(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": str(tests.parents[1])}
+    script.write_text(DDP_SCRIPT.format(out=str(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
