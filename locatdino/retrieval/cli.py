@@ -38,43 +38,46 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
                    help="weights for the matching --model ('none': random init); any format of "
                    "locatdino.models.create_backbone")
-    p.add_argument("--dataset", choices=DATASETS, default="scenes")
+    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
     p.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
                    "not needed for the built-in scenes")
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--val-split", default="val")
+    p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
+    p.add_argument("--val-split", default="val", help="query split")
     p.add_argument("--num-train", type=int, default=None,
                    help="memory images: a seeded random subset (scenes: how many to render, default 300)")
     p.add_argument("--num-val", type=int, default=None, help="query images (scenes default 100)")
     p.add_argument("--scene-size", type=int, default=224, help="side of the built-in scenes in px")
     p.add_argument("--memory-size", type=int, default=None, metavar="M",
                    help="memory budget in patches (rare-class-first sampling); default: keep all")
-    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs)
-    p.add_argument("--k", type=int, default=d.k)
-    p.add_argument("--beta", type=float, default=d.beta)
+    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs, help="augmented passes over the memory images")
+    p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
+    p.add_argument("--beta", type=float, default=d.beta, help="softmax temperature of the neighbour weights")
     p.add_argument("--index", default=d.index, metavar="SPEC",
                    help="FAISS factory string: Flat (exact), IVF1024,Flat, IVF1024,PQ48, HNSW32, ...")
-    p.add_argument("--nprobe", type=int, default=None)
-    p.add_argument("--ef-search", type=int, default=None)
-    p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device)
-    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S")
+    p.add_argument("--nprobe", type=int, default=None, help="IVF cells visited per query")
+    p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
+    p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
+                   help="auto: a GPU index when faiss-gpu sees a GPU")
+    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
     p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
                    help="memory crop area / image area; above 1 zooms out (the reference's sampler "
                    "rejects those draws: '--scale 0.5 1' matches its effective range)")
     p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
     p.add_argument("--norm", action="store_true", help="apply the final norm to the features")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision)
-    p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
+                   help="encoder precision (bf16 autocast: much faster on AMX CPUs and GPUs)")
+    p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
+                   help="stored features (memory-dir banks, non-Flat indices)")
     p.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
     p.add_argument("--workers", type=int, default=None,
                    help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default="hbird_results", metavar="DIR")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling")
+    p.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
