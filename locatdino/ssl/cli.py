@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from jsonargparse import Namespace
@@ -62,16 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ["fit", *(sys.argv[2:] if argv is None else argv)]
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     try:
-        DINOCLI(
-            DINOModule,
-            ShardDataModule,
-            subclass_mode_data=True,
-            # None when these are the process's own arguments: LightningCLI warns about both
-            args=None if args == sys.argv[1:] else args,
-            parser_kwargs={"prog": "locatdino", "fit": {"default_config_files": defaults}},
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-        )
+        with warnings.catch_warnings():
+            # in-process calls (locatdino demo, tests) pass their args explicitly on purpose
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            DINOCLI(
+                DINOModule,
+                ShardDataModule,
+                subclass_mode_data=True,
+                # None when these are the process's own arguments: LightningCLI warns about both
+                args=None if args == sys.argv[1:] else args,
+                parser_kwargs={"prog": "locatdino", "fit": {"default_config_files": defaults}},
+                save_config_kwargs={"overwrite": True},
+                auto_configure_optimizers=False,
+            )
     except FloatingPointError as err:  # non-finite loss: the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
         return 1
