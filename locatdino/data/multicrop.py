@@ -16,6 +16,7 @@ reference PIL transform per image (benchmarks/RESULTS.md, "Data loading").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,9 +29,10 @@ from torchvision.transforms.v2 import functional as TF
 
 from locatdino.data import photometric as P
 
-# Crops are augmented in chunks of at most this many pixels (1 global or 7 local crops): the
-# float working set of a chunk and its temporaries stays small and cache-friendly, which makes
-# the memory-bound photometric ops ~5 % faster than on the whole stack at once.
+# Crops are augmented in equal chunks of at most this many pixels (a 224 px global crop alone,
+# 8 local 96 px crops as 2 × 4): the float working set of a chunk and its temporaries stays small
+# and cache-friendly, which makes the memory-bound photometric ops ~5 % faster than on the whole
+# stack at once.
 _CHUNK_PIXELS = 65_536
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -114,14 +116,14 @@ class MultiCropTransform:
         blur, sigma = torch.rand(n) < blur_p, torch.empty(n).uniform_(*self.blur_sigma)
         sol = torch.rand(n) < solarize_p
         out = torch.empty(n, *crops[0].shape)
-        step = max(1, _CHUNK_PIXELS // crops[0][0].numel())
+        step = math.ceil(n / math.ceil(n * crops[0][0].numel() / _CHUNK_PIXELS))  # equal chunks
         for i in range(0, n, step):
             part = slice(i, i + step)
             views = torch.stack(crops[part]).float().div_(255)
-            _apply(views, jitter[part], lambda v, f: P.color_jitter(v, f, order), factors[part])
-            _apply(views, gray[part], P.grayscale)
-            _apply(views, blur[part], P.gaussian_blur, sigma[part])
-            _apply(views, sol[part], P.solarize)
+            views = _apply(views, jitter[part], lambda v, f: P.color_jitter(v, f, order), factors[part])
+            views = _apply(views, gray[part], P.grayscale)
+            views = _apply(views, blur[part], P.gaussian_blur, sigma[part])
+            views = _apply(views, sol[part], P.solarize)
             torch.sub(views, self._mean, out=out[part]).div_(self._std)
         return out
 
@@ -134,13 +136,15 @@ class MultiCropTransform:
 
 
 def _apply(views: torch.Tensor, selected: torch.Tensor, op: Callable[..., torch.Tensor],
-           *params: torch.Tensor) -> None:
-    """``views[selected] = op(views[selected], *params[selected])`` in place (no gather if all)."""
+           *params: torch.Tensor) -> torch.Tensor:
+    """``views`` with ``op(views[i], *params[i])`` applied to the selected crops: the op's own
+    output when all are selected (no gather, no copy back), else written back in place."""
     if bool(selected.all()):
-        views.copy_(op(views, *params))
-    elif bool(selected.any()):
+        return op(views, *params)
+    if bool(selected.any()):
         idx = selected.nonzero().flatten()
         views.index_copy_(0, idx, op(views.index_select(0, idx), *(p[idx] for p in params)))
+    return views
 
 
 def _stack_views(samples: Sequence[Sequence[torch.Tensor]], start: int, stop: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ import pytest
 import torch
 from PIL import Image
 
+from locatdino.data import multicrop
 from locatdino.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, MultiCropTransform, collate_multicrop
 
 NO_AUG = dict(flip_prob=0.0, color_jitter_prob=0.0, grayscale_prob=0.0, global_blur_prob=(0.0, 0.0),
@@ -82,3 +83,19 @@ def test_collate_without_local_crops():
     assert batch["global"].shape == (2, 5, 3, 8, 8)
     assert batch["local"].shape[:2] == (0, 5)
     assert "skipped" not in batch
+
+
+@pytest.mark.parametrize("chunk_pixels", [1, 16 * 16 * 3], ids=["one crop per chunk", "chunks of 3 + 3"])
+def test_chunking_does_not_change_the_crops(monkeypatch, chunk_pixels):
+    """Same random draws, crops augmented in one chunk or several: equal up to the blur kernel's
+    width, which follows the largest sigma of its chunk (taps of < 1e-3 weight)."""
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8))
+    t = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=6,
+                           color_jitter_prob=0.5, grayscale_prob=0.5, local_blur_prob=0.5)
+    torch.manual_seed(0)
+    whole = t(image)
+    monkeypatch.setattr(multicrop, "_CHUNK_PIXELS", chunk_pixels)
+    torch.manual_seed(0)
+    chunked = t(image)
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
