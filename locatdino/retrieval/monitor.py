@@ -66,6 +66,7 @@ class HummingbirdMonitor(pl.Callback):
         self.config = HummingbirdConfig(
             input_size=input_size, memory_size=memory_size, aug_epochs=aug_epochs, k=k,
             precision=precision, batch_size=batch_size, seed=seed, progress=False,
+            num_workers=0,  # the sets are small and decoded once (CachedSplit): no worker processes
         )
         self._splits = None
         self._last_step = -1
