@@ -3,7 +3,8 @@
 Web-scale image sets contain every PIL mode there is. ``decode_rgb`` turns all of them into
 8-bit RGB: grayscale (L, 1), palette (P), alpha (RGBA, LA, PA: composited on white, so hidden
 colours under transparent pixels do not leak), CMYK and YCbCr JPEGs, 16/32-bit integer and
-float images (rescaled from their own range). Anything PIL cannot fully decode (corrupt or
+float images (scaled from their nominal range: [0, 1] float, 8 or 16 bit; stretched from
+their own range only when they fit none). Anything PIL cannot fully decode (corrupt or
 truncated files, decompression bombs, empty images) raises ``DecodeError`` with one line saying
 why, so that the caller can skip and count the sample instead of crashing.
 """
@@ -55,11 +56,13 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         arr = np.asarray(image, dtype=np.float64)
         lo, hi = float(arr.min()), float(arr.max())
         # the nominal range of the data (float [0, 1], 8 or 16 bit); stretch only what fits none
-        full = next((r for r in (1.0, 255.0, 65535.0) if lo >= 0 and hi <= r and (r > 1 or mode == "F")), None)
         if mode.startswith("I;16"):
-            full = 65535.0
-        if full is not None:
-            lo, hi = 0.0, full
+            lo, hi = 0.0, 65535.0
+        elif lo >= 0:
+            nominal = ((1.0,) if mode == "F" else ()) + (255.0, 65535.0)
+            full = next((r for r in nominal if hi <= r), None)
+            if full is not None:
+                lo, hi = 0.0, full
         arr = np.clip((arr - lo) / max(hi - lo, 1e-12) * 255 + 0.5, 0, 255).astype(np.uint8)
         return Image.fromarray(arr, "L").convert("RGB")
     if mode == "P" and "transparency" in image.info:

@@ -1,6 +1,6 @@
 """Streaming confusion-matrix mIoU (SPEC §3).
 
-One ``C×C`` int64 matrix accumulated with ``torch.bincount`` per batch, so memory is bounded by
+One ``C×C`` int64 matrix accumulated with ``np.bincount`` per batch, so memory is bounded by
 the batch, not the dataset (the reference keeps every predicted pixel in a Python list: tens of
 GB at 512 px). Rows are ground truth, columns predictions.
 
@@ -55,7 +55,8 @@ class ConfusionMatrix:
         if pred.shape != target.shape:
             raise ValueError(f"prediction {pred.shape} and target {target.shape} differ")
         c = self.num_classes
-        pred, target = pred.reshape(-1).astype(np.int64), target.reshape(-1).astype(np.int64)
+        pred = pred.reshape(-1).astype(np.int64, copy=False)
+        target = target.reshape(-1).astype(np.int64, copy=False)
         if pred.size and (pred.min() < 0 or pred.max() >= c):
             raise ValueError(f"predictions must lie in [0, {c})")
         valid = (target >= 0) & (target < c)
