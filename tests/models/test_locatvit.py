@@ -2,6 +2,7 @@ import pytest
 import timm
 import torch
 
+from locatdino.models import locality_bias
 from tests.models.tiny import TINY
 
 VARIANTS = timm.list_models("locatvit_*")
@@ -54,13 +55,19 @@ def test_finite_under_autocast_at_large_inputs(dtype, size):
     assert torch.isfinite(out).all()
 
 
-def test_training_step_at_512_px_under_bf16_uses_fast_mode():
-    """A 32×32 grid in training takes the reference's fast path; loss and gradients stay finite."""
+def test_training_step_at_512_px_under_bf16_uses_fast_mode(monkeypatch):
+    """A 32×32 grid in training takes the reference's fast path (profiles predicted on the 16×16
+    coarse grid); loss and gradients stay finite."""
+    profile_grids = []
+    apply = locality_bias._GaussianProfiles.apply
+    monkeypatch.setattr(locality_bias._GaussianProfiles, "apply",
+                        lambda z, *args: profile_grids.append(z.shape[-2]) or apply(z, *args))
     torch.manual_seed(0)
     model = timm.create_model("locatvit_tiny", num_classes=0, depth=1, embed_dim=32, num_heads=1).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(torch.randn(1, 3, 512, 512)).float().square().mean()
     loss.backward()
+    assert profile_grids == [16 * 16]
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
