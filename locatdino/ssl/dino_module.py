@@ -19,7 +19,16 @@ from locatdino.ssl.head import DINOHead
 from locatdino.ssl.schedules import DINOSchedules
 from locatdino.ssl.teacher_update import update_teacher
 
-_FSDP_PREFIX = "_fsdp_wrapped_module."
+# Name segments FSDP and activation checkpointing insert into parameter names ("blocks.0.
+# _checkpoint_wrapped_module.norm1.weight"); torch's own stripper is private.
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter name as in the unwrapped model, so per-name decisions survive any wrapping."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 class DINOModule(LightningModule):
@@ -265,7 +274,7 @@ class DINOModule(LightningModule):
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
             raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
                              "trainer.strategy locatdino.ssl.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP")
-        named = [(n.replace(_FSDP_PREFIX, ""), p) for n, p in self.student.named_parameters() if p.requires_grad]
+        named = [(unwrapped_name(n), p) for n, p in self.student.named_parameters() if p.requires_grad]
         self._clipped_params = [p for _, p in named]
         self._last_layer_params = [p for n, p in named if n.startswith("head.last_layer.")]
         groups = [

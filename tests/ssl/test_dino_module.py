@@ -217,3 +217,25 @@ def test_resume_continues_exactly(tmp_path):
     assert second.losses == pytest.approx(whole.losses[3:], rel=1e-6, abs=0)
     assert trainer.global_step == 6
     assert len(set(whole.losses)) == 6  # the steps really differ
+
+
+def test_no_weight_decay_on_1d_params_of_checkpoint_wrapped_blocks():
+    """Lightning's ``activation_checkpointing`` inserts ``_checkpoint_wrapped_module.`` into the
+    parameter names of every block: biases and norms there must still get no weight decay."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    from timm.models.vision_transformer import Block
+
+    torch.manual_seed(0)
+    m = tiny_module(warmup_epochs=0.0)
+    for branch in (m.student, m.teacher):
+        apply_activation_checkpointing(branch["backbone"], check_fn=lambda module: isinstance(module, Block))
+    names = [n for n, _ in m.student.named_parameters()]
+    assert sum("_checkpoint_wrapped_module." in n for n in names) == 2 * 12  # 12 tensors per block
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(m, batches_loader([random_batch()]))
+    decay = {id(p) for g in trainer.optimizers[0].param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    decayed = sorted(n for n, p in m.student.named_parameters() if id(p) in decay)
+    # per block qkv, proj, fc1, fc2; cls token, pos embed, patch embedding (as in the reference:
+    # only biases and 1-D tensors are exempt); the head's 3 MLP layers and last layer
+    assert len(decayed) == 2 * 4 + 3 + 3 + 1, decayed
+    assert all(p.ndim > 1 for n, p in m.student.named_parameters() if id(p) in decay), decayed
