@@ -73,7 +73,8 @@ class DINOModule(LightningModule):
         freeze_last_layer: epochs during which the head's last layer gets no update.
         on_nonfinite: a non-finite loss (on any rank) either stops the run (``"stop"``, the
             reference; the last saved checkpoint stays the newest) or skips the step on every rank
-            (``"skip"``: no weight, teacher or centre update).
+            (``"skip"``: no weight, teacher or centre update; with gradient accumulation the whole
+            optimizer step the micro-batch belongs to).
     """
 
     def __init__(
@@ -125,7 +126,10 @@ class DINOModule(LightningModule):
         }
         self.schedules: DINOSchedules | None = None
         self._steps_per_epoch = 1.0
+        # Set by a non-finite loss in any micro-batch, cleared after the optimizer step: with gradient
+        # accumulation the whole step is skipped (its gradients hold the non-finite micro-batch's).
         self._skip_update = False
+        self._center_before_step: Tensor | None = None
         self._checked_batch_size = False
         self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
         self._skipped_steps = 0
@@ -168,10 +172,13 @@ class DINOModule(LightningModule):
         student_out = self.forward_branch(self.student, [crops_global, *([batch["local"]] if "local" in batch else [])])
         loss = self.dino_loss(student_out, teacher_probs)
 
+        if self._center_before_step is None:  # first micro-batch of this optimizer step
+            self._center_before_step = self.dino_loss.center.clone()
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
-        self._skip_update = nonfinite
         if nonfinite:
             return self._on_nonfinite(loss)
+        if self._skip_update:  # an earlier micro-batch of this step was not finite: its gradients are in
+            return loss
         self.dino_loss.update_center(teacher_out)
         self.log("train/loss", loss, prog_bar=True)
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -198,9 +205,11 @@ class DINOModule(LightningModule):
     def _on_nonfinite(self, loss: Tensor) -> Tensor:
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
-            rank_zero_warn(f"DINO loss is not finite at step {step} (on some rank; here {loss.item()}): "
-                           "skipping the step on every rank.")
-            self._skipped_steps += 1
+            if not self._skip_update:  # once per optimizer step, however many micro-batches fail
+                rank_zero_warn(f"DINO loss is not finite at step {step} (on some rank; here {loss.item()}): "
+                               "skipping the step on every rank.")
+                self._skipped_steps += 1
+                self._skip_update = True
             self.log("train/skipped_steps", float(self._skipped_steps))
             # DDP needs the backward on every rank (Lightning refuses a None loss there); its
             # gradients are dropped in configure_gradient_clipping.
@@ -237,8 +246,11 @@ class DINOModule(LightningModule):
             if group["scheduled_weight_decay"]:
                 group["weight_decay"] = values["weight_decay"]
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if not self._skip_update:
+        if self._skip_update:  # undo the centre updates of micro-batches before the non-finite one
+            self.dino_loss.center.copy_(self._center_before_step)
+        else:
             update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
+        self._skip_update, self._center_before_step = False, None
 
     # ------------------------------------------------------------------ optimiser and schedules
 

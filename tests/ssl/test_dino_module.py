@@ -239,3 +239,33 @@ def test_no_weight_decay_on_1d_params_of_checkpoint_wrapped_blocks():
     # only biases and 1-D tensors are exempt); the head's 3 MLP layers and last layer
     assert len(decayed) == 2 * 4 + 3 + 3 + 1, decayed
     assert all(p.ndim > 1 for n, p in m.student.named_parameters() if id(p) in decay), decayed
+
+
+@pytest.mark.parametrize("bad_index", [0, 1], ids=["first", "second"])
+def test_skip_is_sticky_over_the_micro_batches_of_one_step(bad_index):
+    """Accumulating 2 micro-batches, one non-finite: the whole optimizer step is skipped (no
+    weight, teacher or centre change, also from the finite micro-batch), the next step trains."""
+    torch.manual_seed(0)
+    m = tiny_module(on_nonfinite="skip", warmup_epochs=0.0, freeze_last_layer=0.0)
+    before = copy.deepcopy(m.state_dict())
+    after_first = {}
+
+    class AfterFirstStep(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                after_first.update(copy.deepcopy(module.state_dict()))
+
+    bad = random_batch(seed=2)
+    bad["global"][0, 0] = float("nan")
+    trainer = tiny_trainer(max_steps=2, accumulate_grad_batches=2, callbacks=[AfterFirstStep()])
+    with pytest.warns(UserWarning, match="skipping the step"):
+        first_step = [random_batch(seed=1)]
+        first_step.insert(bad_index, bad)
+        trainer.fit(m, batches_loader([*first_step, random_batch(seed=3), random_batch(seed=4)]))
+    assert [k for k, v in after_first.items() if not torch.equal(v, before[k])] == []
+    assert m._skipped_steps == 1 and trainer.global_step == 2
+    after = m.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert not torch.equal(after["student.head.mlp.0.weight"], before["student.head.mlp.0.weight"])
+    assert not torch.equal(after["teacher.head.mlp.0.weight"], before["teacher.head.mlp.0.weight"])
+    assert not torch.equal(after["dino_loss.center"], before["dino_loss.center"])
