@@ -147,15 +147,9 @@ def build_memory(
     dataset: Any,
     cfg: HummingbirdConfig,
     clock: PhaseClock | None = None,
-    index: PatchIndex | None = None,
 ) -> tuple[MemoryBank, int]:
     """The labelled patch memory of ``dataset`` (``aug_epochs`` augmented passes). Returns the
-    bank and the number of skipped (corrupt) samples.
-
-    With a :attr:`~PatchIndex.streamable` ``index`` (exact ``Flat``) and no ``memory_dir``, the
-    features go straight into the index batch by batch and the bank's features are a view of the
-    index storage: the memory is held once, not twice (bank + FAISS copy).
-    """
+    bank and the number of skipped (corrupt) samples."""
     clock = clock or PhaseClock()
     grid, p, c = extractor.grid(cfg.input_size), extractor.patch_size, dataset.num_classes
     n_patches = grid * grid
@@ -163,10 +157,8 @@ def build_memory(
     if cfg.memory_size is not None:
         per_image = min(n_patches, patches_per_image(cfg.memory_size, len(dataset), cfg.aug_epochs))
     meta = {"input_size": cfg.input_size, "aug_epochs": cfg.aug_epochs, "per_image": per_image}
-    stream = index is not None and index.streamable and cfg.memory_dir is None
     bank = MemoryBank.allocate(
-        len(dataset) * cfg.aug_epochs * per_image, extractor.dim, c, cfg.memory_dtype, cfg.memory_dir, meta,
-        store_features=not stream,
+        len(dataset) * cfg.aug_epochs * per_image, extractor.dim, c, cfg.memory_dtype, cfg.memory_dir, meta
     )
     augmentation = PairedAugmentation(
         cfg.input_size, tuple(cfg.scale), tuple(cfg.ratio), cfg.jitter, cfg.jitter_p
@@ -188,13 +180,8 @@ def build_memory(
             if cfg.memory_size is not None:
                 keep = rare_class_first(counts, keep, per_image, sampler_rng)
             bank.append(feats[keep], soft_labels(counts, valid)[keep])
-        if stream:
-            with clock("index"):
-                index.add(feats[keep].numpy())
     with clock("memory"):
         bank.finish()
-    if stream:
-        bank.attach_features(index.vectors(), owner=index)
     return bank, skipped
 
 
@@ -276,12 +263,9 @@ def hummingbird(
     clock = PhaseClock()
     start = time.perf_counter()
     index = PatchIndex(extractor.dim, cfg.index, cfg.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed)
-    bank, skipped_train = build_memory(extractor, train_set, cfg, clock, index)
+    bank, skipped_train = build_memory(extractor, train_set, cfg, clock)
     with clock("index"):
-        if index.ntotal == 0:
-            index.build(bank.features)
-        else:
-            index.finish()
+        index.build(bank.features)
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)

@@ -5,6 +5,10 @@ Cosine similarity = inner product of L2-normalised vectors, so every index uses
 FAISS factory string selects an approximate index for large memories: ``"IVF4096,Flat"``,
 ``"IVF4096,PQ48"``, ``"HNSW32"``, with ``nprobe`` / ``efSearch``. A GPU copy of the index is used
 when faiss-gpu and a GPU are present (``device="auto"``); the CPU path is always available.
+
+Exact search on the CPU over a float32 memory builds no index at all: ``faiss.knn`` runs the same
+blocked-BLAS inner-product search as ``IndexFlatIP`` straight on the memory array, so the memory
+is held once (an ``IndexFlatIP`` would keep a second copy).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class PatchIndex:
         self.params = {k: v for k, v in (("nprobe", nprobe), ("efSearch", ef_search)) if v is not None}
         self.device, self.train_size, self.seed = device, train_size, seed
         self.on_gpu = False
-        self.cpu_index = self.index  # kept when a GPU copy is made: vectors() views its storage
+        self._memory: np.ndarray | None = None  # searched in place with faiss.knn (exact, CPU)
 
     @property
     def exact_scores(self) -> bool:
@@ -71,21 +75,25 @@ class PatchIndex:
 
     @property
     def ntotal(self) -> int:
-        return self.index.ntotal
-
-    @property
-    def streamable(self) -> bool:
-        """Whether vectors can be added batch by batch with no training and read back without a
-        copy (:meth:`vectors`): the exact ``Flat`` index."""
-        return isinstance(self.cpu_index, faiss.IndexFlat)
+        return self.index.ntotal if self._memory is None else self._memory.shape[0]
 
     def build(self, features: np.ndarray, chunk: int = 65_536) -> PatchIndex:
-        """Train (if the index needs it) on a random sample and add ``features [N, D]`` in chunks,
-        so a memory-mapped float16 memory is never copied whole into float32; then
-        :meth:`finish`."""
+        """Index ``features [N, D]``, then :meth:`finish`.
+
+        Exact search on the CPU over a contiguous float32 array keeps a reference to it (no copy;
+        the caller must not modify it while searching). Otherwise: train (if the index needs it)
+        on a random sample and add the features in chunks, so a memory-mapped float16 memory is
+        never copied whole into float32.
+        """
         n = features.shape[0]
         if features.ndim != 2 or features.shape[1] != self.dim:
             raise ValueError(f"index expects features [N, {self.dim}], got {tuple(features.shape)}")
+        searched_in_place = isinstance(self.index, faiss.IndexFlat) and (
+            self.device == "cpu" or not faiss_gpu_available()
+        )
+        if searched_in_place and features.dtype == np.float32 and features.flags.c_contiguous:
+            self._memory = features
+            return self.finish()
         if not self.index.is_trained:
             rng = np.random.default_rng(self.seed)
             sample = np.sort(rng.choice(n, size=min(n, self._train_size()), replace=False))
@@ -103,14 +111,6 @@ class PatchIndex:
     def add(self, features: np.ndarray) -> None:
         """Append vectors ``[n, D]`` (the index must be trained)."""
         self.index.add(np.ascontiguousarray(features, dtype=np.float32))
-
-    def vectors(self) -> np.ndarray:
-        """The stored vectors ``[N, D]`` of a :attr:`streamable` index: a zero-copy float32 view of
-        FAISS' storage, valid while this object lives and no vector is added."""
-        if not self.streamable:
-            raise TypeError(f"FAISS index {self.spec!r} does not store plain float vectors")
-        n = self.cpu_index.ntotal
-        return faiss.rev_swig_ptr(self.cpu_index.get_xb(), n * self.dim).reshape(n, self.dim)
 
     def finish(self) -> PatchIndex:
         """Set the search parameters and move to the GPU when one is available (``device``)."""
@@ -146,5 +146,7 @@ class PatchIndex:
         """
         if k > self.ntotal:
             raise ValueError(f"k={k} neighbours requested but the memory holds {self.ntotal} patches")
-        sims, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        return sims, ids
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if self._memory is not None:
+            return faiss.knn(queries, self._memory, k, metric=faiss.METRIC_INNER_PRODUCT)
+        return self.index.search(queries, k)

@@ -38,7 +38,6 @@ class MemoryBank:
         self.meta = meta
         self._directory: Path | None = None
         self._staging: Path | None = None
-        self._owner: Any = None  # keeps alive the object whose storage _features views
 
     @classmethod
     def allocate(
@@ -49,19 +48,13 @@ class MemoryBank:
         dtype: str = "float32",
         directory: str | os.PathLike | None = None,
         meta: dict[str, Any] | None = None,
-        store_features: bool = True,
     ) -> MemoryBank:
-        """An empty bank for up to ``capacity`` patches; on disk under ``directory`` if given.
-
-        ``store_features=False`` (in RAM only) keeps labels alone: the features are streamed into
-        an exact FAISS index instead, whose storage is attached afterwards
-        (:meth:`attach_features`) — one copy of the memory instead of two.
-        """
+        """An empty bank for up to ``capacity`` patches; on disk under ``directory`` if given."""
         if dtype not in ("float32", "float16"):
             raise ValueError(f"memory dtype must be 'float32' or 'float16', got {dtype!r}")
         meta = {**(meta or {}), "dim": dim, "num_classes": num_classes, "dtype": dtype}
         if directory is None:
-            feats = np.empty((capacity, dim if store_features else 0), dtype=dtype)
+            feats = np.empty((capacity, dim), dtype=dtype)
             labels = np.empty((capacity, num_classes), dtype=LABEL_DTYPE)
             return cls(feats, labels, 0, meta)
         directory = Path(directory)
@@ -114,18 +107,9 @@ class MemoryBank:
         if self.size + n > self.capacity:
             raise ValueError(f"memory bank full: {self.size} + {n} patches > capacity {self.capacity}")
         end = self.size + n
-        if self._features.shape[1]:
-            self._features[self.size : end] = features.detach().cpu().numpy().astype(self._features.dtype)
+        self._features[self.size : end] = features.detach().cpu().numpy().astype(self._features.dtype)
         self._labels[self.size : end] = labels.detach().cpu().numpy().astype(LABEL_DTYPE)
         self.size = end
-
-    def attach_features(self, features: np.ndarray, owner: Any = None) -> None:
-        """Use ``features [size, D]`` (e.g. a zero-copy view of an exact index's storage) as
-        this bank's features; ``owner`` is kept alive as long as the bank."""
-        if features.shape != (self.size, self.dim):
-            raise ValueError(f"attached features {features.shape} != ({self.size}, {self.dim})")
-        self._features, self._owner = features, owner
-        self.meta["dtype"] = str(features.dtype)
 
     def gather_labels(self, ids: np.ndarray) -> Tensor:
         """Soft labels of neighbour ids ``[...]`` as float32 ``[..., C]``; ids < 0 (FAISS' "no

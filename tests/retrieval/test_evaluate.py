@@ -62,8 +62,8 @@ def test_budgeted_memory_size_and_eval_at_input_resolution(scenes, tiny_vit):
     )
     result = hummingbird(tiny_vit, *scenes, cfg)
     assert result.memory_patches == 16 * 2 * (500 // 32)  # floor(M / (N E)) per view
-    # the exact index's float32 storage is the memory (one copy); labels float16
-    assert result.memory_bytes == result.memory_patches * (64 * 4 + 10 * 2)
+    # float16 features and float16 labels
+    assert result.memory_bytes == result.memory_patches * (64 * 2 + 10 * 2)
 
 
 def test_memory_directory_bank_matches_in_ram_bank(scenes, tiny_vit, tmp_path):

@@ -10,11 +10,14 @@ def _unit(n, d, seed):
     return x.numpy()
 
 
-def test_exact_neighbours_equal_torch_topk():
-    memory, queries = _unit(2000, 32, 0), _unit(100, 32, 1)
-    index = PatchIndex(32).build(memory, chunk=512)  # several add() chunks
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["searched in place", "IndexFlatIP"])
+def test_exact_neighbours_equal_torch_topk(dtype):
+    memory, queries = _unit(2000, 32, 0).astype(dtype), _unit(100, 32, 1)
+    index = PatchIndex(32, device="cpu").build(memory, chunk=512)  # float16: several add() chunks
+    assert (index.index.ntotal == 0) == (dtype == np.float32)  # float32: no second copy in FAISS
+    assert index.ntotal == 2000
     sims, ids = index.search(queries, 30)
-    ref = torch.from_numpy(queries) @ torch.from_numpy(memory).T
+    ref = torch.from_numpy(queries) @ torch.from_numpy(memory.astype(np.float32)).T
     ref_sims, ref_ids = ref.topk(30, dim=1)
     assert index.exact_scores
     assert np.array_equal(ids, ref_ids.numpy())
