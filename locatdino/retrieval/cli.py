@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
     p.add_argument("--workers", type=int, default=None,
                    help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
-    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling")
+    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling, random init")
     p.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "report":
         return report_main(argv[1:])
     args = _parser().parse_args(argv)
+    import torch
+
     from locatdino.retrieval.features import load_backbone
 
     runs = _runs(args)
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _config(args, memory_dir)
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
+        if ckpt is None:
+            torch.manual_seed(args.seed)  # a random-init run is reproducible from --seed
         result = hummingbird(load_backbone(name, ckpt), train_set, val_set, cfg).to_dict()
         result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
         result["config"].update(dataset=args.dataset, data_dir=args.data_dir)

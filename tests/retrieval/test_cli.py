@@ -35,6 +35,21 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert "| class |" in (tmp_path / "cmp.md").read_text()
 
 
+def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
+    """``--checkpoint none`` scores the weights ``torch.manual_seed(--seed)`` draws, every run."""
+    from locatdino.models import create_backbone
+
+    torch.manual_seed(3)
+    ckpt = tmp_path / "seed3.pth"
+    torch.save(create_backbone("vit_tiny_patch16_224").state_dict(), ckpt)
+    torch.manual_seed(0)  # the global state before the run must not matter
+    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", "none", "--model", "vit_tiny_patch16_224",
+            "--checkpoint", str(ckpt), "--seed", "3", "--out", str(tmp_path / "out"), *TINY]
+    assert cli.main(argv) == 0
+    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
+    assert len(runs) == 2 and runs[0]["miou"] == runs[1]["miou"]
+
+
 def test_argument_errors(tmp_path):
     with pytest.raises(SystemExit, match="2 --model but 1 --checkpoint"):
         cli.main(["--model", "a", "--model", "b", "--checkpoint", "x"])
