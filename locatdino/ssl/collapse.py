@@ -35,6 +35,10 @@ class CollapseMonitor(Callback):
     batch-mean entropy ≤ tolerance·ln K. Reads the values the module logs under
     ``teacher/entropy`` and ``teacher/batch_entropy``; ``K`` is ``pl_module.out_dim``.
     Warns once per episode (again only after the run has recovered).
+
+    The module logs them only every ``trainer.log_every_n_steps`` steps, and the metrics keep the
+    last values in between: a check counts only values logged since the previous check
+    (``pl_module.entropies_logged_at``), so ``patience`` is in logged values, never stale repeats.
     """
 
     def __init__(self, tolerance: float = 0.02, patience: int = 20, check_every_n_steps: int = 10) -> None:
@@ -42,13 +46,15 @@ class CollapseMonitor(Callback):
         self.patience = patience
         self.check_every_n_steps = check_every_n_steps
         self._streak = 0
+        self._counted_step: int | None = None  # entropies_logged_at of the values counted last
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step % self.check_every_n_steps:
             return
-        metrics = trainer.callback_metrics
-        if ENTROPY_KEY not in metrics or MARGINAL_ENTROPY_KEY not in metrics:
+        metrics, logged_at = trainer.callback_metrics, getattr(pl_module, "entropies_logged_at", None)
+        if ENTROPY_KEY not in metrics or MARGINAL_ENTROPY_KEY not in metrics or logged_at == self._counted_step:
             return
+        self._counted_step = logged_at
         ln_k = math.log(pl_module.out_dim)
         entropy, marginal = float(metrics[ENTROPY_KEY]), float(metrics[MARGINAL_ENTROPY_KEY])
         kind = None

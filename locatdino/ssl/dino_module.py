@@ -133,6 +133,8 @@ class DINOModule(LightningModule):
         self._checked_batch_size = False
         self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
         self._skipped_steps = 0
+        # step whose teacher entropies were logged last: CollapseMonitor counts each value once
+        self.entropies_logged_at: int | None = None
 
     @property
     def teacher_backbone(self) -> nn.Module:
@@ -181,9 +183,12 @@ class DINOModule(LightningModule):
             return loss
         self.dino_loss.update_center(teacher_out)
         self.log("train/loss", loss, prog_bar=True)
-        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            # only on the steps the logger writes: Lightning's per-call bookkeeping is not free
+        every = self.trainer.log_every_n_steps
+        if every and (self.trainer.global_step + 1) % every == 0:
+            # only on the steps the logger writes (Lightning's rule; 0: never): its per-call
+            # bookkeeping is not free
             entropy, batch_entropy = teacher_entropies(teacher_probs)
+            self.entropies_logged_at = self.trainer.global_step
             self.log_dict({
                 "train/lr": values["lr"], "train/wd": values["weight_decay"],
                 "train/teacher_momentum": values["teacher_momentum"], "train/teacher_temp": values["teacher_temp"],

@@ -269,3 +269,13 @@ def test_skip_is_sticky_over_the_micro_batches_of_one_step(bad_index):
     assert not torch.equal(after["student.head.mlp.0.weight"], before["student.head.mlp.0.weight"])
     assert not torch.equal(after["teacher.head.mlp.0.weight"], before["teacher.head.mlp.0.weight"])
     assert not torch.equal(after["dino_loss.center"], before["dino_loss.center"])
+
+
+def test_log_every_n_steps_zero_logs_no_schedules_or_entropies():
+    """Lightning allows ``log_every_n_steps=0`` (never log to the logger)."""
+    torch.manual_seed(0)
+    m = tiny_module()
+    trainer = tiny_trainer(max_steps=2, log_every_n_steps=0)
+    trainer.fit(m, batches_loader([random_batch(seed=0), random_batch(seed=1)]))
+    assert trainer.global_step == 2 and "train/loss" in trainer.callback_metrics
+    assert "teacher/entropy" not in trainer.callback_metrics and m.entropies_logged_at is None
