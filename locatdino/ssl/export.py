@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from locatdino.models import create_backbone
-from locatdino.models.checkpoint import extract_backbone
+from locatdino.models import create_backbone, load_backbone_state_dict
 from locatdino.ssl.checkpoint_io import atomic_torch_save
 
 
@@ -32,17 +31,23 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     if os.path.isdir(source):
         raise ValueError(f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
                          "FSDPStrategy(state_dict_type='full') to get one file")
-    try:
-        ckpt = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # noqa: BLE001 - one line naming the file
-        raise ValueError(f"{source}: cannot be read with torch.load(weights_only=True): "
-                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
-    state = {k: v.contiguous() for k, v in extract_backbone(ckpt, which, source).items()}
-    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    state = {k: v.contiguous() for k, v in load_backbone_state_dict(source, which).items()}
+    hparams = _lightning_hparams(source)
     described = _check_against_hparams(state, hparams, source) if hparams else "backbone"
     atomic_torch_save(state, out)
     params = sum(v.numel() for v in state.values())
     return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
+
+
+def _lightning_hparams(source: str) -> Mapping[str, Any] | None:
+    """The hyper-parameters of a Lightning checkpoint (None for other containers).
+
+    A second read, after ``load_backbone_state_dict`` (which returns only the weights) has
+    checked the file: memory-mapped, so the tensors are not read again.
+    """
+    with torch.serialization.safe_globals([argparse.Namespace]):  # DINO checkpoints store args
+        ckpt = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    return ckpt.get("hyper_parameters") if "pytorch-lightning_version" in ckpt else None
 
 
 def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str, Any], source: str) -> str:
@@ -56,13 +61,14 @@ def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str,
     return f"{name} backbone" + (f" {kwargs}" if kwargs else "")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    """``locatdino export`` with ``argv`` (without the word ``export``); returns the exit status."""
     parser = argparse.ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="Lightning checkpoint (runs/<run>/checkpoints/last.ckpt) or DINO checkpoint")
     parser.add_argument("out", help="output .pth file (plain timm state dict)")
     parser.add_argument("--which", choices=("teacher", "student"), default="teacher",
                         help="network to export (default: the teacher, the one DINO evaluates)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         print(export_backbone(args.checkpoint, args.out, args.which))
     except (ValueError, FileNotFoundError) as err:

@@ -102,3 +102,25 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"locatdino export: {bad}") and "\n" not in err
     assert not (tmp_path / "out.pth").exists()
+
+
+def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
+    """DINO's main_dino.py saves ``args`` (an argparse.Namespace) next to the networks, DDP's
+    ``module.`` prefix on the student: export must read it with weights_only=True."""
+    import argparse
+
+    torch.manual_seed(0)
+    backbone = timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY_MODEL["backbone_kwargs"])
+    teacher = {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
+    teacher["head.last_layer.weight_g"] = torch.ones(8, 1)
+    student = {f"module.{k}": torch.zeros_like(v) for k, v in teacher.items()}
+    ckpt = tmp_path / "checkpoint.pth"
+    torch.save({"student": student, "teacher": teacher, "epoch": 3, "args": argparse.Namespace(arch="vit_tiny")}, ckpt)
+
+    out = tmp_path / "teacher.pth"
+    assert export.main([str(ckpt), str(out)]) == 0, capsys.readouterr().err
+    state = torch.load(out, weights_only=True)
+    assert state.keys() == backbone.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in backbone.state_dict().items())
+    assert export.main([str(ckpt), str(out), "--which", "student"]) == 0
+    assert all(v.abs().sum() == 0 for v in torch.load(out, weights_only=True).values())
