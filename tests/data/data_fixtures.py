@@ -1,13 +1,8 @@
-"""Helpers and fixtures shared by the data tests.
-
-A module with a unique name instead of a conftest.py: other test areas import their own
-``conftest`` by name, and two modules called ``conftest`` on sys.path would shadow each other.
-"""
+"""Helpers shared by the data tests (fixtures: conftest.py)."""
 
 import io
 
 import numpy as np
-import pytest
 import torch
 import webdataset as wds
 from PIL import Image
@@ -53,8 +48,3 @@ def write_id_shards(folder, sizes, start=0):
                 i += 1
         paths.append(str(path))
     return paths
-
-
-@pytest.fixture
-def id_shards(tmp_path):
-    return write_id_shards(tmp_path / "ids", [7, 3, 9, 5, 6])  # 30 samples, uneven shards

@@ -6,7 +6,7 @@ import torch
 import webdataset as wds
 from jsonargparse import ArgumentParser
 
-from data_fixtures import id_image, png_bytes
+from tests.data.data_fixtures import id_image, png_bytes
 from locatdino.data import MultiCropTransform, ShardDataModule, SkippedSamplesLogger
 from locatdino.data.skipped import SkippedSampleWarning
 

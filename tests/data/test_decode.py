@@ -6,7 +6,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from data_fixtures import id_shards, id_image, png_bytes
+from tests.data.data_fixtures import id_image, png_bytes
 from locatdino.data.decode import DecodeError, decode_mask, decode_rgb, find_image
 from locatdino.data.shard_stream import ShardStream
 

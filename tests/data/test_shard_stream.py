@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 import torch
 
-from data_fixtures import id_shards, IdTransform, batch_ids, write_id_shards
+from tests.data.data_fixtures import IdTransform, batch_ids, write_id_shards
 from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, shard_sizes
 
 
