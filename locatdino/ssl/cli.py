@@ -29,7 +29,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
 
+# Outside the package: found only in an editable install (or when run from the checkout).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+class MissingDefaultConfigError(FileNotFoundError):
+    """``configs/default.yaml`` is not there: without it no recipe has all its keys."""
 
 
 def checkpoint_dir(default_root_dir: str | None) -> str:
@@ -50,7 +55,7 @@ class DINOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``."""
-        trainer = self.config[self.subcommand].trainer
+        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer  # run=False: flat
         if trainer.logger is None:
             trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.CSVLogger",
@@ -58,25 +63,34 @@ class DINOCLI(LightningCLI):
             )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_cli(args: list[str], run: bool = True) -> DINOCLI:
+    """The ``DINOCLI`` of ``locatdino fit`` over ``configs/default.yaml``; ``run=False`` only parses
+    and instantiates (``args`` then without the ``fit`` subcommand)."""
+    if not DEFAULT_CONFIG.is_file():
+        raise MissingDefaultConfigError(f"{DEFAULT_CONFIG} not found: the configs live in the source "
+                                        "checkout, install locatdino with `pip install -e .` from it")
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)]}
+    with warnings.catch_warnings():
+        # args are always explicit (dispatcher, demo, tests): LightningCLI warns whenever the
+        # process also has command-line arguments of its own
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return DINOCLI(
+            DINOModule,
+            ShardDataModule,
+            subclass_mode_data=True,
+            args=["fit", *args] if run else args,
+            parser_kwargs={"prog": "locatdino", **({"fit": defaults} if run else defaults)},
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+            run=run,
+        )
+
+
+def main(argv: list[str]) -> int:
     """Run ``fit`` with ``argv`` (without the word ``fit``); returns the exit status."""
-    args = ["fit", *(sys.argv[2:] if argv is None else argv)]
-    defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     try:
-        with warnings.catch_warnings():
-            # in-process calls (locatdino demo, tests) pass their args explicitly on purpose
-            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-            DINOCLI(
-                DINOModule,
-                ShardDataModule,
-                subclass_mode_data=True,
-                # None when these are the process's own arguments: LightningCLI warns about both
-                args=None if args == sys.argv[1:] else args,
-                parser_kwargs={"prog": "locatdino", "fit": {"default_config_files": defaults}},
-                save_config_kwargs={"overwrite": True},
-                auto_configure_optimizers=False,
-            )
-    except FloatingPointError as err:  # non-finite loss: the message says what to do
+        build_cli(argv)
+    except (FloatingPointError, MissingDefaultConfigError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
         return 1
     return 0

@@ -40,15 +40,25 @@ def test_every_recipe_parses_on_top_of_the_defaults(recipe, capsys):
     assert "backbone:" in out and "step_checkpoint:" in out and "AtomicCheckpointIO" in out
 
 
-def test_batch_size_is_linked_and_default_keys_survive(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["--config", str(ROOT / "configs" / "tiny_locatvit.yaml"), "--data.init_args.batch_size", "12",
-                  "--print_config"])
-    out = capsys.readouterr().out
-    assert "backbone: locatvit_tiny" in out
-    assert "    batch_size: 12" in out            # data (the model's copy is linked, not printed)
-    assert "  momentum_teacher_end: 1.0" in out   # from default.yaml, untouched by the recipe
-    assert "  num_local_crops: 4" in out          # recipe's partial multicrop merged over the defaults
+def test_batch_size_is_linked_and_default_keys_survive():
+    """The instantiated run: model.batch_size follows data.batch_size, and keys only
+    configs/default.yaml sets (the classes' defaults differ) reach the objects."""
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_vits16.yaml"), "--data.init_args.batch_size", "12",
+                           "--trainer.devices", "1", "--trainer.accelerator", "cpu",
+                           "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
+                           "--model.out_dim", "128"], run=False)
+    assert built.datamodule.batch_size == built.model.hparams.batch_size == 12
+    assert built.datamodule.resampled is True and built.datamodule.num_workers == 10  # class: False, 8
+    assert built.trainer.log_every_n_steps == 10  # Lightning: 50
+    assert built.model.hparams.norm_last_layer is False  # the recipe over default.yaml's true
+
+
+def test_missing_default_config_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "configs" / "default.yaml"
+    monkeypatch.setattr(cli, "DEFAULT_CONFIG", missing)
+    assert cli.main(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--print_config"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"locatdino fit: {missing} not found") and "pip install -e ." in err and "\n" not in err
 
 
 def _metrics(run: Path, version: int) -> list[dict]:
