@@ -8,28 +8,22 @@ every rank.
 
 import csv
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_fit_cli import ROOT, tiny_overrides
+from ssl_helpers import ROOT, locatdino_in_subprocess, tiny_overrides
 
 pytestmark = pytest.mark.slow
 CLIPPED = ("--trainer.max_steps", "3", "--model.clip_grad", "0.05")  # clipping active on most tensors
 
 
 def fit_in_subprocess(tmp_path: Path, *extra: str, shards: Path | None = None, timeout: int = 300) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     dump = tmp_path / "ranks"
-    cmd = [sys.executable, "-m", "locatdino", "fit", *tiny_overrides(tmp_path, shards),
-           "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-           "--trainer.callbacks+=ddp_helpers.SaveRankState", "--trainer.callbacks.out_dir", str(dump), *extra]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    locatdino_in_subprocess(tmp_path, "fit", *tiny_overrides(tmp_path, shards),
+                            "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                            "--trainer.callbacks+=ddp_helpers.SaveRankState", "--trainer.callbacks.out_dir", str(dump),
+                            *extra, timeout=timeout)
     return {r: torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)}
 
 
@@ -81,25 +75,23 @@ def test_ddp_uneven_shards_and_a_step_skipped_on_one_rank(tmp_path):
     assert int(ranks[0]["_skipped_steps"]) == int(ranks[1]["_skipped_steps"]) == 1
 
 
-
 def test_fsdp_vitl_recipe_constructs_and_steps(tmp_path):
     """configs/fsdp_vitl16.yaml on 2 CPU ranks: ViT-L/16 widths (1024, 16 heads, MLP 4096) and
     head, but 4 of the 24 identical blocks to keep the suite fast (every block is the same FSDP
     unit type; the full 24-block run takes ~80 s and 6.5 GB per rank here, see README)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "locatdino", "fit", "--config", str(ROOT / "configs" / "fsdp_vitl16.yaml"),
-           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.precision", "32-true",
-           "--trainer.max_steps", "2", "--trainer.default_root_dir", str(run), "--trainer.log_every_n_steps", "1",
-           "--trainer.enable_progress_bar", "false", "--model.backbone_kwargs", '{"depth": 4}',
-           "--model.out_dim", "1024", "--step_checkpoint.save_last", "false", "--epoch_checkpoint.save_last", "false",
-           "--epoch_checkpoint.save_top_k", "0",
-           "--data.init_args.train_urls", str(tmp_path / "shards"), "--data.init_args.synthetic", "16",
-           "--data.init_args.synthetic_size", "48", "--data.init_args.batch_size", "2",
-           "--data.init_args.num_workers", "0",
-           "--data.init_args.multicrop", '{"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}']
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    locatdino_in_subprocess(
+        tmp_path, "fit", "--config", str(ROOT / "configs" / "fsdp_vitl16.yaml"),
+        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.precision", "32-true",
+        "--trainer.max_steps", "2", "--trainer.default_root_dir", str(run), "--trainer.log_every_n_steps", "1",
+        "--trainer.enable_progress_bar", "false", "--model.backbone_kwargs", '{"depth": 4}',
+        "--model.out_dim", "1024", "--step_checkpoint.save_last", "false", "--epoch_checkpoint.save_last", "false",
+        "--epoch_checkpoint.save_top_k", "0",
+        "--data.init_args.train_urls", str(tmp_path / "shards"), "--data.init_args.synthetic", "16",
+        "--data.init_args.synthetic_size", "48", "--data.init_args.batch_size", "2",
+        "--data.init_args.num_workers", "0",
+        "--data.init_args.multicrop", '{"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}',
+        timeout=600)
     assert "DINOFSDPStrategy" in (run / "logs" / "version_0" / "config.yaml").read_text()
     rows = [r for r in csv.DictReader(open(run / "logs" / "version_0" / "metrics.csv")) if r.get("train/loss")]
     assert [int(r["step"]) for r in rows] == [0, 1]

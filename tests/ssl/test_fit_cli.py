@@ -7,28 +7,11 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from ssl_helpers import TINY_MODEL
+from ssl_helpers import ROOT, TINY_MODEL, tiny_overrides
 
 from locatdino.ssl import cli, export
 
-ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
-
-
-def tiny_overrides(tmp_path: Path, shards: Path | None = None) -> list[str]:
-    """configs/tiny_vit.yaml shrunk further: 2 blocks, 32/16 px crops, 24 scenes of 48 px."""
-    return [
-        "--config", str(ROOT / "configs" / "tiny_vit.yaml"),
-        "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
-        "--model.out_dim", "128", "--model.hidden_dim", "64", "--model.bottleneck_dim", "32",
-        "--data.init_args.train_urls", str(shards or tmp_path / "shards"),
-        "--data.init_args.synthetic", "0" if shards else "24", "--data.init_args.synthetic_size", "48",
-        "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
-        "--data.init_args.multicrop", json.dumps({"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}),
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.log_every_n_steps", "1", "--step_checkpoint.every_n_train_steps", "2",
-    ]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
