@@ -5,7 +5,13 @@ Importing this package registers ``locatvit_{tiny,small,base}_patch16_224`` (and
 """
 
 from locatdino.models import locatvit  # noqa: F401  (registers the timm entries)
-from locatdino.models.checkpoint import convert_state_dict, create_backbone, load_backbone_state_dict
+from locatdino.models.checkpoint import (
+    convert_state_dict,
+    create_backbone,
+    extract_backbone,
+    load_backbone_state_dict,
+    load_checkpoint,
+)
 from locatdino.models.dense_features import dense_features
 from locatdino.models.gaug_attention import GAugAttention
 from locatdino.models.locality_bias import GaussianLocalityBias
@@ -17,6 +23,8 @@ __all__ = [
     "convert_state_dict",
     "create_backbone",
     "dense_features",
+    "extract_backbone",
     "load_backbone_state_dict",
+    "load_checkpoint",
     "locatify",
 ]

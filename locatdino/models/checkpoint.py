@@ -38,14 +38,20 @@ def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") ->
     """
     if which not in ("teacher", "student"):
         raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
+    return extract_backbone(load_checkpoint(path), which, os.fspath(path))
+
+
+def load_checkpoint(path: str | os.PathLike) -> object:
+    """The whole checkpoint object of ``path`` on CPU, ``weights_only=True`` (``argparse.Namespace``,
+    which DINO stores as ``args``, is allowed); a file torch cannot read raises a one-line
+    ``ValueError`` naming it."""
     source = os.fspath(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - re-raised with the file name, one line
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{source}: cannot be read as a torch checkpoint with weights_only=True: {first_line}") from err
-    return extract_backbone(checkpoint, which, source)
 
 
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:

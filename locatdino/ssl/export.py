@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from locatdino.models import create_backbone, load_backbone_state_dict
+from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.ssl.checkpoint_io import atomic_torch_save
 
 
@@ -31,23 +31,13 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     if os.path.isdir(source):
         raise ValueError(f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
                          "FSDPStrategy(state_dict_type='full') to get one file")
-    state = {k: v.contiguous() for k, v in load_backbone_state_dict(source, which).items()}
-    hparams = _lightning_hparams(source)
+    ckpt = load_checkpoint(source)
+    state = {k: v.contiguous() for k, v in extract_backbone(ckpt, which, source).items()}
+    hparams = ckpt.get("hyper_parameters") if "pytorch-lightning_version" in ckpt else None
     described = _check_against_hparams(state, hparams, source) if hparams else "backbone"
     atomic_torch_save(state, out)
     params = sum(v.numel() for v in state.values())
     return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
-
-
-def _lightning_hparams(source: str) -> Mapping[str, Any] | None:
-    """The hyper-parameters of a Lightning checkpoint (None for other containers).
-
-    A second read, after ``load_backbone_state_dict`` (which returns only the weights) has
-    checked the file: memory-mapped, so the tensors are not read again.
-    """
-    with torch.serialization.safe_globals([argparse.Namespace]):  # DINO checkpoints store args
-        ckpt = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-    return ckpt.get("hyper_parameters") if "pytorch-lightning_version" in ckpt else None
 
 
 def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str, Any], source: str) -> str:
