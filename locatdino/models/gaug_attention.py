@@ -15,19 +15,30 @@ from timm.layers import Attention
 from timm.layers.attention import resolve_self_attn_mask
 
 from locatdino.models.bias_mask import outer_product_mask
+from locatdino.models.flex_bias_attention import flex_bias_attention
 from locatdino.models.locality_bias import GaussianLocalityBias
 from locatdino.models.patch_grid import PatchGrid
 from locatdino.models.separable_bias_attention import separable_bias_attention
+
+PATHS = ("auto", "separable", "flex", "mask")
 
 
 class GAugAttention(Attention):
     """Multi-head self-attention with a learned, query-dependent Gaussian locality bias.
 
-    ``attn = softmax(q kᵀ / √d_h + S) v`` with S from :class:`GaussianLocalityBias`, fed to
-    ``F.scaled_dot_product_attention`` as a float mask: on CPU through the fused
-    :func:`separable_bias_attention` (mask rows written chunk by chunk, its own backward), else
-    as one differentiable ``[B, H, N, N]`` mask, which CUDA's SDPA kernels differentiate.
+    ``attn = softmax(q kᵀ / √d_h + S) v`` with S from :class:`GaussianLocalityBias`, computed
+    by one of three paths that give the same result (``gaug_path``; ``"auto"`` picks per call):
+
+    - ``"separable"`` (auto on CPU): :func:`separable_bias_attention`, fused SDPA over chunks of
+      mask rows with its own backward;
+    - ``"flex"`` (auto on CUDA): :func:`flex_bias_attention`, the bias added inside a compiled
+      FlexAttention kernel from the two profiles, no ``N × N`` tensor;
+    - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto falls back to it
+      for attention dropout, extra masks, timm's unfused mode, head sizes under 16 (below
+      FlexAttention's GPU kernel tiles) and other devices.
     """
+
+    gaug_path: str = "auto"
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
@@ -47,6 +58,20 @@ class GAugAttention(Attention):
         attn.gaug = GaussianLocalityBias(attn.head_dim, device=weight.device, dtype=weight.dtype)
         attn.patch_grid = None
         return attn
+
+    def _resolve_path(self, device: torch.device, plain: bool) -> str:
+        """The path of this call; ``plain``: no attention dropout, extra mask or causal flag."""
+        if self.gaug_path not in PATHS:
+            raise ValueError(f"GAugAttention.gaug_path must be one of {PATHS}, got {self.gaug_path!r}")
+        if self.gaug_path != "auto":
+            if self.gaug_path != "mask" and not plain:
+                raise ValueError(f"GAug path {self.gaug_path!r} has no attention dropout or extra mask: use 'mask'")
+            return self.gaug_path
+        if not (plain and self.fused_attn):
+            return "mask"
+        if device.type == "cpu":
+            return "separable"
+        return "flex" if device.type == "cuda" and self.head_dim >= 16 else "mask"
 
     def forward(
         self,
@@ -68,9 +93,12 @@ class GAugAttention(Attention):
         num_prefix = N - grid[0] * grid[1]
         rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        if self.fused_attn and x.device.type == "cpu" and dropout_p == 0.0 and attn_mask is None and not is_causal:
+        path = self._resolve_path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
+        if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        else:  # GPU (SDPA differentiates the mask itself), attention dropout, extra masks, timm's unfused mode
+        elif path == "flex":
+            x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
+        else:  # the materialised mask: attention dropout, extra masks, timm's unfused mode
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
             if attn_mask is not None or is_causal:
                 bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)

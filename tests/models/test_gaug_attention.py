@@ -50,3 +50,35 @@ def test_same_parameters_as_timm_attention_plus_gaug():
 def test_unwired_layer_raises_a_clear_error():
     with pytest.raises(RuntimeError, match="does not know the patch grid.*locatify"):
         GAugAttention(32, num_heads=2)(torch.randn(1, 5, 32))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("path", ["flex", "mask"])
+def test_forced_paths_match_the_separable_path(path):
+    """Forward of the flex (CUDA) and mask paths inside the layer, prefix tokens included (the
+    flex backward runs only on GPU: benchmarks/gpu_check.py; its maths in test_flex_bias_attention)."""
+    x = torch.randn(2, 14, 32)
+    layer = _layer().eval()
+    with torch.no_grad():
+        want = layer(x)
+        layer.gaug_path = path
+        got = layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_automatic_path_selection():
+    layer = _layer()
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert layer._resolve_path(cpu, plain=True) == "separable"
+    assert layer._resolve_path(cuda, plain=True) == "flex"
+    assert layer._resolve_path(cuda, plain=False) == "mask"  # attention dropout or an extra mask
+    assert layer._resolve_path(torch.device("mps"), plain=True) == "mask"
+    assert GAugAttention(32, num_heads=4)._resolve_path(cuda, plain=True) == "mask"  # head size 8
+    layer.fused_attn = False
+    assert layer._resolve_path(cuda, plain=True) == "mask"
+    layer.gaug_path = "flex"
+    with pytest.raises(ValueError, match="'flex' has no attention dropout or extra mask"):
+        layer._resolve_path(cuda, plain=False)
+    layer.gaug_path = "fast"
+    with pytest.raises(ValueError, match="gaug_path must be one of"):
+        layer._resolve_path(cpu, plain=True)
