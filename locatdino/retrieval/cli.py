@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
                    help="auto: a GPU index when faiss-gpu sees a GPU")
+    p.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
+                   help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
     p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
                    help="memory crop area / image area; above 1 zooms out (the reference's sampler "
@@ -65,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
     p.add_argument("--norm", action="store_true", help="apply the final norm to the features")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
+    p.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
                    help="encoder precision (bf16 autocast: much faster on AMX CPUs and GPUs)")
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
@@ -119,6 +122,21 @@ def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConf
     )
 
 
+def _device(name: str):
+    """The encoder's torch device from ``--device`` (one clear line when it is unusable)."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"locatdino hbird: invalid --device {name!r} (auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"locatdino hbird: --device {name} but torch sees no CUDA GPU")
+    return device
+
+
 def report_main(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
     results = load_results(args.results)
@@ -138,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from locatdino.retrieval.features import load_backbone
 
     runs = _runs(args)
+    device = _device(args.device)
     try:
         common = dict(seed=args.seed, scene_size=args.scene_size)
         train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
@@ -156,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         if ckpt is None:
             torch.manual_seed(args.seed)  # a random-init run is reproducible from --seed
-        result = hummingbird(load_backbone(name, ckpt), train_set, val_set, cfg).to_dict()
+        result = hummingbird(load_backbone(name, ckpt).to(device), train_set, val_set, cfg).to_dict()
         result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
         result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
         write_run(result, out if single else out / label)

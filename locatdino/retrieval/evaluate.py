@@ -60,6 +60,7 @@ class HummingbirdConfig:
     nprobe: int | None = None
     ef_search: int | None = None
     index_device: str = "auto"
+    knn_backend: str = "auto"  # auto | faiss | torch (exact search on the encoder's GPU without faiss-gpu)
     layer: int = -1
     norm: bool = False
     prr: bool = False
@@ -262,7 +263,8 @@ def hummingbird(
         extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     clock = PhaseClock()
     start = time.perf_counter()
-    index = PatchIndex(extractor.dim, cfg.index, cfg.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed)
+    index = PatchIndex(extractor.dim, cfg.index, cfg.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed,
+                       backend=cfg.knn_backend, torch_device=getattr(extractor, "device", None))
     bank, skipped_train = build_memory(extractor, train_set, cfg, clock)
     with clock("index"):
         index.build(bank.features)

@@ -9,6 +9,10 @@ when faiss-gpu and a GPU are present (``device="auto"``); the CPU path is always
 Exact search on the CPU over a float32 memory builds no index at all: ``faiss.knn`` runs the same
 blocked-BLAS inner-product search as ``IndexFlatIP`` straight on the memory array, so the memory
 is held once (an ``IndexFlatIP`` would keep a second copy).
+
+Exact search next to an encoder on CUDA without faiss-gpu (not on the package index) runs on that
+GPU with torch instead (:class:`~locatdino.retrieval.torch_knn.TorchExactSearch`, same
+neighbours): ``backend="auto"`` picks it; ``"torch"`` / ``"faiss"`` force one.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ import warnings
 
 import faiss
 import numpy as np
+import torch
+
+from locatdino.retrieval.torch_knn import TorchExactSearch
 
 _LOSSY = re.compile(r"PQ|SQ|LSH|RaBitQ|Residual|RQ|LSQ")
+BACKENDS = ("auto", "faiss", "torch")
 
 
 def faiss_gpu_available() -> bool:
@@ -28,7 +36,8 @@ def faiss_gpu_available() -> bool:
 
 
 class PatchIndex:
-    """A FAISS inner-product index built from a ``[N, D]`` feature array.
+    """An inner-product k-NN index built from a ``[N, D]`` feature array (FAISS, or torch exact
+    search on a GPU that FAISS cannot use).
 
     Args:
         dim: feature dimension ``D``.
@@ -40,6 +49,10 @@ class PatchIndex:
             ``max(65536, 40 * nlist)`` — FAISS asks for >= 39 per IVF cell, and k-means time grows
             with the sample (training on all 177k patches took 10 s of a 47 s run).
         seed: seed of that sample.
+        backend: ``"auto"`` (torch exact search on ``torch_device`` for a ``Flat`` spec when it
+            is a GPU and FAISS sees none, else FAISS), ``"faiss"`` or ``"torch"`` (``Flat`` only).
+        torch_device: where the encoder runs: the torch backend's device (``"torch"`` without
+            it: CUDA when available; ``device="cpu"`` keeps it on the CPU).
     """
 
     def __init__(
@@ -51,6 +64,8 @@ class PatchIndex:
         device: str = "auto",
         train_size: int | None = None,
         seed: int = 0,
+        backend: str = "auto",
+        torch_device: torch.device | str | None = None,
     ):
         try:
             self.index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
@@ -59,13 +74,34 @@ class PatchIndex:
             raise ValueError(f"invalid FAISS index spec {spec!r}: {msg}") from None
         if device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"index device must be 'auto', 'cpu' or 'gpu', got {device!r}")
-        if device == "gpu" and not faiss_gpu_available():
-            raise ValueError("index device 'gpu' requested but FAISS sees no GPU (faiss-cpu build?)")
         self.dim, self.spec = dim, spec
         self.params = {k: v for k, v in (("nprobe", nprobe), ("efSearch", ef_search)) if v is not None}
         self.device, self.train_size, self.seed = device, train_size, seed
+        self.torch_device = self._torch_device(backend, torch_device)
+        if device == "gpu" and not faiss_gpu_available() and self.torch_device is None:
+            raise ValueError("index device 'gpu' requested but FAISS sees no GPU (faiss-cpu build?)")
         self.on_gpu = False
         self._memory: np.ndarray | None = None  # searched in place with faiss.knn (exact, CPU)
+        self._torch: TorchExactSearch | None = None
+
+    def _torch_device(self, backend: str, encoder_device: torch.device | str | None) -> torch.device | None:
+        """The torch backend's device, or None for FAISS."""
+        if backend not in BACKENDS:
+            raise ValueError(f"k-NN backend must be one of {BACKENDS}, got {backend!r}")
+        exact = isinstance(self.index, faiss.IndexFlat)
+        encoder = torch.device(encoder_device) if encoder_device is not None else None
+        if backend == "torch":
+            if not exact:
+                raise ValueError(f"the torch k-NN backend is exact search only (index 'Flat'), got {self.spec!r}")
+            if self.device == "cpu":
+                return torch.device("cpu")
+            return encoder or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # auto: only where FAISS would search on the CPU while a GPU is in use
+        if backend == "faiss" or not exact or self.device == "cpu" or faiss_gpu_available():
+            return None
+        if encoder is not None and encoder.type == "cuda":
+            return encoder
+        return torch.device("cuda") if self.device == "gpu" and torch.cuda.is_available() else None
 
     @property
     def exact_scores(self) -> bool:
@@ -75,6 +111,8 @@ class PatchIndex:
 
     @property
     def ntotal(self) -> int:
+        if self._torch is not None:
+            return self._torch.ntotal
         return self.index.ntotal if self._memory is None else self._memory.shape[0]
 
     def build(self, features: np.ndarray, chunk: int = 65_536) -> PatchIndex:
@@ -88,6 +126,10 @@ class PatchIndex:
         n = features.shape[0]
         if features.ndim != 2 or features.shape[1] != self.dim:
             raise ValueError(f"index expects features [N, {self.dim}], got {tuple(features.shape)}")
+        if self.torch_device is not None:
+            self._torch = TorchExactSearch(features, self.torch_device)
+            self.on_gpu = self.torch_device.type == "cuda"
+            return self
         searched_in_place = isinstance(self.index, faiss.IndexFlat) and (
             self.device == "cpu" or not faiss_gpu_available()
         )
@@ -146,6 +188,8 @@ class PatchIndex:
         """
         if k > self.ntotal:
             raise ValueError(f"k={k} neighbours requested but the memory holds {self.ntotal} patches")
+        if self._torch is not None:
+            return self._torch.search(queries, k)
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if self._memory is not None:
             return faiss.knn(queries, self._memory, k, metric=faiss.METRIC_INNER_PRODUCT)

@@ -55,3 +55,14 @@ def test_argument_errors(tmp_path):
         cli.main(["--model", "a", "--model", "b", "--checkpoint", "x"])
     with pytest.raises(SystemExit, match="needs a data directory"):
         cli.main(["--model", "vit_tiny_patch16_224", "--dataset", "voc"])
+
+
+def test_device_and_knn_backend_flags(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli._device("auto") == torch.device("cpu")
+    with pytest.raises(SystemExit, match="--device cuda:1 but torch sees no CUDA GPU"):
+        cli._device("cuda:1")
+    with pytest.raises(SystemExit, match="invalid --device 'gpu'"):
+        cli._device("gpu")
+    args = cli._parser().parse_args(["--model", "m", "--knn-backend", "torch"])
+    assert cli._config(args, None).knn_backend == "torch"

@@ -45,3 +45,36 @@ def test_clear_errors():
         PatchIndex(8).build(_unit(10, 8, 0)).search(_unit(2, 8, 1), 30)
     with pytest.raises(ValueError, match=r"features \[N, 8\]"):
         PatchIndex(8).build(_unit(10, 4, 0))
+
+
+def test_torch_backend_forced_gives_the_faiss_neighbours():
+    memory, queries = _unit(1500, 24, 5), _unit(40, 24, 6)
+    index = PatchIndex(24, backend="torch").build(memory)
+    assert index.torch_device == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert index.ntotal == 1500 and index.exact_scores
+    sims, ids = index.search(queries, 20)
+    ref_sims, ref_ids = PatchIndex(24, backend="faiss").build(memory).search(queries, 20)
+    assert np.array_equal(ids, ref_ids)
+    np.testing.assert_allclose(sims, ref_sims, atol=1e-5)
+
+
+def test_backend_selection(monkeypatch):
+    from locatdino.retrieval import index as index_module
+
+    def device(**kwargs):
+        return PatchIndex(8, **kwargs).torch_device
+
+    cuda = torch.device("cuda:1")
+    monkeypatch.setattr(index_module, "faiss_gpu_available", lambda: False)
+    assert device(torch_device=cuda) == cuda  # encoder on CUDA, no faiss-gpu: torch there
+    assert device(torch_device="cpu") is None  # CPU encoder: FAISS
+    assert device(torch_device=cuda, device="cpu") is None  # --index-device cpu
+    assert device(torch_device=cuda, spec="IVF4,Flat") is None  # approximate: FAISS
+    assert device(torch_device=cuda, backend="faiss") is None
+    assert device(torch_device=cuda, backend="torch", device="cpu") == torch.device("cpu")
+    monkeypatch.setattr(index_module, "faiss_gpu_available", lambda: True)
+    assert device(torch_device=cuda) is None  # faiss-gpu present: FAISS on the GPU
+    with pytest.raises(ValueError, match="exact search only.*'IVF4,Flat'"):
+        PatchIndex(8, "IVF4,Flat", backend="torch")
+    with pytest.raises(ValueError, match="k-NN backend must be one of"):
+        PatchIndex(8, backend="cuda")
