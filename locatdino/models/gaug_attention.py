@@ -9,6 +9,8 @@ model's :class:`~locatdino.models.patch_grid.PatchGrid` (see there for why), att
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
@@ -36,9 +38,13 @@ class GAugAttention(Attention):
     - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto falls back to it
       for attention dropout, extra masks, timm's unfused mode, head sizes under 16 (below
       FlexAttention's GPU kernel tiles) and other devices.
+
+    The class default comes from the environment variable ``LOCATDINO_GAUG_PATH`` (``auto`` when
+    unset): ``LOCATDINO_GAUG_PATH=mask locatdino fit ...`` keeps a run off FlexAttention where
+    ``torch.compile`` cannot build its kernels.
     """
 
-    gaug_path: str = "auto"
+    gaug_path: str = os.environ.get("LOCATDINO_GAUG_PATH", "auto")
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
@@ -62,7 +68,8 @@ class GAugAttention(Attention):
     def _resolve_path(self, device: torch.device, plain: bool) -> str:
         """The path of this call; ``plain``: no attention dropout, extra mask or causal flag."""
         if self.gaug_path not in PATHS:
-            raise ValueError(f"GAugAttention.gaug_path must be one of {PATHS}, got {self.gaug_path!r}")
+            raise ValueError(f"GAugAttention.gaug_path (LOCATDINO_GAUG_PATH) must be one of {PATHS}, "
+                             f"got {self.gaug_path!r}")
         if self.gaug_path != "auto":
             if self.gaug_path != "mask" and not plain:
                 raise ValueError(f"GAug path {self.gaug_path!r} has no attention dropout or extra mask: use 'mask'")

@@ -80,5 +80,16 @@ def test_automatic_path_selection():
     with pytest.raises(ValueError, match="'flex' has no attention dropout or extra mask"):
         layer._resolve_path(cuda, plain=False)
     layer.gaug_path = "fast"
-    with pytest.raises(ValueError, match="gaug_path must be one of"):
+    with pytest.raises(ValueError, match=r"gaug_path \(LOCATDINO_GAUG_PATH\) must be one of"):
         layer._resolve_path(cpu, plain=True)
+
+
+def test_environment_variable_sets_the_default_path():
+    import os
+    import subprocess
+    import sys
+
+    code = "from locatdino.models import GAugAttention; print(GAugAttention.gaug_path)"
+    env = {**os.environ, "LOCATDINO_GAUG_PATH": "mask"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "mask"
