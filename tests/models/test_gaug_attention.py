@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from timm.layers import Attention
@@ -85,10 +89,6 @@ def test_automatic_path_selection():
 
 
 def test_environment_variable_sets_the_default_path():
-    import os
-    import subprocess
-    import sys
-
     code = "from locatdino.models import GAugAttention; print(GAugAttention.gaug_path)"
     env = {**os.environ, "LOCATDINO_GAUG_PATH": "mask"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
