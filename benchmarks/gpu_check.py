@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -212,26 +213,32 @@ def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(got, want))
 
 
-def equivalence(sizes: Sizes, device: torch.device, dry: bool) -> list[Row]:
-    rows = []
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    for reg_tokens, prefix in ((0, "class token"), (4, "class + 4 registers")):
-        model = equivalence_model(sizes, reg_tokens)
-        for px, label in zip(sizes.equiv_px, LABELS["equiv"]):
-            g = torch.Generator().manual_seed(px)
-            x = torch.randn(sizes.equiv_batch, 3, px, px, generator=g)
-            n = model.num_prefix_tokens + (px // 16) ** 2
-            grad_out = torch.randn(sizes.equiv_batch, n, model.embed_dim, generator=g)
-            want = forward_backward(model, x, grad_out, torch.device("cpu"), torch.float32, "separable")
-            for path in ("flex", "mask"):
-                for dtype in (torch.float32, torch.bfloat16):
-                    with cpu_flex_backward(dry and path == "flex"):
-                        err = relative_error(forward_backward(model, x, grad_out, device, dtype, path), want)
-                    limit = TOLERANCE[dtype]
-                    rows.append(Row("equivalence", f"{path} {DTYPE_NAMES[dtype]} {label} px, {prefix}",
-                                    f"{err:.1e}", f"<= {limit:.0e}", "PASS" if err <= limit else "FAIL"))
-        release(device)
-    return rows
+def equivalence(sizes: Sizes, device: torch.device, dry: bool) -> Iterator[Row]:
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32
+    try:
+        for reg_tokens, prefix in ((0, "class token"), (4, "class + 4 registers")):
+            model = equivalence_model(sizes, reg_tokens)
+            for px, label in zip(sizes.equiv_px, LABELS["equiv"]):
+                g = torch.Generator().manual_seed(px)
+                x = torch.randn(sizes.equiv_batch, 3, px, px, generator=g)
+                n = model.num_prefix_tokens + (px // 16) ** 2
+                grad_out = torch.randn(sizes.equiv_batch, n, model.embed_dim, generator=g)
+                want = forward_backward(model, x, grad_out, torch.device("cpu"), torch.float32, "separable")
+                for path in ("flex", "mask"):
+                    for dtype in (torch.float32, torch.bfloat16):
+                        case, limit = f"{path} {DTYPE_NAMES[dtype]} {label} px, {prefix}", TOLERANCE[dtype]
+                        try:
+                            with cpu_flex_backward(dry and path == "flex"):
+                                err = relative_error(forward_backward(model, x, grad_out, device, dtype, path), want)
+                        except Exception as exc:  # noqa: BLE001  (one failed case must not hide the others)
+                            yield error_row("equivalence", case, exc)
+                            continue
+                        yield Row("equivalence", case, f"{err:.1e}", f"<= {limit:.0e}",
+                                  "PASS" if err <= limit else "FAIL")
+            release(device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 # ------------------------------------------------------------------------------------------ speed
@@ -283,37 +290,43 @@ def eval_forward(sizes: Sizes, name: str, path: str, px: int, device: torch.devi
     return forward
 
 
-def speed(sizes: Sizes, device: torch.device, dry: bool) -> list[Row]:
+def speed(sizes: Sizes, device: torch.device, dry: bool) -> Iterator[Row]:
     cases = {"DINO step": lambda name, path: dino_step(sizes, name, path, device)}
     for px, label in zip(sizes.eval_px, LABELS["eval"]):
         cases[f"eval {label} px"] = lambda name, path, px=px: eval_forward(sizes, name, path, px, device)
     targets = {"DINO step": 1.10, "eval 448 px": 1.2, "eval 1024 px": 1.3}
-    rows = []
+
+    def judged(ratio: float, limit: float) -> str:  # toy CPU timings of a dry run prove nothing
+        return "n/a" if dry else "MISS" if ratio > limit else "PASS"
+
     for case, make in cases.items():
-        results = {}
+        base_time = base_peak = None
         for label, (name, path) in SPEED_MODELS.items():
-            results[label] = timed(make(name, path), sizes.reps, device)
-            release(device)
-        base_time, base_peak = results["ViT-S"]
-
-        def judged(ratio: float, limit: float) -> str:  # toy CPU timings of a dry run prove nothing
-            return "n/a" if dry else "MISS" if ratio > limit else "PASS"
-
-        for label, (seconds, peak) in results.items():
+            try:
+                seconds, peak = timed(make(name, path), sizes.reps, device)
+            except Exception as exc:  # noqa: BLE001  (e.g. out of memory: report, go on)
+                yield error_row("speed", f"{case}: {label}", exc)
+                continue
+            finally:
+                release(device)
+            if label == "ViT-S":
+                base_time, base_peak = seconds, peak
+            if base_time is None:
+                yield Row("speed", f"{case}: {label}", f"{seconds * 1e3:.1f} ms (no ViT-S baseline)")
+                continue
             ratio = seconds / base_time
             row = Row("speed", f"{case}: {label}", f"{seconds * 1e3:.1f} ms ({ratio:.2f}x)")
             if label == "LocAtViT-S":
                 row.target, row.status = f"time <= {targets[case]:.2f}x", judged(ratio, targets[case])
             elif label != "ViT-S":
                 row.target = "comparison"
-            rows.append(row)
+            yield row
             if peak is not None:
                 mem_ratio = peak / base_peak
                 row = Row("speed", f"{case}: {label}, peak memory", f"{peak:.0f} MiB ({mem_ratio:.2f}x)")
                 if label == "LocAtViT-S":
                     row.target, row.status = "<= 1.10x", judged(mem_ratio, 1.10)
-                rows.append(row)
-    return rows
+                yield row
 
 
 # -------------------------------------------------------------------------------------------- e2e
@@ -343,8 +356,7 @@ def last_loss(run_dir: Path) -> float:
     return losses[-1] if losses else math.nan
 
 
-def e2e(sizes: Sizes, dry: bool) -> list[Row]:
-    rows = []
+def e2e(sizes: Sizes, dry: bool) -> Iterator[Row]:
     steps = sizes.fit_steps
     with tempfile.TemporaryDirectory(prefix="gpu_check.") as tmp:
         tmp = Path(tmp)
@@ -359,12 +371,12 @@ def e2e(sizes: Sizes, dry: bool) -> list[Row]:
             proc, wall = locatdino(args, ROOT, dry)
             case = f"locatdino fit {Path(config).stem}, {steps} steps"
             if proc.returncode != 0:
-                rows.append(Row("e2e", case, failed(proc), "exit 0", "FAIL"))
+                yield Row("e2e", case, failed(proc), "exit 0", "FAIL")
                 continue
             loss = last_loss(run_dir)
             images = steps * sizes.fit_batch
-            rows.append(Row("e2e", case, f"loss {loss:.3f}, {images / wall:.0f} img/s incl. start-up ({wall:.0f} s)",
-                            "finite loss", "PASS" if math.isfinite(loss) else "FAIL"))
+            yield Row("e2e", case, f"loss {loss:.3f}, {images / wall:.1f} img/s incl. start-up ({wall:.0f} s)",
+                      "finite loss", "PASS" if math.isfinite(loss) else "FAIL")
             ckpts.append(str(run_dir / "checkpoints" / "last.ckpt"))
         if len(ckpts) == 2:
             models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts)
@@ -373,27 +385,31 @@ def e2e(sizes: Sizes, dry: bool) -> list[Row]:
             proc, wall = locatdino(["hbird", *models, *sizes.hbird_args, "--dataset", "scenes", "--no-progress",
                                     "--out", str(out)], ROOT, dry)
             if proc.returncode != 0:
-                rows.append(Row("e2e", "locatdino hbird", failed(proc), "exit 0", "FAIL"))
+                yield Row("e2e", "locatdino hbird", failed(proc), "exit 0", "FAIL")
             for path in sorted(out.glob("*/results.json")):
                 result = json.loads(path.read_text())
                 t = result["timings"]
                 images = result["num_train"] * result["config"]["aug_epochs"] + result["num_val"]
                 ok = 0 <= result["miou"] <= 100
-                rows.append(Row("e2e", f"locatdino hbird {result['model']['name']} {result['config']['input_size']} px",
-                                f"mIoU {result['miou']:.1f}, encoder {images / t['features']:.0f} img/s, "
-                                f"search {t.get('search', 0):.1f} s, total {t['total']:.0f} s",
-                                "mIoU in [0, 100]", "PASS" if ok else "FAIL"))
-    return rows
+                yield Row("e2e", f"locatdino hbird {result['model']['name']} {result['config']['input_size']} px",
+                          f"mIoU {result['miou']:.1f}, encoder {images / t['features']:.0f} img/s, "
+                          f"search {t.get('search', 0):.1f} s, total {t['total']:.0f} s",
+                          "mIoU in [0, 100]", "PASS" if ok else "FAIL")
 
 
 # ------------------------------------------------------------------------------------------- main
 
 
-def print_table(rows: list[Row]) -> None:
-    widths = [max(len(getattr(r, f)) for r in rows) for f in ("section", "case", "value", "target")]
-    for r in rows:
-        cells = (r.section, r.case, r.value, r.target)
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + f" | {r.status} |", flush=True)
+def error_row(section: str, case: str, exc: Exception) -> Row:
+    """A FAIL row naming the error; the traceback goes to stderr for the diagnosis."""
+    traceback.print_exception(exc, file=sys.stderr)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return Row(section, case, f"{type(exc).__name__}: {first}"[:90], "no error", "FAIL")
+
+
+def print_row(r: Row) -> None:
+    cells = (r.section.ljust(11), r.case.ljust(46), r.value.ljust(54), r.target.ljust(16), r.status)
+    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,19 +425,15 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     where = "CPU dry run" if args.dry_run else torch.cuda.get_device_name(device)
     print(f"gpu_check: torch {torch.__version__}, timm {timm.__version__}, {where}", flush=True)
-    rows: list[Row] = []
+    runs = {"equivalence": lambda: equivalence(sizes, device, args.dry_run),
+            "speed": lambda: speed(sizes, device, args.dry_run), "e2e": lambda: e2e(sizes, args.dry_run)}
+    statuses = set()
     for section in args.only:
         start = time.perf_counter()
-        if section == "equivalence":
-            new = equivalence(sizes, device, args.dry_run)
-        elif section == "speed":
-            new = speed(sizes, device, args.dry_run)
-        else:
-            new = e2e(sizes, args.dry_run)
+        for row in runs[section]():  # printed as they come: a run cut short still shows its rows
+            print_row(row)
+            statuses.add(row.status)
         print(f"gpu_check: {section} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-        print_table(new)
-        rows += new
-    statuses = {r.status for r in rows}
     return 1 if "FAIL" in statuses else 2 if "MISS" in statuses else 0
 
 
