@@ -77,3 +77,18 @@ def test_memory_directory_bank_matches_in_ram_bank(scenes, tiny_vit, tmp_path):
     assert np.array_equal(disk.features, ram.features) and np.array_equal(disk.labels, ram.labels)
     assert json.loads((tmp_path / "m" / "meta.json").read_text())["size"] == len(ram)
     assert MemoryBank.load(tmp_path / "m").size == len(ram)
+
+
+def test_torch_knn_backend_gives_the_faiss_result(scenes, tiny_vit, monkeypatch):
+    """The torch exact search, as the evaluation picks it (on the encoder's device), changes nothing."""
+    from locatdino.retrieval.torch_knn import TorchExactSearch
+
+    devices = []
+    search = TorchExactSearch.search
+    monkeypatch.setattr(TorchExactSearch, "search", lambda self, *a: devices.append(self.device) or search(self, *a))
+    base = dict(input_size=64, num_workers=0, progress=False, k=5)
+    faiss_run = hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base, knn_backend="faiss"))
+    assert devices == []
+    torch_run = hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base, knn_backend="torch"))
+    assert devices and set(devices) == {torch.device("cpu")}  # the encoder's device
+    assert torch_run.miou == faiss_run.miou and torch_run.per_class_iou == faiss_run.per_class_iou
