@@ -60,6 +60,7 @@ from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher  # n
 
 SECTIONS = ("equivalence", "speed", "e2e")
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+COMMAND_TIMEOUT_S = 600
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
@@ -96,7 +97,7 @@ FULL = Sizes(
               "--data.init_args.synthetic", "512", "--data.init_args.synthetic_size", "256",
               "--data.init_args.batches_per_epoch", "50", "--data.init_args.num_workers", "12"],
     hbird_args=["--num-train", "300", "--num-val", "100", "--scene-size", "448", "--input-size", "448",
-                "--precision", "bf16", "--batch-size", "16"],
+                "--precision", "bf16", "--batch-size", "16", "--device", "cuda"],
 )
 DRY = Sizes(
     equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2), equiv_px=(64, 32, 96), equiv_batch=1,
@@ -336,9 +337,12 @@ def locatdino(args: list[str], cwd: Path, dry: bool) -> tuple[subprocess.Complet
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if dry:
         env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "locatdino", *args]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "locatdino", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # a hung run (data loader, collective) becomes a FAIL row
+        proc = subprocess.CompletedProcess(cmd, -1, "", f"killed after {COMMAND_TIMEOUT_S} s")
     return proc, time.perf_counter() - start
 
 
