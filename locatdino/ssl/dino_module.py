@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+from timm.models import split_model_name_tag
 from torch import Tensor, nn
 
 from locatdino.models import create_backbone
@@ -109,10 +110,12 @@ class DINOModule(LightningModule):
         super().__init__()
         self.save_hyperparameters()
         kwargs = dict(backbone_kwargs or {})
-        self.student = nn.ModuleDict({
-            "backbone": create_backbone(backbone, backbone_checkpoint, drop_path_rate=drop_path_rate, **kwargs)
-        })
-        self.teacher = nn.ModuleDict({"backbone": create_backbone(backbone, drop_path_rate=0.0, **kwargs)})
+        # timm's position-embedding resampling for both (the local crops are trained with it); the
+        # teacher is built without the pretrained tag a named student checkpoint may carry
+        self.student = nn.ModuleDict({"backbone": create_backbone(
+            backbone, backbone_checkpoint, pos_embed="timm", drop_path_rate=drop_path_rate, **kwargs)})
+        self.teacher = nn.ModuleDict({"backbone": create_backbone(
+            split_model_name_tag(backbone)[0], pos_embed="timm", drop_path_rate=0.0, **kwargs)})
         embed_dim = self.student["backbone"].num_features
         for branch in (self.student, self.teacher):
             branch["head"] = DINOHead(embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers,
