@@ -16,6 +16,7 @@ from parameter names:
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
@@ -242,6 +243,10 @@ def create_backbone(
     """
     if pos_embed not in ("auto", *POS_EMBED_RULES):
         raise ValueError(f"pos_embed must be 'auto', 'timm' or 'dino', got {pos_embed!r}")
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(split_model_name_tag(name)[0], timm.list_models(), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "timm.list_models() lists the names"
+        raise ValueError(f"unknown model {name!r} ({hint})")
     if checkpoint is None:
         _refuse_pretrained_tag(name)
     timm_kwargs.setdefault("num_classes", 0)
