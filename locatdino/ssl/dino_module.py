@@ -132,7 +132,6 @@ class DINOModule(LightningModule):
         # Set by a non-finite loss in any micro-batch, cleared after the optimizer step: with gradient
         # accumulation the whole step is skipped (its gradients hold the non-finite micro-batch's).
         self._skip_update = False
-        self._center_before_step: Tensor | None = None
         self._checked_batch_size = False
         self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
         self._skipped_steps = 0
@@ -177,14 +176,12 @@ class DINOModule(LightningModule):
         student_out = self.forward_branch(self.student, [crops_global, *([batch["local"]] if "local" in batch else [])])
         loss = self.dino_loss(student_out, teacher_probs)
 
-        if self._center_before_step is None:  # first micro-batch of this optimizer step
-            self._center_before_step = self.dino_loss.center.clone()
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
         if nonfinite:
             return self._on_nonfinite(loss)
         if self._skip_update:  # an earlier micro-batch of this step was not finite: its gradients are in
             return loss
-        self.dino_loss.update_center(teacher_out)
+        self.dino_loss.accumulate_center(teacher_out)  # applied once per optimizer step
         self.log("train/loss", loss, prog_bar=True)
         every = self.trainer.log_every_n_steps
         if every and (self.trainer.global_step + 1) % every == 0:
@@ -247,18 +244,20 @@ class DINOModule(LightningModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """Set this step's lr and weight decay, step (the closure runs ``training_step``), then EMA."""
+        """Set this step's lr and weight decay, step (the closure runs ``training_step``), then the
+        centre update (once per step, over all its micro-batches) and the teacher EMA."""
         values = self.schedules.at(self.trainer.global_step)
         for group in optimizer.param_groups:
             group["lr"] = values["lr"]
             if group["scheduled_weight_decay"]:
                 group["weight_decay"] = values["weight_decay"]
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if self._skip_update:  # undo the centre updates of micro-batches before the non-finite one
-            self.dino_loss.center.copy_(self._center_before_step)
+        if self._skip_update:  # also the teacher outputs of micro-batches before the non-finite one
+            self.dino_loss.discard_center_update()
         else:
+            self.dino_loss.apply_center_update()
             update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
-        self._skip_update, self._center_before_step = False, None
+        self._skip_update = False
 
     # ------------------------------------------------------------------ optimiser and schedules
 
@@ -273,7 +272,8 @@ class DINOModule(LightningModule):
                 "DINOModule needs a known number of batches per epoch to build its per-step schedules: "
                 "use a data module with a fixed number of batches per rank per epoch (and/or set trainer.max_steps)"
             )
-        self._steps_per_epoch = max(batches // trainer.accumulate_grad_batches, 1)
+        # optimizer steps per epoch as Lightning counts them: a last, partial accumulation steps too
+        self._steps_per_epoch = max(math.ceil(batches / trainer.accumulate_grad_batches), 1)
         global_batch = self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
         h = self.hparams
         self.schedules = DINOSchedules.build(
