@@ -60,16 +60,29 @@ class DINOModule(LightningModule):
         backbone_checkpoint: optional weights to start the student (and teacher) from, any format
             ``locatdino.models.load_backbone_state_dict`` reads.
         drop_path_rate: stochastic depth of the student (the teacher has none).
-        out_dim, hidden_dim, bottleneck_dim, head_layers, use_bn_in_head, norm_last_layer:
-            :class:`~locatdino.ssl.head.DINOHead` (``K``, 2048, 256, 3 layers, no BN).
-        student_temp, center_momentum: :class:`~locatdino.ssl.dino_loss.DINOLoss`.
-        teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: τ_t, linearly warmed up
-            from ``warmup_teacher_temp`` over that many epochs, then constant.
-        batch_size: images per rank per step (the CLI links it to ``data.batch_size``); the peak
-            lr is ``lr × batch_size × world_size × accumulate_grad_batches / 256``.
-        lr, min_lr, warmup_epochs: AdamW lr, linear warm-up then cosine to ``min_lr``.
-        weight_decay, weight_decay_end: cosine weight-decay schedule (not on biases, 1-D params).
-        momentum_teacher, momentum_teacher_end: cosine teacher EMA momentum schedule.
+        out_dim: ``K``, the prototypes of the head's last layer (65536 in the reference; 1k-8k
+            converge faster on small data).
+        hidden_dim: width of the head's MLP (2048).
+        bottleneck_dim: the head's L2-normalised bottleneck before the last layer (256).
+        head_layers: linear layers of the head's MLP (3).
+        use_bn_in_head: BatchNorm in the head's MLP (off in the reference).
+        norm_last_layer: fix the weight-norm gain of the head's last layer to 1 (the reference
+            sets it false for ViT-S/16, true for ViT-B).
+        student_temp: ``τ_s``, the student's softmax temperature (0.1).
+        teacher_temp: ``τ_t``, the teacher's softmax temperature after the warm-up (0.04; 0.07 in
+            the long ViT-S recipe).
+        warmup_teacher_temp: ``τ_t`` at step 0, linearly warmed up to ``teacher_temp``.
+        warmup_teacher_temp_epochs: epochs of the teacher-temperature warm-up (0: none).
+        center_momentum: EMA momentum of the centre subtracted from the teacher logits (0.9).
+        batch_size: images per rank per step (linked from ``data.init_args.batch_size``); the
+            peak lr is ``lr × batch_size × world_size × accumulate_grad_batches / 256``.
+        lr: peak AdamW learning rate per 256 images (scaled by the global batch / 256).
+        min_lr: learning rate at the end of the cosine decay.
+        warmup_epochs: epochs of linear lr warm-up from 0 to the peak.
+        weight_decay: AdamW weight decay at step 0 (not on biases and 1-D parameters).
+        weight_decay_end: weight decay at the end of its cosine schedule.
+        momentum_teacher: teacher EMA momentum at step 0.
+        momentum_teacher_end: teacher EMA momentum at the end of its cosine schedule.
         clip_grad: per-parameter-tensor gradient norm bound (``None``: no clipping).
         freeze_last_layer: epochs during which the head's last layer gets no update.
         on_nonfinite: a non-finite loss (on any rank) either stops the run (``"stop"``, the
