@@ -201,3 +201,39 @@ def test_every_model_option_has_help_text(capsys, monkeypatch):
     assert set(helps) == set(inspect.signature(DINOModule).parameters) - linked
     assert [name for name, help_ in helps.items() if not help_] == []
     assert "per 256 images" in helps["lr"]
+
+
+def _commands_in_config_comments() -> list[list[str]]:
+    """Every ``locatdino ...`` command line shown in a comment of configs/*.yaml, as argv."""
+    import re
+    import shlex
+
+    found = []
+    for recipe in RECIPES:
+        for line in (ROOT / "configs" / recipe).read_text().splitlines():
+            match = re.match(r"#\s+(?:srun\s+)?locatdino\s+(\w+)\s+([^#]*)", line)
+            if match:
+                found.append([match.group(1), *shlex.split(match.group(2))])
+    return found
+
+
+@pytest.mark.parametrize("argv", _commands_in_config_comments(), ids=lambda a: " ".join(a))
+def test_commands_in_config_comments_run(argv, monkeypatch, capsys):
+    """The commands the recipes tell users to run are valid: ``fit`` parses (up to printing the
+    merged config), ``shards`` reaches the writer with its source and output folder."""
+    from locatdino.data import cli as shards_cli
+
+    monkeypatch.chdir(ROOT)
+    command, args = argv[0], argv[1:]
+    if command == "fit":
+        with pytest.raises(SystemExit) as done:
+            cli.main([*args, "--print_config"])
+        assert done.value.code == 0, capsys.readouterr().err
+        return
+    assert command == "shards"
+    calls = []
+    monkeypatch.setattr(shards_cli, "build_source", lambda source, *rest: calls.append(source) or source)
+    monkeypatch.setattr(shards_cli, "write_shards", lambda src, out, **kw: calls.append(out) or
+                        {"num_samples": 0, "num_shards": 0, "total_bytes": 0, "seconds": 0, "urls": "x"})
+    assert shards_cli.main(args) == 0, capsys.readouterr().err
+    assert calls == [a for a in args if not a.startswith("-") and not a.isdigit()]
