@@ -30,7 +30,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from locatdino.models.checkpoint_mismatch import checkpoint_mismatch
-from locatdino.models.pos_embed import POS_EMBED_RULES, set_pos_embed_rule
+from locatdino.models.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 
 _GAUG = ".attn.gaug."
 
@@ -128,11 +128,14 @@ def _tensors_only(state_dict: Mapping[str, object], source: str) -> dict[str, to
     return dict(state_dict)
 
 
-def convert_state_dict(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+def convert_state_dict(
+    state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, pos_embed: str = "timm"
+) -> dict[str, torch.Tensor]:
     """Pure ``state_dict → state_dict`` conversion of backbone weights to ``model``.
 
     Drops classifier ``head.*`` weights when the model has no head (``num_classes=0``), resamples
-    ``pos_embed`` to the model's grid (timm's ``resample_abs_pos_embed``), and checks the GAug
+    ``pos_embed`` to the model's grid by the ``pos_embed`` rule (``"timm"``: timm's
+    ``resample_abs_pos_embed``; ``"dino"``: the reference DINO ViT's interpolation), and checks the GAug
     keys are present on both sides or neither (shapes are compared by :func:`create_backbone`).
     """
     target = model.state_dict()
@@ -150,7 +153,7 @@ def convert_state_dict(state_dict: Mapping[str, torch.Tensor], model: VisionTran
         raise ValueError("checkpoint has GAug parameters (blocks.*.attn.gaug.*) but the model has none: use a locatvit_* model")
 
     if "pos_embed" in out and model.pos_embed is not None:
-        out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model)
+        out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model, pos_embed)
     return out
 
 
@@ -168,7 +171,7 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     return side * patch_h, side * patch_w
 
 
-def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer) -> torch.Tensor:
+def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer, rule: str) -> torch.Tensor:
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     if pos_embed.shape == model.pos_embed.shape:
         return pos_embed
@@ -179,6 +182,8 @@ def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer) -> to
             f"pos_embed of shape {tuple(pos_embed.shape)} is not a square grid plus {num_prefix} prefix tokens; "
             f"model expects {tuple(model.pos_embed.shape)}"
         )
+    if rule == "dino":
+        return dino_interpolate_pos_embed(pos_embed, model.patch_embed.grid_size, num_prefix)
     return resample_abs_pos_embed(
         pos_embed, new_size=model.patch_embed.grid_size, old_size=(side, side), num_prefix_tokens=num_prefix
     )
@@ -264,7 +269,8 @@ def create_backbone(
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        state_dict = convert_state_dict(raw, model)
+        rule = _default_pos_embed_rule(loaded, model) if pos_embed == "auto" else pos_embed
+        state_dict = convert_state_dict(raw, model, rule)
     except ValueError as err:
         if str(err).startswith(source):
             raise
@@ -273,4 +279,4 @@ def create_backbone(
     if mismatch:
         raise ValueError(f"{source} does not fit {name}: {mismatch}")
     model.load_state_dict(state_dict, strict=True)
-    return set_pos_embed_rule(model, _default_pos_embed_rule(loaded, model) if pos_embed == "auto" else pos_embed)
+    return set_pos_embed_rule(model, rule)

@@ -118,3 +118,13 @@ def test_the_rule_survives_deepcopy_and_keeps_the_training_grid(dino_file):
         at_224.load_state_dict(torch.load(dino_file, weights_only=True))
         torch.testing.assert_close(model(x), at_224(x), rtol=0, atol=0)  # no resampling at the training grid
     assert twin.pos_embed_rule == "dino"
+
+
+def test_rebuilt_at_448_px_the_loaded_embedding_follows_the_same_rule(dino_file):
+    """``img_size=448`` resamples pos_embed once at load time, by the same rule as at run time."""
+    state = torch.load(dino_file, weights_only=True)
+    rebuilt = create_backbone("vit_tiny_patch16_224", dino_file, img_size=448, **SMALL).eval()
+    torch.testing.assert_close(rebuilt.pos_embed.detach(), reference_pos_embed(state["pos_embed"], 448, 448, 16),
+                               rtol=0, atol=2e-5)
+    timm_rule = create_backbone("vit_tiny_patch16_224", dino_file, img_size=448, pos_embed="timm", **SMALL)
+    assert (timm_rule.pos_embed - rebuilt.pos_embed).abs().max() > 1e-2
