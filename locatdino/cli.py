@@ -2,12 +2,17 @@
 
 Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
+Errors escaping a sub-command are printed here, in one style for all of them
+(``locatdino <command>: <message>``, exit status 1; see :mod:`locatdino.errors`): ``--debug``
+anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from locatdino.errors import debug_requested, one_line
 
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -21,13 +26,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: locatdino <command> [options]", "", "commands:"]
+    lines = ["usage: locatdino [--debug] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "locatdino <command> --help shows the options of a command; --debug (or LOCATDINO_DEBUG=1)",
+              "shows the traceback of an error instead of its one-line message."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = debug_requested(argv)
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
@@ -36,4 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"locatdino: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except Exception as err:  # noqa: BLE001 - every command's errors end here, as one line
+        if debug:
+            raise
+        print(f"locatdino {name}: {one_line(err)}", file=sys.stderr)
+        return 1

@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
     p.add_argument("--recipe", default=str(DEFAULT_RECIPE), help="locatdino fit config")
-    p.add_argument("--max-steps", type=int, default=None, help="training steps (default: the recipe's)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="training steps (default: the recipe's); the schedules are fitted to them: the cosine "
+                   "lr, weight-decay and teacher-momentum schedules run their whole course in these steps")
     p.add_argument("--num-train", type=int, default=100, help="memory images for the evaluation")
     p.add_argument("--num-val", type=int, default=50, help="query images for the evaluation")
     p.add_argument("--input-size", type=int, default=128, help="evaluation input size in px")

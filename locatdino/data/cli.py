@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         index = write_shards(src, out_dir, maxcount=args.maxcount, maxsize=args.maxsize, workers=args.workers,
                              prefix=args.prefix, overwrite=args.overwrite, progress=not args.quiet)
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
-        print(f"locatdino shards: error: {exc}", file=sys.stderr)
+        print(f"locatdino shards: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {index['num_samples']} samples in {index['num_shards']} shards "
           f"({index['total_bytes'] / 1e6:.1f} MB, {index['seconds']:.1f} s) to {out_dir}\n"

@@ -16,15 +16,21 @@ from parameter names:
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 
 import timm
 import torch
 from timm.layers import resample_abs_pos_embed
+from timm.models import get_pretrained_cfg, split_model_name_tag
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+
+from locatdino.models.checkpoint_mismatch import checkpoint_mismatch
+from locatdino.models.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 
 _GAUG = ".attn.gaug."
 
@@ -44,14 +50,40 @@ def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") ->
 def load_checkpoint(path: str | os.PathLike) -> object:
     """The whole checkpoint object of ``path`` on CPU, ``weights_only=True`` (``argparse.Namespace``,
     which DINO stores as ``args``, is allowed); a file torch cannot read raises a one-line
-    ``ValueError`` naming it."""
+    ``ValueError`` naming it and saying, in plain words, what it is instead."""
     source = os.fspath(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(source, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - re-raised with the file name, one line
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{source}: cannot be read as a torch checkpoint with weights_only=True: {first_line}") from err
+        raise ValueError(f"{source}: {_unreadable(source, err)}") from err
+
+
+def _unreadable(source: str, err: Exception) -> str:
+    """Why ``source`` is not a checkpoint, from the file itself rather than torch's internals."""
+    if not os.path.exists(source):
+        return "no such file"
+    if os.path.isdir(source):
+        return "is a directory, not a checkpoint file (a sharded FSDP checkpoint? save it as one file)"
+    with open(source, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "is empty (0 bytes), not a checkpoint (an interrupted download or copy?)"
+    if head.startswith(b"version https://git-lfs"):
+        return "is a Git LFS pointer, not the weights: fetch them with `git lfs pull`"
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch's zip container, a legacy pickle
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"is not a torch checkpoint (neither torch's zip format nor a pickle; {os.path.getsize(source)} bytes)"
+        start = " ".join(text.split())[:40]
+        return f"is a text file, not a torch checkpoint (it starts with {start!r})"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    unsupported = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(err))
+    if unsupported:  # torch's first line only says that weights_only failed
+        return (f"cannot be read with weights_only=True (unsupported {unsupported.group(1)}): it holds Python objects besides "
+                "tensors and containers; save its state dict with torch.save(model.state_dict(), path)")
+    return f"cannot be read as a torch checkpoint with weights_only=True: {lines[0] if lines else type(err).__name__}"
 
 
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:
@@ -96,12 +128,15 @@ def _tensors_only(state_dict: Mapping[str, object], source: str) -> dict[str, to
     return dict(state_dict)
 
 
-def convert_state_dict(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+def convert_state_dict(
+    state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, pos_embed: str = "timm"
+) -> dict[str, torch.Tensor]:
     """Pure ``state_dict → state_dict`` conversion of backbone weights to ``model``.
 
     Drops classifier ``head.*`` weights when the model has no head (``num_classes=0``), resamples
-    ``pos_embed`` to the model's grid (timm's ``resample_abs_pos_embed``), and checks the GAug
-    keys: present on both sides or neither, with matching shapes.
+    ``pos_embed`` to the model's grid by the ``pos_embed`` rule (``"timm"``: timm's
+    ``resample_abs_pos_embed``; ``"dino"``: the reference DINO ViT's interpolation), and checks the GAug
+    keys are present on both sides or neither (shapes are compared by :func:`create_backbone`).
     """
     target = model.state_dict()
     has_head = any(k.startswith("head.") for k in target)
@@ -116,14 +151,9 @@ def convert_state_dict(state_dict: Mapping[str, torch.Tensor], model: VisionTran
         )
     if ckpt_gaug and not model_gaug:
         raise ValueError("checkpoint has GAug parameters (blocks.*.attn.gaug.*) but the model has none: use a locatvit_* model")
-    for key, value in out.items():
-        if _GAUG in key and key in target and value.shape != target[key].shape:
-            raise ValueError(
-                f"GAug shape mismatch for '{key}': checkpoint {tuple(value.shape)}, model {tuple(target[key].shape)}"
-            )
 
     if "pos_embed" in out and model.pos_embed is not None:
-        out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model)
+        out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model, pos_embed)
     return out
 
 
@@ -141,7 +171,7 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     return side * patch_h, side * patch_w
 
 
-def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer) -> torch.Tensor:
+def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer, rule: str) -> torch.Tensor:
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     if pos_embed.shape == model.pos_embed.shape:
         return pos_embed
@@ -152,13 +182,50 @@ def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer) -> to
             f"pos_embed of shape {tuple(pos_embed.shape)} is not a square grid plus {num_prefix} prefix tokens; "
             f"model expects {tuple(model.pos_embed.shape)}"
         )
+    if rule == "dino":
+        return dino_interpolate_pos_embed(pos_embed, model.patch_embed.grid_size, num_prefix)
     return resample_abs_pos_embed(
         pos_embed, new_size=model.patch_embed.grid_size, old_size=(side, side), num_prefix_tokens=num_prefix
     )
 
 
+def _refuse_pretrained_tag(name: str) -> None:
+    """A timm pretrained tag (``vit_small_patch16_224.dino``) without a checkpoint would silently be
+    a random-init model under the pretrained weights' name: refuse, saying which file to pass."""
+    base, tag = split_model_name_tag(name)
+    if not tag:
+        return
+    try:
+        cfg = get_pretrained_cfg(name)
+    except Exception:  # noqa: BLE001 - an unknown tag: timm.create_model names it below
+        cfg = None
+    source = (cfg.url or (f"hf-hub:{cfg.hf_hub_id}" if cfg.hf_hub_id else "")) if cfg is not None else ""
+    where = f" ({os.path.basename(source) if source.startswith('http') else source})" if source else ""
+    raise ValueError(
+        f"{name} names timm's pretrained weights '{tag}', which locatdino never downloads: pass the weights "
+        f"file{where} as the checkpoint, or use {base} for a random init"
+    )
+
+
+def _default_pos_embed_rule(checkpoint: object, model: nn.Module) -> str:
+    """``auto``: the reference DINO rule for the formats released DINO models come in — a full
+    DINO training checkpoint, or a plain state dict loaded into a vanilla ViT — and timm's
+    rule for this project's Lightning checkpoints, LocAtViT and timm/DeiT training checkpoints."""
+    if not isinstance(checkpoint, Mapping) or "pytorch-lightning_version" in checkpoint:
+        return "timm"
+    if "student" in checkpoint and "teacher" in checkpoint:
+        return "dino"
+    plain = bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
+    vanilla = not any(_GAUG in k for k in model.state_dict())
+    return "dino" if plain and vanilla else "timm"
+
+
 def create_backbone(
-    name: str, checkpoint: str | os.PathLike | None = None, which: str = "teacher", **timm_kwargs
+    name: str,
+    checkpoint: str | os.PathLike | None = None,
+    which: str = "teacher",
+    pos_embed: str = "auto",
+    **timm_kwargs,
 ) -> nn.Module:
     """``timm.create_model(name, num_classes=0, dynamic_img_size=True, **timm_kwargs)``, then load
     ``checkpoint`` (any supported container, ``which`` network) with ``strict=True``.
@@ -168,32 +235,48 @@ def create_backbone(
     clamp) and its variance rescaling depend on the build grid, so a LocAtViT trained at 64 px
     and rebuilt at 224 px would compute a different attention. With ``dynamic_img_size`` the
     model still runs at any input size. Pass ``img_size`` to rebuild elsewhere (pos_embed is
-    then resampled). Never downloads: ``pretrained`` is always False.
+    then resampled). Never downloads: ``pretrained`` is always False, and a pretrained tag
+    (``vit_small_patch16_224.dino``) without a checkpoint is refused.
+
+    ``pos_embed`` is how position embeddings are resampled at inputs of another grid
+    (:mod:`locatdino.models.pos_embed`): ``"timm"``, ``"dino"`` (the reference DINO ViT's rule) or
+    ``"auto"``: ``"dino"`` for full DINO training checkpoints and plain state dicts loaded into a
+    vanilla ViT (the released DINO formats), ``"timm"`` otherwise and without a checkpoint.
+
+    A checkpoint that does not fit raises a one-line ``ValueError`` naming the file, the keys and
+    shapes that disagree and, when they differ, both architectures.
     """
+    if pos_embed not in ("auto", *POS_EMBED_RULES):
+        raise ValueError(f"pos_embed must be 'auto', 'timm' or 'dino', got {pos_embed!r}")
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(split_model_name_tag(name)[0], timm.list_models(), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "timm.list_models() lists the names"
+        raise ValueError(f"unknown model {name!r} ({hint})")
+    if checkpoint is None:
+        _refuse_pretrained_tag(name)
     timm_kwargs.setdefault("num_classes", 0)
     timm_kwargs.setdefault("dynamic_img_size", True)
     timm_kwargs["pretrained"] = False
     model = timm.create_model(name, **timm_kwargs)
     if checkpoint is None:
-        return model
+        return set_pos_embed_rule(model, "timm" if pos_embed == "auto" else pos_embed)
     source = os.fspath(checkpoint)
+    if which not in ("teacher", "student"):
+        raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
     try:
-        raw = load_backbone_state_dict(source, which)
+        loaded = load_checkpoint(source)
+        raw = extract_backbone(loaded, which, source)
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        state_dict = convert_state_dict(raw, model)
+        rule = _default_pos_embed_rule(loaded, model) if pos_embed == "auto" else pos_embed
+        state_dict = convert_state_dict(raw, model, rule)
     except ValueError as err:
         if str(err).startswith(source):
             raise
         raise ValueError(f"{source}: {err}") from err
-    expected = model.state_dict().keys()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    if missing or unexpected:
-        raise ValueError(
-            f"{source} does not match {name}: missing {missing[:5]}{'…' if len(missing) > 5 else ''}, "
-            f"unexpected {unexpected[:5]}{'…' if len(unexpected) > 5 else ''}"
-        )
+    mismatch = checkpoint_mismatch(state_dict, model.state_dict())
+    if mismatch:
+        raise ValueError(f"{source} does not fit {name}: {mismatch}")
     model.load_state_dict(state_dict, strict=True)
-    return model
+    return set_pos_embed_rule(model, rule)

@@ -17,7 +17,14 @@ import re
 import sys
 from dataclasses import fields
 from pathlib import Path
+
+import torch
+from torch import nn
+
+from locatdino.errors import UserError
+from locatdino.models.pos_embed import POS_EMBED_RULES
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.features import load_backbone
 from locatdino.retrieval.report import atomic_write_text, load_results, results_table, summary_markdown, write_run
 from locatdino.retrieval.splits import open_split
 
@@ -38,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
                    help="weights for the matching --model ('none': random init); any format of "
                    "locatdino.models.create_backbone")
+    p.add_argument("--pos-embed", action="append", choices=("auto", *POS_EMBED_RULES), default=[], metavar="RULE",
+                   help="position-embedding resampling at other grids, once for all models or once per --model: "
+                   "dino (the reference ViT's), timm, or auto (dino for DINO-format files: full DINO checkpoints "
+                   "and plain state dicts of vanilla ViTs; timm otherwise)")
     p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
     p.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
                    "not needed for the built-in scenes")
@@ -92,16 +103,21 @@ def _report_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str]]:
-    """(model, checkpoint, label) per run, labels unique and usable as directory names."""
+def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str, str]]:
+    """(model, checkpoint, position-embedding rule, label) per run, labels unique and usable as
+    directory names."""
     ckpts = args.checkpoint or [None] * len(args.model)
     if len(ckpts) != len(args.model):
         raise SystemExit(
             f"locatdino hbird: {len(args.model)} --model but {len(args.checkpoint)} --checkpoint "
             "(give one per model, 'none' for random init)"
         )
+    rules = args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
+    if len(rules) != len(args.model):
+        raise SystemExit(f"locatdino hbird: {len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
+                         "(give one for all models or one per model)")
     runs, seen = [], set()
-    for name, ckpt in zip(args.model, ckpts):
+    for name, ckpt, rule in zip(args.model, ckpts, rules):
         ckpt = None if ckpt in (None, "", "none") else ckpt
         label = name if ckpt is None else f"{name}-{Path(ckpt).stem}"
         label = re.sub(r"[^\w.+-]+", "_", label)
@@ -110,8 +126,29 @@ def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str]]:
             i += 1
             label = f"{base}-{i}"
         seen.add(label)
-        runs.append((name, ckpt, label))
+        runs.append((name, ckpt, rule, label))
     return runs
+
+
+def _load_all(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int) -> list[nn.Module]:
+    """Every backbone, built and checked before the first evaluation starts: a wrong second
+    checkpoint or an input size the patch does not divide must not cost the first model's run."""
+    models = []
+    for name, ckpt, rule, _ in runs:
+        if ckpt is None:
+            torch.manual_seed(seed)  # a random-init run is reproducible from --seed
+        try:
+            model = load_backbone(name, ckpt, pos_embed=rule)
+        except ValueError as err:
+            named = name in str(err) or (ckpt is not None and ckpt in str(err))
+            raise UserError(str(err) if named else f"--model {name}: {err}") from err
+        patch = model.patch_embed.patch_size[0]
+        if input_size % patch:
+            below = input_size // patch * patch
+            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
+                            f"use {below or patch} or {below + patch}")
+        models.append(model)
+    return models
 
 
 def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConfig:
@@ -124,8 +161,6 @@ def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConf
 
 def _device(name: str):
     """The encoder's torch device from ``--device`` (one clear line when it is unusable)."""
-    import torch
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -151,10 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "report":
         return report_main(argv[1:])
     args = _parser().parse_args(argv)
-    import torch
-
-    from locatdino.retrieval.features import load_backbone
-
     runs = _runs(args)
     device = _device(args.device)
     try:
@@ -165,18 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
+    models = _load_all(runs, args.seed, args.input_size)
     out = Path(args.out)
     results = []
-    for name, ckpt, label in runs:
+    for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
         memory_dir = None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
         cfg = _config(args, memory_dir)
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
-        if ckpt is None:
-            torch.manual_seed(args.seed)  # a random-init run is reproducible from --seed
-        result = hummingbird(load_backbone(name, ckpt).to(device), train_set, val_set, cfg).to_dict()
-        result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
+        result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
+        result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
         result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
         write_run(result, out if single else out / label)
         results.append(result)

@@ -21,12 +21,13 @@ from locatdino.retrieval.augment import normalize
 PRECISIONS = ("fp32", "bf16")
 
 
-def load_backbone(name: str, checkpoint: str | None = None) -> nn.Module:
+def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
     """A frozen backbone by timm name, weights from ``checkpoint`` (any format
     ``create_backbone`` understands) or random init when None. Built with
     ``dynamic_img_size=True`` so it runs at any eval size without changing the model (LocAtViT's
-    GAug constants depend on the build grid, so the build size must stay the training size)."""
-    model = create_backbone(name, checkpoint, dynamic_img_size=True)
+    GAug constants depend on the build grid, so the build size must stay the training size);
+    ``pos_embed`` picks how position embeddings are resampled there (``create_backbone``)."""
+    model = create_backbone(name, checkpoint, pos_embed=pos_embed, dynamic_img_size=True)
     return model.eval().requires_grad_(False)
 
 

@@ -21,13 +21,16 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
+from locatdino.errors import UserError
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config
 
 # Outside the package: found only in an editable install (or when run from the checkout).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -52,6 +55,13 @@ class DINOCLI(LightningCLI):
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
         parser.link_arguments("data.init_args.batch_size", "model.batch_size")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse, then check the values users get wrong (:func:`check_fit_config`) before
+        anything is built or seeded."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        check_fit_config(self.config[subcommand] if subcommand else self.config)  # run=False: flat
 
     def before_instantiate_classes(self) -> None:
         """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``."""
@@ -80,6 +90,7 @@ def build_cli(args: list[str], run: bool = True) -> DINOCLI:
             subclass_mode_data=True,
             args=["fit", *args] if run else args,
             parser_kwargs={"prog": "locatdino", **({"fit": defaults} if run else defaults)},
+            parser_class=FitArgumentParser,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
             run=run,
@@ -90,7 +101,7 @@ def main(argv: list[str]) -> int:
     """Run ``fit`` with ``argv`` (without the word ``fit``); returns the exit status."""
     try:
         build_cli(argv)
-    except (FloatingPointError, MissingDefaultConfigError) as err:  # the message says what to do
+    except (FloatingPointError, MissingDefaultConfigError, UserError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
         return 1
     return 0

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+from timm.models import split_model_name_tag
 from torch import Tensor, nn
 
 from locatdino.models import create_backbone
@@ -59,16 +60,29 @@ class DINOModule(LightningModule):
         backbone_checkpoint: optional weights to start the student (and teacher) from, any format
             ``locatdino.models.load_backbone_state_dict`` reads.
         drop_path_rate: stochastic depth of the student (the teacher has none).
-        out_dim, hidden_dim, bottleneck_dim, head_layers, use_bn_in_head, norm_last_layer:
-            :class:`~locatdino.ssl.head.DINOHead` (``K``, 2048, 256, 3 layers, no BN).
-        student_temp, center_momentum: :class:`~locatdino.ssl.dino_loss.DINOLoss`.
-        teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: τ_t, linearly warmed up
-            from ``warmup_teacher_temp`` over that many epochs, then constant.
-        batch_size: images per rank per step (the CLI links it to ``data.batch_size``); the peak
-            lr is ``lr × batch_size × world_size × accumulate_grad_batches / 256``.
-        lr, min_lr, warmup_epochs: AdamW lr, linear warm-up then cosine to ``min_lr``.
-        weight_decay, weight_decay_end: cosine weight-decay schedule (not on biases, 1-D params).
-        momentum_teacher, momentum_teacher_end: cosine teacher EMA momentum schedule.
+        out_dim: ``K``, the prototypes of the head's last layer (65536 in the reference; 1k-8k
+            converge faster on small data).
+        hidden_dim: width of the head's MLP (2048).
+        bottleneck_dim: the head's L2-normalised bottleneck before the last layer (256).
+        head_layers: linear layers of the head's MLP (3).
+        use_bn_in_head: BatchNorm in the head's MLP (off in the reference).
+        norm_last_layer: fix the weight-norm gain of the head's last layer to 1 (the reference
+            sets it false for ViT-S/16, true for ViT-B).
+        student_temp: ``τ_s``, the student's softmax temperature (0.1).
+        teacher_temp: ``τ_t``, the teacher's softmax temperature after the warm-up (0.04; 0.07 in
+            the long ViT-S recipe).
+        warmup_teacher_temp: ``τ_t`` at step 0, linearly warmed up to ``teacher_temp``.
+        warmup_teacher_temp_epochs: epochs of the teacher-temperature warm-up (0: none).
+        center_momentum: EMA momentum of the centre subtracted from the teacher logits (0.9).
+        batch_size: images per rank per step (linked from ``data.init_args.batch_size``); the
+            peak lr is ``lr × batch_size × world_size × accumulate_grad_batches / 256``.
+        lr: peak AdamW learning rate per 256 images (scaled by the global batch / 256).
+        min_lr: learning rate at the end of the cosine decay.
+        warmup_epochs: epochs of linear lr warm-up from 0 to the peak.
+        weight_decay: AdamW weight decay at step 0 (not on biases and 1-D parameters).
+        weight_decay_end: weight decay at the end of its cosine schedule.
+        momentum_teacher: teacher EMA momentum at step 0.
+        momentum_teacher_end: teacher EMA momentum at the end of its cosine schedule.
         clip_grad: per-parameter-tensor gradient norm bound (``None``: no clipping).
         freeze_last_layer: epochs during which the head's last layer gets no update.
         on_nonfinite: a non-finite loss (on any rank) either stops the run (``"stop"``, the
@@ -109,10 +123,12 @@ class DINOModule(LightningModule):
         super().__init__()
         self.save_hyperparameters()
         kwargs = dict(backbone_kwargs or {})
-        self.student = nn.ModuleDict({
-            "backbone": create_backbone(backbone, backbone_checkpoint, drop_path_rate=drop_path_rate, **kwargs)
-        })
-        self.teacher = nn.ModuleDict({"backbone": create_backbone(backbone, drop_path_rate=0.0, **kwargs)})
+        # timm's position-embedding resampling for both (the local crops are trained with it); the
+        # teacher is built without the pretrained tag a named student checkpoint may carry
+        self.student = nn.ModuleDict({"backbone": create_backbone(
+            backbone, backbone_checkpoint, pos_embed="timm", drop_path_rate=drop_path_rate, **kwargs)})
+        self.teacher = nn.ModuleDict({"backbone": create_backbone(
+            split_model_name_tag(backbone)[0], pos_embed="timm", drop_path_rate=0.0, **kwargs)})
         embed_dim = self.student["backbone"].num_features
         for branch in (self.student, self.teacher):
             branch["head"] = DINOHead(embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers,
@@ -129,7 +145,6 @@ class DINOModule(LightningModule):
         # Set by a non-finite loss in any micro-batch, cleared after the optimizer step: with gradient
         # accumulation the whole step is skipped (its gradients hold the non-finite micro-batch's).
         self._skip_update = False
-        self._center_before_step: Tensor | None = None
         self._checked_batch_size = False
         self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
         self._skipped_steps = 0
@@ -174,14 +189,12 @@ class DINOModule(LightningModule):
         student_out = self.forward_branch(self.student, [crops_global, *([batch["local"]] if "local" in batch else [])])
         loss = self.dino_loss(student_out, teacher_probs)
 
-        if self._center_before_step is None:  # first micro-batch of this optimizer step
-            self._center_before_step = self.dino_loss.center.clone()
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
         if nonfinite:
             return self._on_nonfinite(loss)
         if self._skip_update:  # an earlier micro-batch of this step was not finite: its gradients are in
             return loss
-        self.dino_loss.update_center(teacher_out)
+        self.dino_loss.accumulate_center(teacher_out)  # applied once per optimizer step
         self.log("train/loss", loss, prog_bar=True)
         every = self.trainer.log_every_n_steps
         if every and (self.trainer.global_step + 1) % every == 0:
@@ -244,18 +257,20 @@ class DINOModule(LightningModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """Set this step's lr and weight decay, step (the closure runs ``training_step``), then EMA."""
+        """Set this step's lr and weight decay, step (the closure runs ``training_step``), then the
+        centre update (once per step, over all its micro-batches) and the teacher EMA."""
         values = self.schedules.at(self.trainer.global_step)
         for group in optimizer.param_groups:
             group["lr"] = values["lr"]
             if group["scheduled_weight_decay"]:
                 group["weight_decay"] = values["weight_decay"]
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if self._skip_update:  # undo the centre updates of micro-batches before the non-finite one
-            self.dino_loss.center.copy_(self._center_before_step)
+        if self._skip_update:  # also the teacher outputs of micro-batches before the non-finite one
+            self.dino_loss.discard_center_update()
         else:
+            self.dino_loss.apply_center_update()
             update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
-        self._skip_update, self._center_before_step = False, None
+        self._skip_update = False
 
     # ------------------------------------------------------------------ optimiser and schedules
 
@@ -270,7 +285,8 @@ class DINOModule(LightningModule):
                 "DINOModule needs a known number of batches per epoch to build its per-step schedules: "
                 "use a data module with a fixed number of batches per rank per epoch (and/or set trainer.max_steps)"
             )
-        self._steps_per_epoch = max(batches // trainer.accumulate_grad_batches, 1)
+        # optimizer steps per epoch as Lightning counts them: a last, partial accumulation steps too
+        self._steps_per_epoch = max(math.ceil(batches / trainer.accumulate_grad_batches), 1)
         global_batch = self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
         h = self.hparams
         self.schedules = DINOSchedules.build(

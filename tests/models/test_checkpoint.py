@@ -1,10 +1,12 @@
 import argparse
+import pathlib
 
 import pytest
 import timm
 import torch
 
 from locatdino.models import create_backbone, load_backbone_state_dict
+from locatdino.models.checkpoint_mismatch import checkpoint_mismatch
 from tests.models.tiny import TINY
 
 
@@ -70,8 +72,8 @@ def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     sd = tiny_locatvit.state_dict()
     sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
     torch.save(sd, tmp_path / "bad.pth")
-    with pytest.raises(ValueError, match=r"GAug shape mismatch for 'blocks.0.attn.gaug.log_var.weight': "
-                                         r"checkpoint \(2, 16\), model \(2, 32\)"):
+    with pytest.raises(ValueError, match=r"bad.pth does not fit locatvit_tiny: blocks.0.attn.gaug.log_var.weight: "
+                                         r"checkpoint \[2, 16\] vs model \[2, 32\]$"):
         create_backbone("locatvit_tiny", tmp_path / "bad.pth", **TINY)
     torch.save({"epoch": 3, "weights": [1, 2]}, tmp_path / "odd.pth")
     with pytest.raises(ValueError, match="odd.pth: not a known checkpoint layout .*epoch, weights"):
@@ -81,7 +83,7 @@ def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
         load_backbone_state_dict(tmp_path / "l.ckpt")
     del vit_weights["norm.bias"]
     torch.save(vit_weights, tmp_path / "short.pth")
-    with pytest.raises(ValueError, match=r"short.pth does not match vit_tiny_patch16_224: missing \['norm.bias'\]"):
+    with pytest.raises(ValueError, match=r"short.pth does not fit vit_tiny_patch16_224: missing norm.bias$"):
         create_backbone("vit_tiny_patch16_224", tmp_path / "short.pth", **TINY)
 
 
@@ -102,3 +104,67 @@ def test_model_is_rebuilt_at_the_checkpoint_build_size(tmp_path):
     rebuilt = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", img_size=224, **small)
     assert rebuilt.patch_embed.grid_size == (14, 14) and rebuilt.blocks[0].attn.gaug.c == 196.0
     assert rebuilt.pos_embed.shape == (1, 1 + 14 * 14, 64)
+
+
+def _meta_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """The state dict shapes of a full-size timm model, without allocating it."""
+    with torch.device("meta"):
+        return timm.create_model(name, num_classes=0).state_dict()
+
+
+@pytest.mark.parametrize("checkpoint_arch, model_arch, first, guess", [
+    ("vit_base_patch16_224", "vit_small_patch16_224", "cls_token: checkpoint [1, 1, 768] vs model [1, 1, 384]; "
+     "pos_embed: checkpoint [1, 197, 768] vs model [1, 197, 384]; patch_embed.proj.weight: checkpoint "
+     "[768, 3, 16, 16] vs model [384, 3, 16, 16]; 147 more shapes differ", "a ViT-B/16 checkpoint for a ViT-S/16 model?"),
+    ("vit_small_patch8_224", "vit_small_patch16_224", "pos_embed: checkpoint [1, 785, 384] vs model [1, 197, 384]; "
+     "patch_embed.proj.weight: checkpoint [384, 3, 8, 8] vs model [384, 3, 16, 16]", "a ViT-S/8 checkpoint for a ViT-S/16 model?"),
+    ("locatvit_tiny", "locatvit_small", "cls_token: checkpoint [1, 1, 192] vs model [1, 1, 384]",
+     "a LocAtViT-T/16 checkpoint for a LocAtViT-S/16 model?"),
+])
+def test_wrong_architecture_names_keys_shapes_and_both_architectures(checkpoint_arch, model_arch, first, guess):
+    message = checkpoint_mismatch(_meta_state_dict(checkpoint_arch), _meta_state_dict(model_arch))
+    assert message.startswith(first) and message.endswith(f" — {guess}") and "\n" not in message
+    assert checkpoint_mismatch(_meta_state_dict(model_arch), _meta_state_dict(model_arch)) is None
+
+
+def test_wrong_width_through_create_backbone_is_one_line_naming_the_file(tmp_path):
+    torch.manual_seed(0)
+    wide = timm.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, depth=2, embed_dim=96, num_heads=2)
+    torch.save(wide.state_dict(), tmp_path / "wide.pth")
+    with pytest.raises(ValueError) as err:
+        create_backbone("vit_tiny_patch16_224", tmp_path / "wide.pth", **TINY)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'wide.pth'} does not fit vit_tiny_patch16_224: cls_token: "
+                              "checkpoint [1, 1, 96] vs model [1, 1, 64]; ")
+    assert message.endswith("more shapes differ — a ViT (width 96, 2 blocks, /16) checkpoint for a "
+                            "ViT (width 64, 2 blocks, /16) model?") and "\n" not in message
+
+
+def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
+    (tmp_path / "empty.pth").write_bytes(b"")
+    (tmp_path / "notes.pth").write_text("<html><body>404 Not Found</body></html>\n")
+    (tmp_path / "lfs.pth").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\n")
+    (tmp_path / "noise.pth").write_bytes(bytes(range(7, 200)))
+    torch.save({"path": pathlib.PurePosixPath("runs")}, tmp_path / "objects.pth")
+    expected = {
+        "empty.pth": "is empty (0 bytes), not a checkpoint",
+        "notes.pth": "is a text file, not a torch checkpoint (it starts with '<html><body>404 Not Found</body></html>')",
+        "lfs.pth": "is a Git LFS pointer, not the weights: fetch them with `git lfs pull`",
+        "noise.pth": "is not a torch checkpoint (neither torch's zip format nor a pickle; 193 bytes)",
+        "objects.pth": "cannot be read with weights_only=True (unsupported global: GLOBAL pathlib.PurePosixPath)",
+        "missing.pth": "no such file",
+        "": "is a directory, not a checkpoint file",
+    }
+    for name, sentence in expected.items():
+        path = tmp_path / name
+        with pytest.raises(ValueError) as err:
+            create_backbone("vit_tiny_patch16_224", path, **TINY)
+        assert str(err.value).startswith(f"{path}: {sentence}"), str(err.value)
+        assert "\n" not in str(err.value) and "Weights only load failed" not in str(err.value)
+
+
+def test_a_pretrained_tag_without_checkpoint_is_refused():
+    with pytest.raises(ValueError, match=r"^vit_small_patch16_224.dino names timm's pretrained weights 'dino', which "
+                                         r"locatdino never downloads: pass the weights file \(dino_deitsmall16_pretrain.pth\) "
+                                         r"as the checkpoint, or use vit_small_patch16_224 for a random init$"):
+        create_backbone("vit_small_patch16_224.dino")

@@ -44,7 +44,8 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
     torch.save(create_backbone("vit_tiny_patch16_224").state_dict(), ckpt)
     torch.manual_seed(0)  # the global state before the run must not matter
     argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", "none", "--model", "vit_tiny_patch16_224",
-            "--checkpoint", str(ckpt), "--seed", "3", "--out", str(tmp_path / "out"), *TINY]
+            "--checkpoint", str(ckpt), "--seed", "3", "--out", str(tmp_path / "out"), *TINY,
+            "--pos-embed", "timm"]  # a plain ViT file would get the DINO rule under 'auto'
     assert cli.main(argv) == 0
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
     assert len(runs) == 2 and runs[0]["miou"] == runs[1]["miou"]
@@ -66,3 +67,67 @@ def test_device_and_knn_backend_flags(monkeypatch):
         cli._device("gpu")
     args = cli._parser().parse_args(["--model", "m", "--knn-backend", "torch"])
     assert cli._config(args, None).knn_backend == "torch"
+
+
+@pytest.fixture
+def no_evaluation(monkeypatch):
+    """Fails the test if any model's evaluation starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("an evaluation started before every model was checked")
+    monkeypatch.setattr(cli, "hummingbird", refuse)
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    """``locatdino hbird ARGV`` through the dispatcher: exit status 1 and a single stderr line."""
+    from locatdino import cli as command_line
+
+    assert command_line.main(["hbird", *argv]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err and captured.err.count("\n") == 1, captured.err
+    return captured.err.rstrip("\n")
+
+
+@pytest.mark.parametrize("bad", ["text", "wider"])
+def test_a_bad_second_checkpoint_stops_before_the_first_model_runs(tmp_path, capsys, no_evaluation, bad):
+    ckpt = tmp_path / "second.pth"
+    if bad == "text":
+        ckpt.write_text("placeholder: weights go here\n")
+        expected = f"locatdino hbird: {ckpt}: is a text file, not a torch checkpoint (it starts with 'placeholder"
+    else:
+        wide = timm.create_model("vit_tiny_patch16_224", num_classes=0, depth=2, embed_dim=96, num_heads=2)
+        torch.save(wide.state_dict(), ckpt)
+        expected = (f"locatdino hbird: {ckpt} does not fit vit_tiny_patch16_224: cls_token: checkpoint [1, 1, 96] "
+                    "vs model [1, 1, 192]; ")
+    out = tmp_path / "out"
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--checkpoint", "none", "--model",
+                                   "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--out", str(out), *TINY])
+    assert err.startswith(expected), err
+    assert not out.exists()
+
+
+def test_input_size_pretrained_tag_and_unknown_model_are_one_line(tmp_path, capsys, no_evaluation):
+    base = ["--out", str(tmp_path / "out"), *TINY]
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", *base, "--input-size", "60"])
+    assert err == ("locatdino hbird: --input-size 60 is not a multiple of the patch size 16 of "
+                   "vit_tiny_patch16_224: use 48 or 64")
+    err = _one_error_line(capsys, ["--model", "vit_small_patch16_224.dino", "--checkpoint", "none", *base])
+    assert err.startswith("locatdino hbird: vit_small_patch16_224.dino names timm's pretrained weights 'dino', "
+                          "which locatdino never downloads: pass the weights file (dino_deitsmall16_pretrain.pth)")
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--model", "vit_smal_patch16_224", *base])
+    assert err.startswith("locatdino hbird: unknown model 'vit_smal_patch16_224' (did you mean vit_small_patch16_224")
+
+
+def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
+    torch.manual_seed(0)
+    ckpt = tmp_path / "dino_vitt.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
+    small = ["--num-train", "2", "--num-val", "1", "--scene-size", "32", "--input-size", "32", "--workers", "0",
+             "--no-progress", "--k", "2"]
+    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--model", "vit_tiny_patch16_224",
+            "--checkpoint", str(ckpt), "--pos-embed", "auto", "--pos-embed", "timm", "--out", str(tmp_path / "out"), *small]
+    assert cli.main(argv) == 0
+    runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/results.json")}
+    assert {r["model"]["label"]: r["model"]["pos_embed"] for r in runs.values()} == {
+        "vit_tiny_patch16_224-dino_vitt": "dino", "vit_tiny_patch16_224-dino_vitt-2": "timm"}
+    with pytest.raises(SystemExit, match="2 --model but 3 --pos-embed"):
+        cli.main([*argv, "--pos-embed", "dino"])

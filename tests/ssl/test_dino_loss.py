@@ -67,3 +67,27 @@ def test_bad_shapes_name_the_shapes():
     loss_fn = DINOLoss(8)
     with pytest.raises(ValueError, match=r"\(1, 3, 8\)"):
         loss_fn(torch.randn(1, 3, 8), torch.rand(1, 3, 8))
+
+
+def test_accumulated_center_update_equals_one_update_on_the_whole_batch():
+    """Micro-batches of 3 and 5 images accumulated, then one update = one update on all 8."""
+    torch.manual_seed(0)
+    k = 16
+    parts = [torch.randn(2, 3, k), torch.randn(2, 5, k)]
+    whole, accumulated = DINOLoss(k), DINOLoss(k)
+    for loss_fn in (whole, accumulated):
+        loss_fn.center.copy_(torch.randn(k, generator=torch.Generator().manual_seed(1)))
+    whole.update_center(torch.cat(parts, dim=1))
+    for part in parts:
+        accumulated.accumulate_center(part)
+    c0 = accumulated.center.clone()
+    assert torch.equal(accumulated.center, c0)  # nothing moves before the step
+    accumulated.apply_center_update()
+    torch.testing.assert_close(accumulated.center, whole.center, rtol=1e-6, atol=1e-7)
+    want = 0.9 * c0 + 0.1 * torch.cat([p.reshape(-1, k) for p in parts]).mean(0)
+    torch.testing.assert_close(accumulated.center, want, rtol=1e-6, atol=1e-7)
+
+    accumulated.accumulate_center(parts[0])
+    accumulated.discard_center_update()  # a skipped step: nothing pending any more
+    with pytest.raises(RuntimeError, match="no teacher output was accumulated"):
+        accumulated.apply_center_update()

@@ -279,3 +279,49 @@ def test_log_every_n_steps_zero_logs_no_schedules_or_entropies():
     trainer.fit(m, batches_loader([random_batch(seed=0), random_batch(seed=1)]))
     assert trainer.global_step == 2 and "train/loss" in trainer.callback_metrics
     assert "teacher/entropy" not in trainer.callback_metrics and m.entropies_logged_at is None
+
+
+class _Gradients(pl.Callback):
+    """The student's gradients at every optimizer step (before clipping), by parameter name."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.steps.append({n: p.grad.clone() for n, p in module.student.named_parameters() if p.grad is not None})
+
+
+def test_gradient_accumulation_equals_one_larger_batch():
+    """2 × 4 images with accumulate_grad_batches=2 = 1 × 8 images, in fp64 over two optimizer
+    steps: the same gradients, centre, student and teacher (SPEC §2.4). Every micro-batch's targets
+    use the centre from before the step, which moves once per step by the mean over both."""
+    # local crops at the global size: timm resamples pos_embed for other sizes in fp32
+    quarters = [random_batch(batch=4, local_size=32, seed=s) for s in range(4)]
+    doubled = [{k: torch.cat([a[k], b[k]], dim=1) for k in a} for a, b in (quarters[:2], quarters[2:])]
+    runs = []
+    for batches, accumulate, batch_size in [(quarters, 2, 4), (doubled, 1, 8)]:
+        torch.manual_seed(0)
+        m = tiny_module(drop_path_rate=0.0, warmup_epochs=0.0, freeze_last_layer=0.0, batch_size=batch_size)
+        grads = _Gradients()
+        trainer = tiny_trainer(max_steps=2, accumulate_grad_batches=accumulate, precision="64-true", callbacks=[grads])
+        trainer.fit(m, batches_loader(batches))
+        assert trainer.global_step == 2 and m._steps_per_epoch == 2 and m.dino_loss.center.dtype == torch.float64
+        runs.append((grads.steps, m.state_dict()))
+    (grads_acc, state_acc), (grads_big, state_big) = runs
+    assert len(grads_acc) == len(grads_big) == 2 and grads_acc[0].keys() == grads_big[0].keys()
+    for step_acc, step_big in zip(grads_acc, grads_big):
+        for name, grad in step_acc.items():
+            torch.testing.assert_close(grad, step_big[name], rtol=1e-9, atol=1e-13, msg=name)
+    assert state_acc.keys() == state_big.keys()
+    for name, value in state_acc.items():
+        torch.testing.assert_close(value, state_big[name], rtol=1e-9, atol=1e-13, msg=name)
+    assert state_acc["dino_loss.center"].abs().max() > 1e-3  # the centre did move
+
+
+def test_steps_per_epoch_counts_a_last_partial_accumulation():
+    """5 batches with accumulate_grad_batches=2: Lightning steps 3 times per epoch (ceil)."""
+    torch.manual_seed(0)
+    m = tiny_module(warmup_epochs=1.0)
+    trainer = tiny_trainer(max_epochs=1, max_steps=-1, accumulate_grad_batches=2)
+    trainer.fit(m, batches_loader([random_batch(seed=s) for s in range(5)]))
+    assert trainer.global_step == 3 and m._steps_per_epoch == 3 and len(m.schedules) == 3

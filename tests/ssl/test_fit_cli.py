@@ -9,6 +9,7 @@ import timm
 import torch
 from ssl_helpers import ROOT, TINY_MODEL, tiny_overrides
 
+from locatdino import cli as command_line
 from locatdino.ssl import cli, export
 
 RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
@@ -27,6 +28,7 @@ def test_batch_size_is_linked_and_default_keys_survive():
     """The instantiated run: model.batch_size follows data.batch_size, and keys only
     configs/default.yaml sets (the classes' defaults differ) reach the objects."""
     built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_vits16.yaml"), "--data.init_args.batch_size", "12",
+                           "--data.init_args.synthetic", "8",  # no ImageNet shards here: checked before building
                            "--trainer.devices", "1", "--trainer.accelerator", "cpu",
                            "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
                            "--model.out_dim", "128"], run=False)
@@ -117,3 +119,121 @@ def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
     assert all(torch.equal(state[k], v) for k, v in backbone.state_dict().items())
     assert export.main([str(ckpt), str(out), "--which", "student"]) == 0
     assert all(v.abs().sum() == 0 for v in torch.load(out, weights_only=True).values())
+
+
+def _fit_error(capsys, args: list[str]) -> tuple[int, str]:
+    """``locatdino fit ARGS`` through the dispatcher: (exit status, its single stderr line)."""
+    capsys.readouterr()
+    try:
+        status = command_line.main(["fit", *args])
+    except SystemExit as done:  # the parser's usage errors
+        status = done.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return status, err.strip()
+
+
+FIT_ERRORS = {
+    "batch size 0": (["--data.init_args.batch_size", "0"], 1,
+                     "locatdino fit: data.init_args.batch_size: must be at least 1, got 0"),
+    "negative batch size": (["--data.init_args.batch_size", "-3"], 1,
+                            "locatdino fit: data.init_args.batch_size: must be at least 1, got -3"),
+    "not a number": (["--data.init_args.batch_size", "abc"], 2, "locatdino fit: data.init_args.batch_size: "
+                     "Expected a <class 'int'>. Got value: abc (locatdino fit --help lists the options)"),
+    "unknown option": (["--trainer.max_stepz", "3"], 2,
+                       "locatdino fit: unrecognized arguments: --trainer.max_stepz 3 (locatdino fit --help lists the options)"),
+    "crop size": (["--data.init_args.multicrop.local_crop_size", "40"], 1,
+                  "locatdino fit: data.init_args.multicrop.local_crop_size: 40 px is not a multiple of the patch "
+                  "size 16 of vit_tiny_patch16_224 (use 32 or 48)"),
+    "unknown model": (["--model.backbone", "vit_tiny_patch16_22"], 1,
+                      "locatdino fit: model.backbone: unknown model 'vit_tiny_patch16_22' (did you mean vit_tiny_patch16_224"),
+    "pretrained tag": (["--model.backbone", "vit_small_patch16_224.dino"], 1,
+                       "locatdino fit: model.backbone: vit_small_patch16_224.dino names timm's pretrained weights 'dino'"),
+    "wrong kwarg": (["--model.backbone_kwargs", '{"depht": 2}'], 1, "locatdino fit: model.backbone_kwargs "
+                    "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() got an unexpected keyword argument 'depht'"),
+    "missing checkpoint": (["--model.backbone_checkpoint", "teacher.pht"], 1,
+                           "locatdino fit: model.backbone_checkpoint: no such file 'teacher.pht'"),
+    "missing resume file": (["--ckpt_path", "runs/x/last.ckpt"], 1,
+                            "locatdino fit: ckpt_path: no such file 'runs/x/last.ckpt'"),
+}
+
+
+@pytest.mark.parametrize("case", FIT_ERRORS, ids=list(FIT_ERRORS))
+def test_fit_errors_are_one_line_before_anything_is_built(tmp_path, capsys, case):
+    args, status, expected = FIT_ERRORS[case]
+    got_status, err = _fit_error(capsys, [*tiny_overrides(tmp_path), *args])
+    assert got_status == status and err.startswith(expected), err
+    assert not (tmp_path / "shards").exists() and not (tmp_path / "run").exists()  # nothing written
+
+
+def test_fit_missing_shards_and_unreadable_checkpoint(tmp_path, capsys):
+    args = [*tiny_overrides(tmp_path), "--data.init_args.synthetic", "0"]
+    status, err = _fit_error(capsys, [*args, "--data.init_args.train_urls", str(tmp_path / "in1k")])
+    assert status == 1 and err == (f"locatdino fit: data.init_args.train_urls: no shards match '{tmp_path / 'in1k'}' "
+                                   f"(write shards there with `locatdino shards SOURCE {tmp_path / 'in1k'}`)")
+    (tmp_path / "teacher.pth").write_bytes(b"")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "shard-000000.tar").write_bytes(b"")
+    status, err = _fit_error(capsys, [*args, "--model.backbone_checkpoint", str(tmp_path / "teacher.pth")])
+    assert status == 1 and err.startswith(f"locatdino fit: {tmp_path / 'teacher.pth'}: is empty (0 bytes)"), err
+
+
+def test_every_model_option_has_help_text(capsys, monkeypatch):
+    """The DINOModule docstring documents one argument per line, so the parser gives each
+    ``--model.*`` option its sentence (grouped entries gave 18 of 25 none)."""
+    import inspect
+    import re
+
+    from locatdino.ssl import DINOModule
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    helps = {}
+    for entry in re.split(r"\n(?=  -)", text):  # one entry per option
+        words = entry.split()
+        if words and words[0].startswith("--model."):
+            metavar = 2 if len(words) > 1 and re.fullmatch(r"[A-Z_]+|\{[\w,]+\}", words[1]) else 1
+            helps[words[0].removeprefix("--model.")] = " ".join(words[metavar:]).split("(type:")[0].strip()
+    linked = {"batch_size"}  # set through data.init_args.batch_size, not an option of its own
+    assert set(helps) == set(inspect.signature(DINOModule).parameters) - linked
+    assert [name for name, help_ in helps.items() if not help_] == []
+    assert "per 256 images" in helps["lr"]
+
+
+def _commands_in_config_comments() -> list[list[str]]:
+    """Every ``locatdino ...`` command line shown in a comment of configs/*.yaml, as argv."""
+    import re
+    import shlex
+
+    found = []
+    for recipe in RECIPES:
+        for line in (ROOT / "configs" / recipe).read_text().splitlines():
+            match = re.match(r"#\s+(?:srun\s+)?locatdino\s+(\w+)\s+([^#]*)", line)
+            if match:
+                found.append([match.group(1), *shlex.split(match.group(2))])
+    return found
+
+
+@pytest.mark.parametrize("argv", _commands_in_config_comments(), ids=lambda a: " ".join(a))
+def test_commands_in_config_comments_run(argv, monkeypatch, capsys):
+    """The commands the recipes tell users to run are valid: ``fit`` parses (up to printing the
+    merged config), ``shards`` reaches the writer with its source and output folder."""
+    from locatdino.data import cli as shards_cli
+
+    monkeypatch.chdir(ROOT)
+    command, args = argv[0], argv[1:]
+    if command == "fit":
+        with pytest.raises(SystemExit) as done:
+            cli.main([*args, "--print_config"])
+        assert done.value.code == 0, capsys.readouterr().err
+        return
+    assert command == "shards"
+    calls = []
+    monkeypatch.setattr(shards_cli, "build_source", lambda source, *rest: calls.append(source) or source)
+    monkeypatch.setattr(shards_cli, "write_shards", lambda src, out, **kw: calls.append(out) or
+                        {"num_samples": 0, "num_shards": 0, "total_bytes": 0, "seconds": 0, "urls": "x"})
+    assert shards_cli.main(args) == 0, capsys.readouterr().err
+    assert calls == [a for a in args if not a.startswith("-") and not a.isdigit()]

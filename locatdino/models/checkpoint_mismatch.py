@@ -1,0 +1,62 @@
+"""Why a checkpoint does not fit a model, in one line a user can act on.
+
+``load_state_dict`` reports a wrong-architecture checkpoint as a ``RuntimeError`` of one line
+per tensor (150 lines for ViT-B weights in a ViT-S) that never names the file. Here the keys and
+shapes are compared first and the first few disagreements are named, followed by a guess of the
+two architectures when they differ (width, depth, patch size, GAug), e.g.
+``pos_embed: checkpoint [1, 197, 768] vs model [1, 197, 384] … — a ViT-B/16 checkpoint for a
+ViT-S/16 model?``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import torch
+
+_SHOWN = 3  # disagreements named per kind; the rest are counted
+# timm's names for the usual ViT widths (12 blocks for T/S/B, 24 for L, 32 for H)
+_SIZE_NAMES = {192: "T", 384: "S", 768: "B", 1024: "L", 1280: "H"}
+
+
+def _few(keys: Sequence[str]) -> str:
+    more = f" (+{len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
+    return ", ".join(keys[:_SHOWN]) + more
+
+
+def describe_architecture(state_dict: Mapping[str, torch.Tensor]) -> str | None:
+    """``"ViT-S/16"``, ``"LocAtViT-T/16"`` or ``"ViT (width 512, 8 blocks, /16)"`` from a ViT state
+    dict's shapes; None when it has no patch embedding."""
+    proj = state_dict.get("patch_embed.proj.weight")
+    if proj is None or proj.ndim != 4:
+        return None
+    width, patch = int(proj.shape[0]), int(proj.shape[-1])
+    depth = len({m.group(1) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k))})
+    family = "LocAtViT" if any(".attn.gaug." in k for k in state_dict) else "ViT"
+    size = _SIZE_NAMES.get(width)
+    if size is not None and depth == {"L": 24, "H": 32}.get(size, 12):
+        return f"{family}-{size}/{patch}"
+    return f"{family} (width {width}, {depth} blocks, /{patch})"
+
+
+def checkpoint_mismatch(state_dict: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]) -> str | None:
+    """One line naming the keys and shapes in which ``state_dict`` (the converted checkpoint)
+    and ``target`` (the model's state dict) disagree, or None when it loads ``strict=True``."""
+    shapes = [k for k, v in state_dict.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
+    missing = [k for k in target if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in target]
+    if not (shapes or missing or unexpected):
+        return None
+    parts = [f"{k}: checkpoint {list(state_dict[k].shape)} vs model {list(target[k].shape)}" for k in shapes[:_SHOWN]]
+    if len(shapes) > _SHOWN:
+        parts.append(f"{len(shapes) - _SHOWN} more shapes differ")
+    if missing:
+        parts.append(f"missing {_few(missing)}")
+    if unexpected:
+        parts.append(f"unexpected {_few(unexpected)}")
+    text = "; ".join(parts)
+    ours, theirs = describe_architecture(target), describe_architecture(state_dict)
+    if ours and theirs and ours != theirs:
+        text += f" — a {theirs} checkpoint for a {ours} model?"
+    return text

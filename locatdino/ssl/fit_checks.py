@@ -1,0 +1,117 @@
+"""What ``locatdino fit`` checks before anything is built, and how its parser reports errors.
+
+LightningCLI parses and type-checks the config, but the values users most often get wrong are
+well-typed: a batch size of 0 (``ZeroDivisionError`` deep in the data module), a crop size the
+patch does not divide, a shard folder that does not exist, a misspelt model name, a checkpoint
+path with a typo. :func:`check_fit_config` checks them on the merged config, before the model,
+the data or the Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the
+config key and the value. :class:`FitArgumentParser` shortens the parser's own errors (a
+100-line usage dump) to one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, NoReturn
+
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+from timm.models import split_model_name_tag
+
+from locatdino.data.shard_stream import expand_urls
+from locatdino.errors import UserError
+from locatdino.models import create_backbone
+
+# ckpt_path values Lightning resolves itself
+_LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+
+
+class FitArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with one-line errors: ``locatdino fit: <key>: <problem> (...)``."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse's inner parsers: the caller handles it
+            super().error(message, ex)
+        print(f"locatdino fit: {short_parser_message(message)} (locatdino fit --help lists the options)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def short_parser_message(message: str) -> str:
+    """jsonargparse's nested report (``Parser key "data": Does not validate against any of the
+    Union subtypes … Parser key "batch_size": Expected a <class 'int'>. Got value: abc``) as
+    ``data.batch_size: Expected a <class 'int'>. Got value: abc``."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    keys = [m.group(1) for line in lines if (m := re.fullmatch(r'(?:- )?Parser key "([^"]+)":?', line))]
+    if not keys:
+        return lines[0] if lines else "invalid arguments"
+    last_key = max(i for i, line in enumerate(lines) if re.fullmatch(r'(?:- )?Parser key "[^"]+":?', line))
+    detail = lines[last_key + 1] if last_key + 1 < len(lines) else "invalid value"
+    if len(keys) > 1 and "class_path" in message:  # a subclass-mode group: its arguments are init_args
+        keys.insert(1, "init_args")
+    return f"{'.'.join(keys)}: {detail.removeprefix('- ')}"
+
+
+def _multiple(value: int, patch: int) -> str:
+    below = value // patch * patch
+    return f"{below or patch} or {below + patch}"
+
+
+def check_fit_config(config: Namespace) -> None:
+    """Raise a one-line :class:`UserError` for the first value of ``config`` (the merged ``fit``
+    config) that would fail later: batch size, model name, crop sizes vs patch size, shard
+    paths, checkpoint paths."""
+    model, data = config.model, config.data
+    init = data.get("init_args") or Namespace()
+    for key in ("batch_size", "batches_per_epoch"):
+        value = init.get(key)
+        if value is not None and value < 1:
+            raise UserError(f"data.init_args.{key}: must be at least 1, got {value}")
+
+    backbone = _check_backbone(model)
+    patch = backbone.patch_embed.patch_size
+    multicrop = init.get("multicrop")
+    if multicrop is not None and not backbone.patch_embed.dynamic_img_pad:
+        crops = [("global_crop_size", multicrop.get("num_global_crops", 2)),
+                 ("local_crop_size", multicrop.get("num_local_crops", 0))]
+        for key, count in crops:
+            size = multicrop.get(key)
+            if count and size is not None and size % patch[0]:
+                raise UserError(f"data.init_args.multicrop.{key}: {size} px is not a multiple of the patch size "
+                                f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
+
+    urls = init.get("train_urls")
+    if urls is not None and not init.get("synthetic"):
+        try:
+            expand_urls(urls)
+        except FileNotFoundError as err:
+            raise UserError(f"data.init_args.train_urls: {err} (write shards there with `locatdino shards "
+                            f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
+
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES and not os.path.exists(ckpt_path):
+        raise UserError(f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in "
+                        "trainer.default_root_dir)")
+
+
+def _check_backbone(model: Namespace) -> Any:
+    """The backbone ``model.backbone`` + ``backbone_kwargs`` describes, built on the meta device
+    (no memory, no weights): an unknown name, a pretrained tag without weights or a wrong kwarg
+    fails here, naming the key."""
+    checkpoint = model.get("backbone_checkpoint")
+    if checkpoint is not None and not os.path.isfile(checkpoint):
+        raise UserError(f"model.backbone_checkpoint: no such file {checkpoint!r}")
+    name = model.backbone if checkpoint is None else split_model_name_tag(model.backbone)[0]
+    kwargs = dict(model.get("backbone_kwargs") or {})
+    try:
+        with torch.device("meta"):
+            return create_backbone(name, **kwargs)
+    except ValueError as err:  # the name: unknown, or a pretrained tag without weights
+        message = str(err).replace("as the checkpoint", "as model.backbone_checkpoint")
+        raise UserError(f"model.backbone: {message}") from None
+    except (TypeError, RuntimeError, AssertionError) as err:  # what timm makes of the kwargs
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"model.backbone_kwargs {kwargs} for {name}: {first}") from None
