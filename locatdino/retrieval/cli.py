@@ -17,6 +17,8 @@ import re
 import sys
 from dataclasses import fields
 from pathlib import Path
+
+from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.report import atomic_write_text, load_results, results_table, summary_markdown, write_run
 from locatdino.retrieval.splits import open_split
@@ -111,6 +113,26 @@ def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str]]:
     return runs
 
 
+def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | None:
+    """The bank folder of one run: ``--memory-dir`` itself, or one sub-folder per model."""
+    return None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
+
+
+def _check_outputs(args: argparse.Namespace, runs: list[tuple[str, str | None, str]]) -> None:
+    """Fail before any work when an output folder cannot be written: the results come last, and
+    a memory bank is staged next to its folder. Stale temporaries of killed runs go first."""
+    single = len(runs) == 1
+    folders = [(Path(args.out) if single else Path(args.out) / label, "--out") for *_, label in runs]
+    if args.memory_dir is not None:
+        folders += [(Path(_memory_dir(args, label, single)).parent, "--memory-dir") for *_, label in runs]
+    try:
+        for folder, flag in folders:
+            ensure_writable(folder, flag)
+            remove_stale_temporaries(folder)
+    except OSError as err:
+        raise SystemExit(f"locatdino hbird: {err}") from None
+
+
 def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConfig:
     names = {f.name for f in fields(HummingbirdConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and k != "memory_dir"}
@@ -146,20 +168,23 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
+    _check_outputs(args, runs)
     out = Path(args.out)
     results = []
     for name, ckpt, label in runs:
         single = len(runs) == 1
-        memory_dir = None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
-        cfg = _config(args, memory_dir)
+        cfg = _config(args, _memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         if ckpt is None:
             torch.manual_seed(args.seed)  # a random-init run is reproducible from --seed
-        result = hummingbird(load_backbone(name, ckpt), train_set, val_set, cfg).to_dict()
-        result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
-        result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
-        write_run(result, out if single else out / label)
+        try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
+            result = hummingbird(load_backbone(name, ckpt), train_set, val_set, cfg).to_dict()
+            result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
+            result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
+            write_run(result, out if single else out / label)
+        except DiskFullError as err:
+            raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
     if len(results) > 1:
         atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison"))

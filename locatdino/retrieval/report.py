@@ -2,34 +2,20 @@
 
 A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
 timings in seconds, memory size, the full config, the model). Files are written atomically
-(temporary file, then ``os.replace``), so an interrupted run never leaves a truncated report.
+(``locatdino.output_files``), so an interrupted run never leaves a truncated report.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.output_files import atomic_write_text
+
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
 
 
 def run_label(result: dict[str, Any]) -> str:

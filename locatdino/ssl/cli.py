@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
+from locatdino.output_files import disk_full_message, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
 
 # Outside the package: found only in an editable install (or when run from the checkout).
@@ -62,6 +63,11 @@ class DINOCLI(LightningCLI):
                 init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
             )
 
+    def before_fit(self) -> None:
+        """Temporaries of checkpoint writes killed in an earlier start of this run are removed."""
+        for key in ("step_checkpoint", "epoch_checkpoint"):
+            remove_stale_temporaries(self.config.fit[key].dirpath)
+
 
 def build_cli(args: list[str], run: bool = True) -> DINOCLI:
     """The ``DINOCLI`` of ``locatdino fit`` over ``configs/default.yaml``; ``run=False`` only parses
@@ -92,5 +98,11 @@ def main(argv: list[str]) -> int:
         build_cli(argv)
     except (FloatingPointError, MissingDefaultConfigError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # a full disk, however deep torch or Lightning wrapped it
+        message = disk_full_message(err)
+        if message is None:
+            raise
+        print(f"locatdino fit: {message}", file=sys.stderr)
         return 1
     return 0
