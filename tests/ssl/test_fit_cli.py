@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from jsonargparse import Namespace
 from ssl_helpers import ROOT, TINY_MODEL, tiny_overrides
 
 from locatdino.ssl import cli, export
@@ -86,6 +87,41 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     kept = torch.load(last, weights_only=True)
     assert kept["global_step"] in (6, 7)
     assert all(torch.isfinite(v).all() for v in kept["state_dict"].values())
+
+
+@pytest.mark.slow
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
+    """On a 4 MiB tmpfs the step-2 checkpoint (2.7 MB) fits and the step-4 one does not: one line
+    naming the file, exit 1, the step-2 checkpoint intact and no temporary left."""
+    from tests.tiny_disk import python, run_on_tiny_disk
+
+    disk = tmp_path / "disk"
+    args = [*tiny_overrides(tmp_path), "--trainer.default_root_dir", str(disk / "run"), "--trainer.max_steps", "4"]
+    check = ("import os, sys, torch; c = sys.argv[1] + '/run/checkpoints'; "
+             "print(sorted(os.listdir(c)), torch.load(c + '/last.ckpt', weights_only=True)['global_step'])")
+    script = 'd=$1; shift; "$@"; rc=$?; ' + " ".join(python()) + ' -c "$0" "$d"; exit $rc'
+    proc = run_on_tiny_disk(disk, "4m", ["sh", "-c", script, check, str(disk), *python("-m", "locatdino", "fit"),
+                                         *args])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "inline_container" not in proc.stderr
+    last = disk / "run" / "checkpoints" / "last.ckpt"
+    assert proc.stderr.strip().splitlines()[-1] == f"locatdino fit: {last}: No space left on device (nothing was replaced)"
+    assert proc.stdout.strip().splitlines()[-1] == "['last.ckpt'] 2"
+
+
+def test_stale_checkpoint_temporaries_are_removed_at_start(tmp_path):
+    from locatdino.output_files import _HOST
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    stale = ckpts / f".last.ckpt.999999999@{_HOST}.0123abcd.tmp"  # beyond pid_max: a dead writer
+    stale.write_bytes(b"half a checkpoint")
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--trainer.default_root_dir",
+                           str(tmp_path / "run")], run=False)
+    assert stale.exists()  # parsing alone touches nothing
+    built.config = Namespace(fit=built.config)
+    built.before_fit()
+    assert list(ckpts.iterdir()) == []
 
 
 def test_export_errors_are_one_line(tmp_path, capsys):
