@@ -121,3 +121,25 @@ def test_truncated_shard_is_reported_and_its_lost_samples_counted(tmp_path, id_s
     assert seen + sum(int(b["skipped"]) for b in batches) == 7 + 3 and seen >= 3
     notes = [n for b in batches for n in b["skipped_keys"]]
     assert any(f"{broken}: " in n and "missing of 7" in n for n in notes)
+
+
+def test_a_truncated_shard_is_counted_once_per_epoch_however_often_it_is_cycled(tmp_path, id_shards):
+    """Fixed-length epochs cycle the shard list: the samples the truncated shard lost are counted
+    once per epoch over all ranks (not at every re-read), and again in the next epoch."""
+    data = open(id_shards[0], "rb").read()
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(data[: 1024 * 3 + 300])
+    one_read = sum(1 for _ in ShardStream([str(broken)], _crop, batch_size=1, shuffle_buffer=1))
+    lost = 7 - one_read
+    assert lost >= 1
+    streams = [ShardStream([str(broken), id_shards[1]], _crop, batch_size=2, num_batches=12, rank=r, world_size=2,
+                           shuffle_buffer=1, shard_sizes=[7, 3]) for r in range(2)]
+    for epoch in range(2):
+        batches = [b for s in streams for b in s]
+        for s in streams:
+            s.epoch += 1
+        assert sum(int(b["global"].shape[1]) for b in batches) == 48  # the broken shard is read ~10 times
+        assert sum(int(b["skipped"]) for b in batches) == lost, epoch
+        notes = [n for b in batches for n in b["skipped_keys"]]
+        assert [n for n in notes if "missing" in n] == [f"{broken}: {lost} sample(s) missing of 7 (truncated or damaged tar)"]
+        assert 1 <= sum("truncated header" in n for n in notes) <= 2  # named once per rank at most
