@@ -147,7 +147,12 @@ def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
     torch.save({"student": student, "teacher": teacher, "epoch": 3, "args": argparse.Namespace(arch="vit_tiny")}, ckpt)
 
     out = tmp_path / "teacher.pth"
+    from locatdino.output_files import _HOST
+
+    stale = tmp_path / f".teacher.pth.999999999@{_HOST}.0123abcd.tmp"  # an export killed mid-write
+    stale.write_bytes(b"half")
     assert export.main([str(ckpt), str(out)]) == 0, capsys.readouterr().err
+    assert not stale.exists()
     state = torch.load(out, weights_only=True)
     assert state.keys() == backbone.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in backbone.state_dict().items())
