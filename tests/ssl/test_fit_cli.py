@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,53 @@ def test_missing_default_config_is_one_clear_line(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(cli, "DEFAULT_CONFIG", missing)
     assert cli.main(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--print_config"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"locatdino fit: {missing} not found") and "pip install -e ." in err and "\n" not in err
+    assert err.startswith(f"locatdino fit: {missing} not found") and "reinstall locatdino" in err and "\n" not in err
+
+
+def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
+    """README's ``--config configs/x.yaml`` and a bare recipe name find the shipped recipe outside
+    a checkout; an existing file wins; anything else is left for the parser to report."""
+    from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
+
+    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "tiny_locatvit", "tiny_vit"]
+    assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
+    monkeypatch.chdir(tmp_path)
+    shipped = str(CONFIG_DIR / "tiny_vit.yaml")
+    assert [resolve_recipe(v) for v in ("tiny_vit", "tiny_vit.yaml", "configs/tiny_vit.yaml")] == [shipped] * 3
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny_vit.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file wins
+    assert resolve_recipe("configs/tiny_vit.yaml") == "configs/tiny_vit.yaml"
+    assert resolve_recipe("other/tiny_vit.yaml") == "other/tiny_vit.yaml"
+    assert resolve_recipe("no_such_recipe") == "no_such_recipe"
+    built = cli.build_cli(["--config=tiny_locatvit", "--data.init_args.batch_size", "3"], run=False)
+    assert built.model.hparams.backbone == "locatvit_tiny" and built.datamodule.batch_size == 3
+
+
+@pytest.mark.slow
+def test_configs_ship_in_a_non_editable_install(tmp_path):
+    """A wheel built from the sources holds every recipe, and ``fit`` finds them with no checkout."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "locatdino", src / "locatdino", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("locatdino-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp_path / "site")
+    shipped = sorted(p.name for p in (tmp_path / "site" / "locatdino" / "configs").glob("*.yaml"))
+    assert shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) and "default.yaml" in shipped
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "locatdino", "fit", "--config", "configs/tiny_vit.yaml",
+                           "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**env, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "backbone: vit_tiny_patch16_224" in proc.stdout and "step_checkpoint:" in proc.stdout
 
 
 def _metrics(run: Path, version: int) -> list[dict]:
