@@ -20,7 +20,8 @@ from pathlib import Path
 
 from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.report import atomic_write_text, load_results, results_table, summary_markdown, write_run
+from locatdino.retrieval.report import (atomic_write_text, differing_settings, incompatibilities, label_by_folder,
+                                        load_results, results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
@@ -85,9 +86,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="locatdino hbird report",
-                                description="Compare finished Hummingbird runs.")
+                                description="Compare finished Hummingbird runs (refused when they scored "
+                                "different query images; differing settings are marked).")
     p.add_argument("results", nargs="+", help="results.json files or directories holding them")
     p.add_argument("--out", default=None, help="also write the markdown comparison here")
+    p.add_argument("--label", action="append", default=[],
+                   help="name of each run, in the order found (default: its run folder); one per run")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="compare runs of different datasets, splits or query counts anyway (marked)")
     return p
 
 
@@ -143,7 +149,22 @@ def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConf
 
 def report_main(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
-    results = load_results(args.results)
+    try:
+        results = load_results(args.results)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
+    labels = args.label or label_by_folder(results)
+    if len(labels) != len(results):
+        raise SystemExit(f"locatdino hbird report: {len(labels)} --label for {len(results)} runs "
+                         f"({', '.join(r['source'] for r in results)})")
+    mixed = incompatibilities(results)
+    if mixed and not args.allow_mixed:
+        raise SystemExit(f"locatdino hbird report: the runs scored different query images ({'; '.join(mixed)}); "
+                         "compare like with like, or pass --allow-mixed")
+    for r, label in zip(results, labels):
+        r["label"] = label
+    for line in differing_settings(results):
+        print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
     print(results_table(results))
     if args.out:
         atomic_write_text(args.out, summary_markdown(results))
@@ -181,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
             result = hummingbird(load_backbone(name, ckpt), train_set, val_set, cfg).to_dict()
             result["model"] = {"name": name, "checkpoint": ckpt, "label": label}
-            result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
+            result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
+                                    val_split=args.val_split,
+                                    scene_size=args.scene_size if args.dataset == "scenes" else None)
             write_run(result, out if single else out / label)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None
