@@ -12,7 +12,8 @@ are config groups of their own, so a recipe changes one key without restating a 
 ``step_checkpoint`` (``last.ckpt`` every N steps), ``epoch_checkpoint`` (at epoch end),
 ``collapse_monitor`` and ``skipped_samples``. Everything a run writes goes under
 ``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
-``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start).
+``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start), and at
+the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``).
 ``data.init_args.batch_size`` (per rank) feeds ``model.batch_size`` for the lr scaling rule.
 """
 
@@ -25,11 +26,13 @@ import warnings
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 
 from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.output_files import disk_full_message, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.curves import CURVES_NAME, write_curves
 
 class MissingDefaultConfigError(FileNotFoundError):
     """``default.yaml`` is not there (a broken install): without it no recipe has all its keys."""
@@ -64,6 +67,12 @@ class DINOCLI(LightningCLI):
         """Temporaries of checkpoint writes killed in an earlier start of this run are removed."""
         for key in ("step_checkpoint", "epoch_checkpoint"):
             remove_stale_temporaries(self.config.fit[key].dirpath)
+
+    def after_fit(self) -> None:
+        """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``."""
+        logger = self.trainer.logger
+        if self.trainer.is_global_zero and isinstance(logger, CSVLogger):
+            write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
 
 
 def _resolve_recipes(args: list[str]) -> list[str]:

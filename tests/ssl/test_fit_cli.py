@@ -113,6 +113,7 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     assert cli.main([*args, "--trainer.max_steps", "6", "--ckpt_path", "last"]) == 0
     assert torch.load(last, weights_only=True)["global_step"] == 6
     assert [int(r["step"]) for r in _metrics(run, 1) if r.get("train/loss")] == [4, 5]
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"  # stitched over version_0 and version_1
 
     # export: a plain timm state dict of the teacher
     out = tmp_path / "teacher.pth"
