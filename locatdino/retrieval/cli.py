@@ -18,10 +18,10 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.report import (atomic_write_text, differing_settings, incompatibilities, label_by_folder,
-                                        load_results, results_table, summary_markdown, write_run)
+from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
+                                        results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
