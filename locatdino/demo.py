@@ -25,10 +25,11 @@ import torch
 import yaml
 
 from locatdino import cli
+from locatdino.configs import CONFIG_DIR
 from locatdino.models import create_backbone
 from locatdino.retrieval.report import load_results
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny_locatvit.yaml"
+DEFAULT_RECIPE = CONFIG_DIR / "tiny_locatvit.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:

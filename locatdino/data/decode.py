@@ -4,7 +4,10 @@ Web-scale image sets contain every PIL mode there is. ``decode_rgb`` turns all o
 8-bit RGB: grayscale (L, 1), palette (P), alpha (RGBA, LA, PA: composited on white, so hidden
 colours under transparent pixels do not leak), CMYK and YCbCr JPEGs, 16/32-bit integer and
 float images (scaled from their nominal range: [0, 1] float, 8 or 16 bit; stretched from
-their own range only when they fit none). Anything PIL cannot fully decode (corrupt or
+their own range only when they fit none; non-finite pixels are left out of the range and
+drawn as its ends, an image with no finite pixel is an error). The EXIF orientation is applied
+(phone photos are stored sideways with a rotation tag), except for segmentation pairs, whose
+masks label the stored pixel grid. Anything PIL cannot fully decode (corrupt or
 truncated files, decompression bombs, empty images) raises ``DecodeError`` with one line saying
 why, so that the caller can skip and count the sample instead of crashing.
 """
@@ -16,7 +19,7 @@ import os
 from collections.abc import Mapping
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 # Sample keys that may hold an image, in order of preference (webdataset lower-cases suffixes).
 IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "gif")
@@ -54,7 +57,11 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         return image
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):  # high bit depth: rescale to 8 bit
         arr = np.asarray(image, dtype=np.float64)
-        lo, hi = float(arr.min()), float(arr.max())
+        finite = np.isfinite(arr)
+        if not finite.any():
+            raise DecodeError(f"no finite pixel in a {image.width}x{image.height} float image")
+        lo, hi = float(arr[finite].min()), float(arr[finite].max())  # NaN/inf would blacken it all
+        arr = np.where(np.isnan(arr), lo, np.clip(arr, lo, hi))  # -inf/NaN -> darkest, +inf -> brightest
         # the nominal range of the data (float [0, 1], 8 or 16 bit); stretch only what fits none
         if mode.startswith("I;16"):
             lo, hi = 0.0, 65535.0
@@ -74,10 +81,13 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_rgb(data: bytes | str | os.PathLike) -> Image.Image:
-    """Decode encoded bytes or a file path to an 8-bit RGB PIL image (see module docstring)."""
+def decode_rgb(data: bytes | str | os.PathLike, upright: bool = True) -> Image.Image:
+    """Decode encoded bytes or a file path to an 8-bit RGB PIL image (see module docstring);
+    ``upright``: apply the EXIF orientation (off for images paired with a mask)."""
     image = _open(data)
     try:
+        if upright:
+            ImageOps.exif_transpose(image, in_place=True)
         return _to_rgb(image)
     except Exception as exc:
         raise DecodeError(f"cannot convert mode {image.mode} to RGB: {exc}") from None

@@ -26,4 +26,4 @@ class FilePairsSegmentation:
 
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         image, mask = self.pairs[index]
-        return decode_rgb(image), decode_mask(mask)
+        return decode_rgb(image, upright=False), decode_mask(mask)  # masks label the stored pixel grid

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import default_collate
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
@@ -34,8 +35,6 @@ from locatdino.data import photometric as P
 # and cache-friendly, which makes the memory-bound photometric ops ~5 % faster than on the whole
 # stack at once.
 _CHUNK_PIXELS = 65_536
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def to_uint8_rgb(image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -76,8 +75,8 @@ class MultiCropTransform:
     local_blur_prob: float = 0.5
     local_solarize_prob: float = 0.0
     blur_sigma: tuple[float, float] = (0.1, 2.0)
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
+    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD
 
     def __post_init__(self) -> None:
         for name in ("global_blur_prob", "global_solarize_prob"):

@@ -97,6 +97,6 @@ class ShardSegmentation:
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         url, key, image, mask = self._items[index]
         try:
-            return decode_rgb(self._read(url, image)), decode_mask(self._read(url, mask))
+            return decode_rgb(self._read(url, image), upright=False), decode_mask(self._read(url, mask))
         except ValueError as exc:
             raise ValueError(f"{url}:{key}: {exc}") from None

@@ -25,7 +25,10 @@ Corrupt samples (undecodable, truncated, no image key, any failure of the transf
 and counted exactly: each batch carries ``skipped`` (int64, samples this worker dropped since its
 previous batch) and ``skipped_keys`` (``"<shard>:<key>: <reason>"`` strings). A damaged tar
 (header errors) cannot be counted sample by sample; it is reported in ``skipped_keys`` as a shard
-error and streaming continues with the next shard.
+error and streaming continues with the next shard. Samples a truncated shard lost (fewer read
+than ``index.json`` says) are counted once per epoch, not at every re-read of a cycled shard:
+by the rank and worker that read the shard in the epoch's first cycle (in ``resampled`` mode,
+where no cycle exists, once per worker and epoch).
 """
 
 from __future__ import annotations
@@ -120,24 +123,35 @@ def shard_sizes(urls: Sequence[str]) -> list[int] | None:
 
 
 class _SkipLog:
-    """Samples and shards a worker had to drop since its last batch."""
+    """Samples and shards a worker had to drop since its last batch.
 
-    def __init__(self) -> None:
+    ``owned``: the shards whose lost samples this worker counts this epoch (``None``: all), each
+    once, so a shard cycled several times per epoch is not counted at every read.
+    """
+
+    def __init__(self, owned: set[str] | None = None) -> None:
         self.count, self.notes = 0, []
+        self.owned, self._counted, self._shard_errors = owned, set(), set()
 
     def sample(self, sample: dict[str, Any], exc: Exception) -> None:
         self.count += 1
         self.notes.append(f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}: {exc}")
 
     def shard_error(self, exc: Exception) -> bool:
-        """webdataset handler for tar-level errors: note it, continue with the next shard."""
-        self.notes.append(f"shard error, rest of shard lost: {type(exc).__name__}: {exc}")
+        """webdataset handler for tar-level errors: note it (once per epoch), continue with the next shard."""
+        note = f"shard error, rest of shard lost: {type(exc).__name__}: {exc}"
+        if note not in self._shard_errors:
+            self._shard_errors.add(note)
+            self.notes.append(note)
         return True
 
     def short_shard(self, url: str | None, seen: int, expected: int | None) -> None:
         """A shard read ``seen`` samples (a multiple of its size when drawn twice in a row)."""
+        if url in self._counted or (self.owned is not None and url not in self.owned):
+            return
         lost = (expected - seen % expected) % expected if url and expected else 0
         if lost:
+            self._counted.add(url)
             self.count += lost
             self.notes.append(f"{url}: {lost} sample(s) missing of {expected} (truncated or damaged tar)")
 
@@ -187,26 +201,35 @@ class ShardStream(IterableDataset):
             raise TypeError("ShardStream in one-pass mode has no length")
         return self.num_batches
 
-    def _shard_order(self, endless: bool) -> Iterator[str]:
-        """All shards, once or cycled forever, each cycle in a new seeded order."""
+    def _shard_order(self, endless: bool) -> Iterator[tuple[int, str]]:
+        """``(cycle, url)`` of all shards, once or cycled forever, each cycle in a new seeded order."""
         for cycle in count() if endless else range(1):
             order = list(self.urls)
             if self.shuffle_shards:
                 random.Random(make_seed(self.seed, self.epoch, cycle)).shuffle(order)
-            yield from order
+            yield from ((cycle, url) for url in order)
 
-    def _shards(self, worker: int) -> Iterable[dict[str, str]]:
+    def _shards(self, worker: int, owned: set[str]) -> Iterable[dict[str, str]]:
+        """This worker's shards; those of the epoch's first cycle are added to ``owned`` as read."""
         if self.resampled:
             return wds.ResampledShards(self.urls, seed=make_seed(self.seed, self.epoch),
                                        worker_seed=lambda: make_seed(self.rank, worker), deterministic=True)
         mine = islice(self._shard_order(self.num_batches is not None), self.rank, None, self.world_size)
-        return ({"url": url} for url in wds.split_by_worker(mine))
+        return self._noting_first_cycle(wds.split_by_worker(mine), owned)
+
+    @staticmethod
+    def _noting_first_cycle(shards: Iterable[tuple[int, str]], owned: set[str]) -> Iterator[dict[str, str]]:
+        for cycle, url in shards:
+            if cycle == 0:
+                owned.add(url)
+            yield {"url": url}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        log = _SkipLog()
-        samples = wds.tarfile_to_samples(handler=log.shard_error)(self._shards(worker))
+        owned: set[str] = set()
+        log = _SkipLog(None if self.resampled else owned)
+        samples = wds.tarfile_to_samples(handler=log.shard_error)(self._shards(worker, owned))
         if self.expected:
             samples = self._count_per_shard(samples, log)
         if self.shuffle_buffer > 1:

@@ -10,7 +10,8 @@ How a run stays safe:
   ``webdataset.ShardWriter`` (which also starts a new shard past ``maxsize`` bytes) into a
   temporary folder inside ``out_dir``; only when every chunk succeeded are the shards renamed to
   consecutive names and ``index.json`` written (atomically). A failed run leaves ``out_dir``
-  as it was. The output is the same for any number of workers.
+  as it was (a killed run's temporary folder is removed at the next start in the same
+  ``out_dir``). The output is the same for any number of workers.
 - an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
   the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
   are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
@@ -22,7 +23,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
@@ -34,6 +34,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from locatdino.data.shard_sources import ShardSource
+from locatdino.output_files import atomic_write_text, make_temporary_dir, remove_stale_temporaries
 
 INDEX_NAME = "index.json"
 _worker: dict[str, Any] = {}
@@ -100,11 +101,12 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     previous = _previous_shards(out, prefix, overwrite)
     items = source.items()
     chunks = [items[i:i + maxcount] for i in range(0, len(items), maxcount)]
     workers = min(workers if workers is not None else os.cpu_count() or 1, len(chunks))
-    tmp = tempfile.mkdtemp(prefix=".tmp-shards-", dir=out)
+    tmp = str(make_temporary_dir(out / "tmp-shards"))
     start = time.time()
     try:
         with tqdm(total=len(items), unit="img", desc=f"shards → {out}", disable=not progress) as bar:
@@ -164,7 +166,5 @@ def _finalise(written: list[dict[str, Any]], out: Path, prefix: str, source: Sha
         "seconds": round(seconds, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    tmp = out / f".{INDEX_NAME}.tmp"
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out / INDEX_NAME)
+    atomic_write_text(out / INDEX_NAME, json.dumps(index, indent=1))
     return index

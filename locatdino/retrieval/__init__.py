@@ -11,7 +11,7 @@ Command line: ``locatdino hbird`` (:mod:`locatdino.retrieval.cli`). During pretr
 the Lightning callback :class:`HummingbirdMonitor` (imported lazily: it needs Lightning).
 """
 
-from locatdino.retrieval.augment import IMAGENET_MEAN, IMAGENET_STD, PairedAugmentation
+from locatdino.retrieval.augment import PairedAugmentation
 from locatdino.retrieval.evaluate import (
     HummingbirdConfig,
     HummingbirdResult,
@@ -29,8 +29,6 @@ from locatdino.retrieval.sampling import patches_per_image, rare_class_first
 from locatdino.retrieval.transfer import predict, transfer_labels
 
 __all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
     "ConfusionMatrix",
     "FeatureExtractor",
     "HummingbirdConfig",

@@ -27,16 +27,15 @@ from dataclasses import dataclass
 
 import torch
 import torchvision.transforms.v2.functional as TF
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 
 from locatdino.retrieval.patch_labels import PAD
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-# The Hummingbird reference has 0.255 for the blue channel: a typo of ImageNet's 0.225.
-IMAGENET_STD = (0.229, 0.224, 0.225)
-_MEAN_RGB = [round(255 * m) for m in IMAGENET_MEAN]
+# timm's ImageNet mean/std; the Hummingbird reference has 0.255 for the blue std: a typo of 0.225.
+_MEAN_RGB = [round(255 * m) for m in IMAGENET_DEFAULT_MEAN]
 NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
 
 
@@ -109,6 +108,6 @@ def resize_image(image: Tensor, size: int) -> Tensor:
 
 def normalize(images: Tensor) -> Tensor:
     """uint8 ``[B, 3, H, W]`` → float32 ImageNet-normalised (correct std, see module docs)."""
-    mean = images.new_tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
-    std = images.new_tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1)
+    mean = images.new_tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+    std = images.new_tensor(IMAGENET_DEFAULT_STD, dtype=torch.float32).view(1, 3, 1, 1)
     return (images.float() / 255.0 - mean) / std

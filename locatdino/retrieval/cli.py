@@ -23,9 +23,11 @@ from torch import nn
 
 from locatdino.errors import UserError
 from locatdino.models.pos_embed import POS_EMBED_RULES
+from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.features import load_backbone
-from locatdino.retrieval.report import atomic_write_text, load_results, results_table, summary_markdown, write_run
+from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
+                                        results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
@@ -97,9 +99,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="locatdino hbird report",
-                                description="Compare finished Hummingbird runs.")
+                                description="Compare finished Hummingbird runs (refused when they scored "
+                                "different query images; differing settings are marked).")
     p.add_argument("results", nargs="+", help="results.json files or directories holding them")
     p.add_argument("--out", default=None, help="also write the markdown comparison here")
+    p.add_argument("--label", action="append", default=[],
+                   help="name of each run, in the order found (default: its run folder); one per run")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="compare runs of different datasets, splits or query counts anyway (marked)")
     return p
 
 
@@ -151,6 +158,26 @@ def _load_all(runs: list[tuple[str, str | None, str, str]], seed: int, input_siz
     return models
 
 
+def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | None:
+    """The bank folder of one run: ``--memory-dir`` itself, or one sub-folder per model."""
+    return None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
+
+
+def _check_outputs(args: argparse.Namespace, runs: list[tuple[str, str | None, str]]) -> None:
+    """Fail before any work when an output folder cannot be written: the results come last, and
+    a memory bank is staged next to its folder. Stale temporaries of killed runs go first."""
+    single = len(runs) == 1
+    folders = [(Path(args.out) if single else Path(args.out) / label, "--out") for *_, label in runs]
+    if args.memory_dir is not None:
+        folders += [(Path(_memory_dir(args, label, single)).parent, "--memory-dir") for *_, label in runs]
+    try:
+        for folder, flag in folders:
+            ensure_writable(folder, flag)
+            remove_stale_temporaries(folder)
+    except OSError as err:
+        raise SystemExit(f"locatdino hbird: {err}") from None
+
+
 def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConfig:
     names = {f.name for f in fields(HummingbirdConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and k != "memory_dir"}
@@ -174,7 +201,22 @@ def _device(name: str):
 
 def report_main(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
-    results = load_results(args.results)
+    try:
+        results = load_results(args.results)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
+    labels = args.label or label_by_folder(results)
+    if len(labels) != len(results):
+        raise SystemExit(f"locatdino hbird report: {len(labels)} --label for {len(results)} runs "
+                         f"({', '.join(r['source'] for r in results)})")
+    mixed = incompatibilities(results)
+    if mixed and not args.allow_mixed:
+        raise SystemExit(f"locatdino hbird report: the runs scored different query images ({'; '.join(mixed)}); "
+                         "compare like with like, or pass --allow-mixed")
+    for r, label in zip(results, labels):
+        r["label"] = label
+    for line in differing_settings(results):
+        print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
     print(results_table(results))
     if args.out:
         atomic_write_text(args.out, summary_markdown(results))
@@ -196,19 +238,24 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-    models = _load_all(runs, args.seed, args.input_size)
+    models = _load_all(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    _check_outputs(args, runs)
     out = Path(args.out)
     results = []
     for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
-        memory_dir = None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
-        cfg = _config(args, memory_dir)
+        cfg = _config(args, _memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
-        result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
-        result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
-        result["config"].update(dataset=args.dataset, data_dir=args.data_dir)
-        write_run(result, out if single else out / label)
+        try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
+            result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
+            result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
+            result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
+                                    val_split=args.val_split,
+                                    scene_size=args.scene_size if args.dataset == "scenes" else None)
+            write_run(result, out if single else out / label)
+        except DiskFullError as err:
+            raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
     if len(results) > 1:
         atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison"))

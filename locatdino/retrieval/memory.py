@@ -6,6 +6,9 @@ exact in float16). Held in RAM, or written straight to raw files in a directory 
 ``np.memmap`` so a 10M-patch memory (7.7 GB of float16 ViT-S features) costs page cache, not
 process memory. A directory holds ``features.bin``, ``labels.bin`` and ``meta.json`` (shapes,
 dtypes, provenance) and is published atomically: built under a temporary name, then renamed.
+Its files get their full size on disk before the first patch is encoded (``posix_fallocate``):
+a memory-mapped file that outgrows the disk would otherwise kill the process with SIGBUS
+half-way; a disk too small fails at once, in one line, leaving no staging folder.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from locatdino.output_files import (make_temporary_dir, remove_stale_temporaries, reserve_space,
+                                    temporary_sibling)
 
 LABEL_DTYPE = np.float16
 
@@ -59,10 +64,14 @@ class MemoryBank:
             return cls(feats, labels, 0, meta)
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        shape_f, shape_l = (max(capacity, 1), dim), (max(capacity, 1), num_classes)
-        feats = np.memmap(staging / "features.bin", dtype=dtype, mode="w+", shape=shape_f)
-        labels = np.memmap(staging / "labels.bin", dtype=LABEL_DTYPE, mode="w+", shape=shape_l)
+        remove_stale_temporaries(directory.parent)
+        staging = make_temporary_dir(directory)
+        try:
+            feats = _reserved_memmap(staging / "features.bin", dtype, (max(capacity, 1), dim))
+            labels = _reserved_memmap(staging / "labels.bin", LABEL_DTYPE, (max(capacity, 1), num_classes))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         bank = cls(feats, labels, 0, meta)
         bank._directory, bank._staging = directory, staging
         return bank
@@ -173,11 +182,21 @@ class MemoryBank:
         return bank
 
 
+def _reserved_memmap(path: Path, dtype: Any, shape: tuple[int, int]) -> np.memmap:
+    """A new writable memmap whose disk space is allocated now (see the module docstring)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        reserve_space(fd, shape[0] * shape[1] * np.dtype(dtype).itemsize, path)
+    finally:
+        os.close(fd)
+    return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+
+
 def _replace_dir(src: Path, dst: Path) -> None:
     """Rename ``src`` onto ``dst``; an existing ``dst`` is moved aside first and deleted last."""
     old = None
     if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        old = temporary_sibling(dst)
         os.replace(dst, old)
     os.replace(src, dst)
     if old is not None:

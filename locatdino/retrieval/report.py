@@ -2,38 +2,36 @@
 
 A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
 timings in seconds, memory size, the full config, the model). Files are written atomically
-(temporary file, then ``os.replace``), so an interrupted run never leaves a truncated report.
+(``locatdino.output_files``), so an interrupted run never leaves a truncated report.
+
+A comparison is refused when the runs did not score the same query images (dataset, folder,
+split, scene size, number of queries, class list): one table would mix numbers that mean
+different things. Protocol settings that differ (input size, memory, seed, k, ...) are allowed
+and marked. Runs loaded from disk are labelled by their run folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.output_files import atomic_write_text
+
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+# config keys that fix the query images: runs that differ in one were scored on different data
+_QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
+_SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
+                 "seed", "train_split")
 
 
 def run_label(result: dict[str, Any]) -> str:
-    """Short name of a run: the model name, plus the checkpoint's file stem when there is one."""
+    """Short name of a run: its report label (run folder or ``--label``), else the model name plus
+    the checkpoint's file stem when there is one."""
+    if result.get("label"):
+        return result["label"]
     model = result.get("model", {})
     name = model.get("label") or model.get("name") or "model"
     ckpt = model.get("checkpoint")
@@ -78,25 +76,46 @@ def per_class_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _values(results: Sequence[dict[str, Any]], key: str) -> list[str]:
+    top = key in ("num_train", "num_val")
+    return sorted({json.dumps(r.get(key) if top else r["config"].get(key)) for r in results})
+
+
+def incompatibilities(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Why runs cannot share one table (different query images or classes); empty if they can."""
+    problems = [f"{key} {' vs '.join(v)}" for key in (*_QUERY_KEYS, "num_val")
+                if len(v := _values(results, key)) > 1]
+    if len({tuple(r["per_class_iou"]) for r in results}) > 1:
+        problems.append("class lists differ")
+    return problems
+
+
+def differing_settings(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Protocol settings that differ between runs (comparable, but worth a word)."""
+    return [f"{key} {' vs '.join(v)}" for key in (*_SETTING_KEYS, "num_train") if len(v := _values(results, key)) > 1]
+
+
 def _setting_lines(results: Sequence[dict[str, Any]]) -> list[str]:
-    keys = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution")
     lines = []
-    for key in keys:
-        values = {json.dumps(r["config"].get(key)) for r in results}
-        shown = ", ".join(sorted(values))
-        lines.append(f"- {key}: {shown}" + ("  ⚠ differs between runs" if len(values) > 1 else ""))
+    for key in _SETTING_KEYS:
+        values = _values(results, key)
+        lines.append(f"- {key}: {', '.join(values)}" + ("  ⚠ differs between runs" if len(values) > 1 else ""))
     return lines
 
 
 def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation") -> str:
     """The markdown report of one or several runs (a comparison when several)."""
-    r0 = results[0]
+    def common(key: str) -> str:
+        values = _values(results, key)
+        return json.loads(values[0]) if len(values) == 1 else "mixed ⚠"
+
+    mixed = incompatibilities(results)
     lines = [
         f"# {title}",
         "",
-        f"Dataset: {r0['config'].get('dataset', '?')} — {r0['num_train']} memory images, "
-        f"{r0['num_val']} query images. mIoU in %, identity class mapping (Hungarian-matched for "
-        "comparison with published tables).",
+        f"Dataset: {common('dataset')} — {common('num_train')} memory images, {common('num_val')} query "
+        "images. mIoU in %, identity class mapping (Hungarian-matched for comparison with published tables).",
+        *(["", f"⚠ Not comparable, scored on different query images: {'; '.join(mixed)}."] if mixed else []),
         "",
         *_setting_lines(results),
         "",
@@ -118,8 +137,26 @@ def write_run(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
     return path
 
 
+def label_by_folder(results: Sequence[dict[str, Any]]) -> list[str]:
+    """A label per loaded run: the name of its run folder, with as many parent folders as it
+    takes to tell runs apart (``a/vit``, ``b/vit``)."""
+    folders = [Path(r["source"]).resolve().parent.parts for r in results]
+
+    def tail(parts: tuple[str, ...], depth: int) -> str:
+        return "/".join(parts[-depth:])
+
+    labels = []
+    for i, parts in enumerate(folders):
+        others = folders[:i] + folders[i + 1:]
+        depth = next((d for d in range(1, len(parts)) if all(tail(parts, d) != tail(o, d) for o in others)),
+                     len(parts))
+        labels.append(tail(parts, depth))
+    return labels
+
+
 def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Runs from ``results.json`` files or directories holding them (searched recursively)."""
+    """Runs from ``results.json`` files or directories holding them (searched recursively); each
+    gets ``source``, the file it came from."""
     results = []
     for p in map(Path, paths):
         files = sorted(p.rglob("results.json")) if p.is_dir() else [p]
@@ -131,5 +168,6 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
                 data["miou"]
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
+            data["source"] = str(f)
             results.append(data)
     return results

@@ -11,8 +11,6 @@ the old file or the new one, never a partial one. Remote URLs keep Lightning's o
 from __future__ import annotations
 
 import os
-import uuid
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,22 +18,12 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from locatdino.output_files import atomic_write
+
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in ``path``'s folder, fsync, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 & ~umask, like open()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``torch.save`` through :func:`locatdino.output_files.atomic_write` (temporary, fsync, rename)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,17 +1,19 @@
 """``locatdino fit``: DINO pretraining from layered YAML configs through Lightning's ``LightningCLI``.
 
-``configs/default.yaml`` is always loaded first and holds every key; a recipe file holds only
-what changes, and command-line flags override both::
+``default.yaml`` of the package's recipes (``locatdino.configs``; ``configs/`` in a checkout) is
+always loaded first and holds every key; a recipe file holds only what changes, and
+command-line flags override both. ``--config`` takes a file or a shipped recipe's name::
 
     locatdino fit --config configs/tiny_locatvit.yaml --trainer.max_steps 200
-    locatdino fit --config configs/dino_vits16.yaml --ckpt_path last   # resume
+    locatdino fit --config dino_vits16 --ckpt_path last   # resume; works from a wheel install too
 
 Besides LightningCLI's ``model`` / ``data`` / ``trainer`` groups, the callbacks every run needs
 are config groups of their own, so a recipe changes one key without restating a callback list:
 ``step_checkpoint`` (``last.ckpt`` every N steps), ``epoch_checkpoint`` (at epoch end),
 ``collapse_monitor`` and ``skipped_samples``. Everything a run writes goes under
 ``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
-``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start).
+``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start), and at
+the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``).
 ``data.init_args.batch_size`` (per rank) feeds ``model.batch_size`` for the lr scaling rule.
 """
 
@@ -20,24 +22,24 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 
+from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UserError
+from locatdino.output_files import disk_full_message, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config
-
-# Outside the package: found only in an editable install (or when run from the checkout).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
 
 class MissingDefaultConfigError(FileNotFoundError):
-    """``configs/default.yaml`` is not there: without it no recipe has all its keys."""
+    """``default.yaml`` is not there (a broken install): without it no recipe has all its keys."""
 
 
 def checkpoint_dir(default_root_dir: str | None) -> str:
@@ -72,13 +74,36 @@ class DINOCLI(LightningCLI):
                 init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
             )
 
+    def before_fit(self) -> None:
+        """Temporaries of checkpoint writes killed in an earlier start of this run are removed."""
+        for key in ("step_checkpoint", "epoch_checkpoint"):
+            remove_stale_temporaries(self.config.fit[key].dirpath)
+
+    def after_fit(self) -> None:
+        """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``."""
+        logger = self.trainer.logger
+        if self.trainer.is_global_zero and isinstance(logger, CSVLogger):
+            write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
+
+
+def _resolve_recipes(args: list[str]) -> list[str]:
+    """Every ``--config`` value through :func:`locatdino.configs.resolve_recipe`."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg.startswith("--config="):
+            out[i] = "--config=" + resolve_recipe(arg.split("=", 1)[1])
+        elif arg == "--config" and i + 1 < len(out):
+            out[i + 1] = resolve_recipe(out[i + 1])
+    return out
+
 
 def build_cli(args: list[str], run: bool = True) -> DINOCLI:
-    """The ``DINOCLI`` of ``locatdino fit`` over ``configs/default.yaml``; ``run=False`` only parses
+    """The ``DINOCLI`` of ``locatdino fit`` over ``default.yaml``; ``run=False`` only parses
     and instantiates (``args`` then without the ``fit`` subcommand)."""
     if not DEFAULT_CONFIG.is_file():
-        raise MissingDefaultConfigError(f"{DEFAULT_CONFIG} not found: the configs live in the source "
-                                        "checkout, install locatdino with `pip install -e .` from it")
+        raise MissingDefaultConfigError(f"{DEFAULT_CONFIG} not found: the recipes ship inside the package, "
+                                        "reinstall locatdino")
+    args = _resolve_recipes(args)
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]}
     with warnings.catch_warnings():
         # args are always explicit (dispatcher, demo, tests): LightningCLI warns whenever the
@@ -103,5 +128,11 @@ def main(argv: list[str]) -> int:
         build_cli(argv)
     except (FloatingPointError, MissingDefaultConfigError, UserError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # a full disk, however deep torch or Lightning wrapped it
+        message = disk_full_message(err)
+        if message is None:
+            raise
+        print(f"locatdino fit: {message}", file=sys.stderr)
         return 1
     return 0

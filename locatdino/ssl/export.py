@@ -17,11 +17,13 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.checkpoint_io import atomic_torch_save
 
 
@@ -35,6 +37,7 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     state = {k: v.contiguous() for k, v in extract_backbone(ckpt, which, source).items()}
     hparams = ckpt.get("hyper_parameters") if "pytorch-lightning_version" in ckpt else None
     described = _check_against_hparams(state, hparams, source) if hparams else "backbone"
+    remove_stale_temporaries(Path(out).parent)  # of an export killed mid-write
     atomic_torch_save(state, out)
     params = sum(v.numel() for v in state.values())
     return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
@@ -61,7 +64,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         print(export_backbone(args.checkpoint, args.out, args.which))
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, DiskFullError) as err:
         print(f"locatdino export: {err}", file=sys.stderr)
         return 1
     return 0

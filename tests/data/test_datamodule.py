@@ -8,7 +8,6 @@ from jsonargparse import ArgumentParser
 
 from tests.data.data_fixtures import id_image, png_bytes
 from locatdino.data import MultiCropTransform, ShardDataModule, SkippedSamplesLogger
-from locatdino.data.skipped import SkippedSampleWarning
 
 SMALL = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2)
 
@@ -65,19 +64,25 @@ class _Tiny(L.LightningModule):
 
 
 @pytest.mark.slow
-def test_skipped_samples_logger_counts_and_names_bad_samples(tmp_path):
+def test_skipped_samples_logger_counts_and_names_bad_samples(tmp_path, caplog):
+    """Every skip up to the cap is named, even a repeat with identical text (which Python's warnings
+    would show once), then one line at the cap and a summary at the end."""
     path = tmp_path / "bad.tar"
     with wds.TarWriter(str(path)) as w:
         for i in range(12):
             sample = {"png": png_bytes(id_image(i))} if i not in (2, 7) else {"jpg": b"broken"}
             w.write({"__key__": f"k{i}", **sample})
-    dm = ShardDataModule(str(path), batch_size=5, num_workers=0, multicrop=SMALL, batches_per_epoch=2,
+    # 4 batches of 5 = two passes over the 10 good samples: k2, k7, k2, k7 skipped
+    dm = ShardDataModule(str(path), batch_size=5, num_workers=0, multicrop=SMALL, batches_per_epoch=4,
                          shuffle_buffer=1)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[SkippedSamplesLogger()])
-    with pytest.warns(SkippedSampleWarning) as record:
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[SkippedSamplesLogger(max_warnings=3)])
+    with caplog.at_level("WARNING", logger="locatdino.data.skipped"):
         trainer.fit(_Tiny(), datamodule=dm)
-    assert trainer.callback_metrics["data/skipped"].item() == 2
-    messages = [str(r.message) for r in record if r.category is SkippedSampleWarning]
-    assert len(messages) == 2 and all(f"{path}:k" in m for m in messages)
-    assert any(":k2:" in m for m in messages) and any(":k7:" in m for m in messages)
+    assert trainer.callback_metrics["data/skipped"].item() == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "locatdino.data.skipped"]
+    named = [m for m in lines if m.startswith("rank 0: skipped ")]
+    assert [m.split(": ")[1].split(" ")[1] for m in named] == [f"{path}:k2", f"{path}:k7", f"{path}:k2"]
+    assert lines[3:] == ["rank 0: more than 3 skips, from now on only counted (data/skipped)",
+                         "rank 0: 4 sample(s) skipped in this run, 3 named above"]

@@ -66,6 +66,39 @@ def test_conversions_keep_the_right_values():
     assert np.abs(np.subtract(cmyk, (200, 40, 90))).max() < 12
 
 
+def test_non_finite_pixels_of_a_float_image_do_not_blacken_it():
+    """One NaN (or inf) pixel used to make the range NaN and the whole image black: the range now
+    comes from the finite pixels (here [0, 1]), NaN/-inf draw as its low end, +inf as its high end."""
+    values = np.linspace(0, 1, 63, dtype=np.float32).reshape(7, 9)
+    expected = np.asarray(decode_rgb(_encoded(Image.fromarray(values), "TIFF")))[..., 0]
+    for bad, drawn in ((np.nan, 0), (np.inf, 255), (-np.inf, 0)):
+        poisoned = values.copy()
+        poisoned[3, 4] = bad
+        got = np.asarray(decode_rgb(_encoded(Image.fromarray(poisoned), "TIFF")))[..., 0]
+        want = expected.copy()
+        want[3, 4] = drawn
+        np.testing.assert_array_equal(got, want)
+    assert expected.max() == 255 and np.unique(expected).size > 50
+    with pytest.raises(DecodeError, match="no finite pixel in a 9x7 float image"):
+        decode_rgb(_encoded(Image.fromarray(np.full((7, 9), np.nan, np.float32)), "TIFF"))
+
+
+def test_exif_orientation_is_applied_except_for_mask_pairs():
+    """A phone photo stored 9 wide x 7 high with orientation 6 (rotate 90° clockwise to view) comes
+    out 7 x 9 with its stored top-left pixel at the top-right, as a viewer shows it."""
+    stored = np.zeros((7, 9, 3), np.uint8)
+    stored[:2, :2] = 255  # a white corner at the stored top-left
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.fromarray(stored).save(buf, "JPEG", exif=exif, quality=100)
+    upright = np.asarray(decode_rgb(buf.getvalue()))
+    assert upright.shape == (9, 7, 3)
+    assert upright[0, -1].min() > 200 and upright[0, 0].max() < 50 and upright[-1, -1].max() < 50
+    raw = np.asarray(decode_rgb(buf.getvalue(), upright=False))
+    assert raw.shape == (7, 9, 3) and raw[0, 0].min() > 200
+
+
 @pytest.mark.parametrize("name", list(_bad_variants()))
 def test_bad_samples_raise_decode_error(name):
     with pytest.raises(DecodeError):
@@ -121,3 +154,25 @@ def test_truncated_shard_is_reported_and_its_lost_samples_counted(tmp_path, id_s
     assert seen + sum(int(b["skipped"]) for b in batches) == 7 + 3 and seen >= 3
     notes = [n for b in batches for n in b["skipped_keys"]]
     assert any(f"{broken}: " in n and "missing of 7" in n for n in notes)
+
+
+def test_a_truncated_shard_is_counted_once_per_epoch_however_often_it_is_cycled(tmp_path, id_shards):
+    """Fixed-length epochs cycle the shard list: the samples the truncated shard lost are counted
+    once per epoch over all ranks (not at every re-read), and again in the next epoch."""
+    data = open(id_shards[0], "rb").read()
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(data[: 1024 * 3 + 300])
+    one_read = sum(1 for _ in ShardStream([str(broken)], _crop, batch_size=1, shuffle_buffer=1))
+    lost = 7 - one_read
+    assert lost >= 1
+    streams = [ShardStream([str(broken), id_shards[1]], _crop, batch_size=2, num_batches=12, rank=r, world_size=2,
+                           shuffle_buffer=1, shard_sizes=[7, 3]) for r in range(2)]
+    for epoch in range(2):
+        batches = [b for s in streams for b in s]
+        for s in streams:
+            s.epoch += 1
+        assert sum(int(b["global"].shape[1]) for b in batches) == 48  # the broken shard is read ~10 times
+        assert sum(int(b["skipped"]) for b in batches) == lost, epoch
+        notes = [n for b in batches for n in b["skipped_keys"]]
+        assert [n for n in notes if "missing" in n] == [f"{broken}: {lost} sample(s) missing of 7 (truncated or damaged tar)"]
+        assert 1 <= sum("truncated header" in n for n in notes) <= 2  # named once per rank at most

@@ -4,7 +4,9 @@ import torch
 from PIL import Image
 
 from locatdino.data import multicrop
-from locatdino.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, MultiCropTransform, collate_multicrop
+from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # written out: an independent check
 
 NO_AUG = dict(flip_prob=0.0, color_jitter_prob=0.0, grayscale_prob=0.0, global_blur_prob=(0.0, 0.0),
               global_solarize_prob=(0.0, 0.0), local_blur_prob=0.0)

@@ -131,3 +131,35 @@ def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
         "vit_tiny_patch16_224-dino_vitt": "dino", "vit_tiny_patch16_224-dino_vitt-2": "timm"}
     with pytest.raises(SystemExit, match="2 --model but 3 --pos-embed"):
         cli.main([*argv, "--pos-embed", "dino"])
+
+
+@pytest.mark.parametrize("flag", ["--out", "--memory-dir"])
+def test_unwritable_output_fails_before_any_work(tmp_path, capsys, monkeypatch, flag):
+    """The results come last: a folder that cannot be written is refused before a model loads."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setattr("locatdino.retrieval.features.load_backbone", lambda *a: pytest.fail("work started"))
+    args = {"--out": str(tmp_path / "out"), flag: str(blocker / "sub" / "x")}
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--model", "vit_tiny_patch16_224", *[a for kv in args.items() for a in kv], *TINY])
+    assert str(done.value).startswith(f"locatdino hbird: {flag} {blocker / 'sub'}")
+    assert "is not writable: Not a directory" in str(done.value) and "\n" not in str(done.value)
+    assert "[hbird]" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_memory_dir_on_a_full_disk_fails_in_one_line_before_encoding(tmp_path):
+    """A bank larger than the disk: one line, exit 1, no staging folder (it used to die of SIGBUS)."""
+    from tests.tiny_disk import python, run_on_tiny_disk
+
+    disk = tmp_path / "disk"
+    hbird = python("-m", "locatdino", "hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", "none",
+                   "--memory-dir", str(disk / "bank"), "--out", str(tmp_path / "out"), *TINY)
+    proc = run_on_tiny_disk(disk, "64k", ["sh", "-c", '"$@"; rc=$?; echo "left: $(ls -A "$0")"; exit $rc',
+                                          str(disk), *hbird])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("left:")  # nothing: no staging folder
+    err = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and err[-1].startswith(f"locatdino hbird: {disk}/.bank.")
+    assert "features.bin: No space left on device: needs " in err[-1]
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from locatdino.retrieval.report import atomic_write_text, load_results, per_class_table, results_table, write_run
+from locatdino.retrieval.report import (atomic_write_text, differing_settings, incompatibilities, label_by_folder,
+                                        load_results, per_class_table, results_table, write_run)
 
 
 def _result(label, miou, classes=(("a", 50.0), ("b", None))):
@@ -33,3 +34,51 @@ def test_load_results_errors(tmp_path):
     with pytest.raises(ValueError, match="not a Hummingbird results.json"):
         load_results([tmp_path / "results.json"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary files left
+
+
+def test_runs_are_labelled_by_their_run_folder(tmp_path):
+    for folder in ("a/vit", "b/vit", "c/locatvit"):
+        write_run(_result("ignored", 40.0), tmp_path / folder)
+    results = load_results([tmp_path])
+    assert label_by_folder(results) == ["a/vit", "b/vit", "locatvit"]
+    assert label_by_folder(results[:1] + results[2:]) == ["vit", "locatvit"]
+
+
+def test_incompatible_runs_are_named(tmp_path):
+    base = _result("x", 40.0)
+    other_data = {**base, "config": {**base["config"], "dataset": "voc"}}
+    fewer = {**base, "num_val": 5}
+    classes = _result("x", 40.0, (("a", 1.0), ("c", 2.0)))
+    seed = {**base, "config": {**base["config"], "seed": 1}}
+    assert incompatibilities([base, seed]) == [] and differing_settings([base, seed]) == ["seed 1 vs null"]
+    assert incompatibilities([base, other_data, fewer, classes]) == [
+        'dataset "scenes" vs "voc"', "num_val 2 vs 5", "class lists differ"]
+
+
+def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
+    from locatdino.retrieval import cli
+
+    write_run(_result("m", 40.0), tmp_path / "runs" / "base")
+    seeded = _result("m", 41.0)
+    seeded["config"]["seed"] = 7
+    write_run(seeded, tmp_path / "runs" / "seed7")
+    assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp.md")]) == 0
+    captured = capsys.readouterr()
+    assert "| base | 40.00 |" in captured.out and "| seed7 | 41.00 |" in captured.out
+    assert captured.err.strip() == "locatdino hbird report: warning: seed 7 vs null"
+    assert "- seed: 7, null  ⚠ differs between runs" in (tmp_path / "cmp.md").read_text()
+    assert cli.main(["report", str(tmp_path / "runs"), "--label", "A", "--label", "B"]) == 0
+    assert "| A | 40.00 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"^locatdino hbird report: 1 --label for 2 runs"):
+        cli.main(["report", str(tmp_path / "runs"), "--label", "A"])
+
+    voc = _result("m", 30.0)
+    voc["config"]["dataset"] = "voc"
+    write_run(voc, tmp_path / "runs" / "voc")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(tmp_path / "runs")])
+    assert str(refused.value) == ('locatdino hbird report: the runs scored different query images (dataset "scenes" '
+                                  'vs "voc"); compare like with like, or pass --allow-mixed')
+    assert cli.main(["report", str(tmp_path / "runs"), "--allow-mixed", "--out", str(tmp_path / "mixed.md")]) == 0
+    text = (tmp_path / "mixed.md").read_text()
+    assert "Dataset: mixed ⚠" in text and '⚠ Not comparable, scored on different query images: dataset "scenes"' in text

@@ -2,11 +2,13 @@
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from jsonargparse import Namespace
 from ssl_helpers import ROOT, TINY_MODEL, tiny_overrides
 
 from locatdino import cli as command_line
@@ -43,7 +45,53 @@ def test_missing_default_config_is_one_clear_line(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(cli, "DEFAULT_CONFIG", missing)
     assert cli.main(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--print_config"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"locatdino fit: {missing} not found") and "pip install -e ." in err and "\n" not in err
+    assert err.startswith(f"locatdino fit: {missing} not found") and "reinstall locatdino" in err and "\n" not in err
+
+
+def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
+    """README's ``--config configs/x.yaml`` and a bare recipe name find the shipped recipe outside
+    a checkout; an existing file wins; anything else is left for the parser to report."""
+    from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
+
+    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "tiny_locatvit", "tiny_vit"]
+    assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
+    monkeypatch.chdir(tmp_path)
+    shipped = str(CONFIG_DIR / "tiny_vit.yaml")
+    assert [resolve_recipe(v) for v in ("tiny_vit", "tiny_vit.yaml", "configs/tiny_vit.yaml")] == [shipped] * 3
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny_vit.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file wins
+    assert resolve_recipe("configs/tiny_vit.yaml") == "configs/tiny_vit.yaml"
+    assert resolve_recipe("other/tiny_vit.yaml") == "other/tiny_vit.yaml"
+    assert resolve_recipe("no_such_recipe") == "no_such_recipe"
+    built = cli.build_cli(["--config=tiny_locatvit", "--data.init_args.batch_size", "3"], run=False)
+    assert built.model.hparams.backbone == "locatvit_tiny" and built.datamodule.batch_size == 3
+
+
+@pytest.mark.slow
+def test_configs_ship_in_a_non_editable_install(tmp_path):
+    """A wheel built from the sources holds every recipe, and ``fit`` finds them with no checkout."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "locatdino", src / "locatdino", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("locatdino-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp_path / "site")
+    shipped = sorted(p.name for p in (tmp_path / "site" / "locatdino" / "configs").glob("*.yaml"))
+    assert shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) and "default.yaml" in shipped
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "locatdino", "fit", "--config", "configs/tiny_vit.yaml",
+                           "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**env, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "backbone: vit_tiny_patch16_224" in proc.stdout and "step_checkpoint:" in proc.stdout
 
 
 def _metrics(run: Path, version: int) -> list[dict]:
@@ -67,6 +115,7 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     assert cli.main([*args, "--trainer.max_steps", "6", "--ckpt_path", "last"]) == 0
     assert torch.load(last, weights_only=True)["global_step"] == 6
     assert [int(r["step"]) for r in _metrics(run, 1) if r.get("train/loss")] == [4, 5]
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"  # stitched over version_0 and version_1
 
     # export: a plain timm state dict of the teacher
     out = tmp_path / "teacher.pth"
@@ -88,6 +137,41 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     kept = torch.load(last, weights_only=True)
     assert kept["global_step"] in (6, 7)
     assert all(torch.isfinite(v).all() for v in kept["state_dict"].values())
+
+
+@pytest.mark.slow
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
+    """On a 4 MiB tmpfs the step-2 checkpoint (2.7 MB) fits and the step-4 one does not: one line
+    naming the file, exit 1, the step-2 checkpoint intact and no temporary left."""
+    from tests.tiny_disk import python, run_on_tiny_disk
+
+    disk = tmp_path / "disk"
+    args = [*tiny_overrides(tmp_path), "--trainer.default_root_dir", str(disk / "run"), "--trainer.max_steps", "4"]
+    check = ("import os, sys, torch; c = sys.argv[1] + '/run/checkpoints'; "
+             "print(sorted(os.listdir(c)), torch.load(c + '/last.ckpt', weights_only=True)['global_step'])")
+    script = 'd=$1; shift; "$@"; rc=$?; ' + " ".join(python()) + ' -c "$0" "$d"; exit $rc'
+    proc = run_on_tiny_disk(disk, "4m", ["sh", "-c", script, check, str(disk), *python("-m", "locatdino", "fit"),
+                                         *args])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "inline_container" not in proc.stderr
+    last = disk / "run" / "checkpoints" / "last.ckpt"
+    assert proc.stderr.strip().splitlines()[-1] == f"locatdino fit: {last}: No space left on device (nothing was replaced)"
+    assert proc.stdout.strip().splitlines()[-1] == "['last.ckpt'] 2"
+
+
+def test_stale_checkpoint_temporaries_are_removed_at_start(tmp_path):
+    from locatdino.output_files import _HOST
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    stale = ckpts / f".last.ckpt.999999999@{_HOST}.0123abcd.tmp"  # beyond pid_max: a dead writer
+    stale.write_bytes(b"half a checkpoint")
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--trainer.default_root_dir",
+                           str(tmp_path / "run")], run=False)
+    assert stale.exists()  # parsing alone touches nothing
+    built.config = Namespace(fit=built.config)
+    built.before_fit()
+    assert list(ckpts.iterdir()) == []
 
 
 def test_export_errors_are_one_line(tmp_path, capsys):
@@ -113,7 +197,12 @@ def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
     torch.save({"student": student, "teacher": teacher, "epoch": 3, "args": argparse.Namespace(arch="vit_tiny")}, ckpt)
 
     out = tmp_path / "teacher.pth"
+    from locatdino.output_files import _HOST
+
+    stale = tmp_path / f".teacher.pth.999999999@{_HOST}.0123abcd.tmp"  # an export killed mid-write
+    stale.write_bytes(b"half")
     assert export.main([str(ckpt), str(out)]) == 0, capsys.readouterr().err
+    assert not stale.exists()
     state = torch.load(out, weights_only=True)
     assert state.keys() == backbone.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in backbone.state_dict().items())
