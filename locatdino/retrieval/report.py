@@ -79,13 +79,29 @@ def per_class_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def _setting_lines(results: Sequence[dict[str, Any]]) -> list[str]:
-    keys = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution")
-    lines = []
-    for key in keys:
-        values = {json.dumps(r["config"].get(key)) for r in results}
-        shown = ", ".join(sorted(values))
-        lines.append(f"- {key}: {shown}" + ("  ⚠ differs between runs" if len(values) > 1 else ""))
-    return lines
+    keys = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
+            "augment", "norm", "hungarian")
+    lines = [_line(key, [r["config"].get(key) for r in results]) for key in keys]
+    return lines + _provenance_lines(results)
+
+
+def _line(key: str, values: list[Any]) -> str:
+    shown = sorted({json.dumps(v) for v in values})
+    return f"- {key}: {', '.join(shown)}" + ("  ⚠ differs between runs" if len(shown) > 1 else "")
+
+
+def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Machine and software of the runs (``results.json`` files older than the provenance
+    record show null): timings compare only on one CPU, scores only with the same libraries."""
+    prov = [r.get("provenance") or {} for r in results]
+    cpu = [p.get("cpu") or {} for p in prov]
+    soft = [p.get("software") or {} for p in prov]
+    return [
+        _line("cpu", [c.get("model") for c in cpu]),
+        _line("cpu vector extensions", [c.get("flags") for c in cpu]),
+        _line("gpus", [p.get("gpus") for p in prov]),
+        *(_line(name, [s.get(name) for s in soft]) for name in ("locatdino_commit", "torch", "timm", "faiss")),
+    ]
 
 
 def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation") -> str:

@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from locatdino.retrieval.report import atomic_write_text, load_results, per_class_table, results_table, write_run
+from locatdino.retrieval.report import (
+    atomic_write_text,
+    load_results,
+    per_class_table,
+    results_table,
+    summary_markdown,
+    write_run,
+)
 
 
 def _result(label, miou, classes=(("a", 50.0), ("b", None))):
@@ -33,3 +40,15 @@ def test_load_results_errors(tmp_path):
     with pytest.raises(ValueError, match="not a Hummingbird results.json"):
         load_results([tmp_path / "results.json"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary files left
+
+
+def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
+    a, b = _result("vit", 40.0), _result("locatvit", 42.0)
+    cpu = {"model": "AMD EPYC", "flags": {"avx512f": True}}
+    a["provenance"] = {"cpu": cpu, "gpus": [], "software": {"torch": "2.5.0", "faiss": "1.9"}}
+    b["provenance"] = {"cpu": {**cpu, "model": "Intel Xeon"}, "gpus": [], "software": {"torch": "2.5.0", "faiss": "1.9"}}
+    lines = summary_markdown([a, b]).splitlines()
+    assert '- cpu: "AMD EPYC", "Intel Xeon"  ⚠ differs between runs' in lines
+    assert '- torch: "2.5.0"' in lines and '- gpus: []' in lines
+    old = _result("old", 1.0)  # written before results carried provenance
+    assert "- cpu: null" in summary_markdown([old]).splitlines()
