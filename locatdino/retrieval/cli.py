@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                    "for timm models: it takes forward_features)")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
-                   help="encoder precision (bf16 autocast: much faster on AMX CPUs and GPUs)")
+                   help="encoder precision (bf16 autocast: ~2x faster with native bf16 (AVX512-BF16, AMX, GPUs), several times slower on AVX2-only CPUs)")
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
                    help="stored features (memory-dir banks, non-Flat indices)")
     p.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
