@@ -241,7 +241,8 @@ def run_case(case: dict, env: dict | None = None) -> dict:
 
 def _case_main(spec: str) -> None:
     case = json.loads(spec)
-    kind, label = case.pop("kind"), case.pop("label", None)  # noqa: F841  (label: for the table only)
+    kind = case.pop("kind")
+    case.pop("label", None)  # names the row in the table only
     if kind == "scaling":
         out = {"rows": scaling_case(**case)}
     elif kind == "machine":
