@@ -1,14 +1,31 @@
-"""Hummingbird evaluation: where the time and memory go, against a reference-style baseline.
+"""Hummingbird evaluation: the reference's data flow and the project, side by side in one run.
 
-    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py reference
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py reference \\
+        --sizes 448 --num-train 100 --num-val 30 --repeats 2
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py reference --isa avx2 ...
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py scaling
 
-``reference`` — the workload of issue 5: a random-init ViT-S/16, 300 memory / 100 query images of
-built-in scenes written in Pascal VOC layout (500×375 JPEG + palette PNG), 1 augmentation epoch,
-k = 30, at 224 and 448 px. Each case runs in a fresh subprocess (its own peak RSS); cases are
-interleaved with a *reference-style baseline* measured in the same run: the public reference's data
-flow re-written here (torchvision pair crops, per-batch one-hot patch labels, features gathered
-again for the attention, every predicted pixel kept in Python lists until the end).
+``reference`` — a random-init ViT-S/16 on built-in scenes written in Pascal VOC layout (500×375
+JPEG + palette PNG; the first ``--num-train`` / ``--num-val`` of 300 / 100), 1 augmentation
+epoch, k = 30, batch 16, fp32 unless a case says otherwise. Every case runs in a fresh
+subprocess of this script (its own peak RSS), one after the other, the cases of one repeat
+interleaved, so every ratio is measured on the same machine in the same run; the CPU (model,
+vector extensions, what torch and FAISS dispatch to) is printed and saved with the rows. The
+baseline is *the reference's data flow, re-written here* (the public reference cannot be
+installed offline, and its FAISS path needs a GPU): colour jitter on the PIL image, then
+ToTensor + Normalize (with its std typo), then torchvision's RandomResizedCrop.get_params box
+cut out of the image and mask tensors; the wrapper's probe forward of 32 random 224 px images;
+features from ``forward_features`` (final norm on) without the class token; every patch's
+one-hot pixel labels averaged per patch; an exact ``IndexFlatIP`` on CPU; neighbour features
+gathered again for the attention; every predicted pixel kept until the end; its metric (an IoU
+matrix scored class pair by class pair over all pixels with joblib, Hungarian matching on it,
+per-class counts) — mean over all classes, absent ones counting 0, as the reference reports.
+
+``--isa avx2`` runs every case with the environment that makes this machine's libraries take
+their AVX2 code paths (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``,
+``FAISS_SIMD_LEVEL`` — this faiss build dispatches at run time and ignores ``FAISS_OPT_LEVEL`` —,
+``OPENBLAS_CORETYPE``): an approximation of an AVX2-only CPU, not one (cache sizes and clocks
+stay those of this machine).
 
 ``scaling`` — memory sizes 1e4 → 1e6 patches (budgeted memories of 224 px views of the same
 scenes), exact ``Flat`` vs ``IVF`` indices: build/search time, recall@30 of IVF against exact on
@@ -21,6 +38,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("HBIRD_BENCH_DATA", "/tmp/locatdino-bench/voc-scenes"))
 RESULTS = Path(os.environ.get("HBIRD_BENCH_OUT", "/tmp/locatdino-bench/hbird"))
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "FAISS_SIMD_LEVEL": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+BATCH = 16
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -53,8 +74,10 @@ def _write_scene(args: tuple[str, int, Path]) -> str:
     return name
 
 
-def voc_scenes(root: Path = DATA, n_train: int = 300, n_val: int = 100) -> Path:
-    """Built-in scenes in Pascal VOC layout (written once, then reused)."""
+def voc_scenes(n_train: int = 300, n_val: int = 100) -> Path:
+    """Built-in scenes in Pascal VOC layout (written once per size, then reused); scene i is the
+    same image in every size."""
+    root = DATA if (n_train, n_val) == (300, 100) else DATA.with_name(f"{DATA.name}-{n_train}x{n_val}")
     voc = root / "VOC2012"
     lists = voc / "ImageSets" / "Segmentation"
     if (lists / "val.txt").is_file():
@@ -79,8 +102,38 @@ def _vit_s():
 
 
 # ------------------------------------------------------------------------- reference baseline
-def reference_style(size: int, batch_size: int = 32, workers: int = 1, scale=(0.5, 2.0), ratio=(3 / 4, 4 / 3),
-                    jitter: float = 0.1) -> dict:
+def _pair_iou(pred: np.ndarray, gt: np.ndarray, c_gt: int, c_pred: int) -> float:
+    both = np.sum((gt == c_gt) & (pred == c_pred))
+    return float(both) / max(float(np.sum(gt == c_gt) + np.sum(pred == c_pred) - both), 1e-8)
+
+
+def reference_metric(gt: np.ndarray, pred: np.ndarray, c: int) -> tuple[float, float]:
+    """The reference's matched mIoU over flat pixel arrays: an IoU matrix scored pair by pair in
+    joblib workers, Hungarian matching maximising summed IoU, predictions remapped, per-class
+    counts. Returns (mean over all classes with absent ones 0, as the reference reports; mean over
+    the classes present or predicted, comparable to the project's ``miou_matched``)."""
+    from joblib import Parallel, delayed
+    from scipy.optimize import linear_sum_assignment
+
+    from joblib.externals.loky import get_reusable_executor
+
+    scores = Parallel(n_jobs=-1)(delayed(_pair_iou)(pred, gt, g, p) for p in range(c) for g in range(c))
+    get_reusable_executor().shutdown(wait=True)  # reap the workers so their CPU time is counted
+    iou_matrix = np.array(scores).reshape(c, c).T  # [gt, pred]
+    rows, cols = linear_sum_assignment(1 - iou_matrix)
+    remapped = np.zeros(len(pred))
+    for g, p in zip(rows, cols):
+        remapped[pred == p] = g
+    jac, present = [], []
+    for g in range(c):
+        is_gt, is_pred = gt == g, remapped == g
+        tp, fp, fn = np.sum(is_gt & is_pred), np.sum(~is_gt & is_pred), np.sum(is_gt & ~is_pred)
+        jac.append(float(tp) / max(float(tp + fp + fn), 1e-8))
+        present.append(tp + fp + fn > 0)
+    return 100 * float(np.mean(jac)), 100 * float(np.mean(np.array(jac)[present]))
+
+
+def reference_style(size: int, n_train: int, n_val: int, workers: int = 1) -> dict:
     """The public reference's data flow (re-written, not copied): see the module docstring."""
     import faiss
     import torch
@@ -90,99 +143,97 @@ def reference_style(size: int, batch_size: int = 32, workers: int = 1, scale=(0.
     from torch.utils.data import DataLoader
 
     from locatdino.data import build_segmentation_dataset
-    from locatdino.models import dense_features
 
-    std = (0.229, 0.224, 0.255)  # the reference's typo, kept: this is its baseline
-    jitter = T.Compose([T.RandomApply([T.ColorJitter(**{k: jitter})], p=0.5)
-                        for k in ("brightness", "contrast", "saturation", "hue")])
-    to_input = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), std)])
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.255)  # the reference's typo, kept
+    to_input = [T.ToTensor(), T.Normalize(mean, std)]
+    jitter = T.Compose([T.RandomApply([T.ColorJitter(**{k: 0.1})], p=0.5)
+                        for k in ("brightness", "contrast", "saturation", "hue")] + to_input)
+    val_image = T.Compose([T.Resize((size, size), antialias=True)] + to_input)
+    nearest = T.InterpolationMode.NEAREST
 
     class Pairs(torch.utils.data.Dataset):
         def __init__(self, split, train):
-            self.ds, self.train = build_segmentation_dataset("voc", str(voc_scenes()), split), train
+            self.ds = build_segmentation_dataset("voc", str(voc_scenes(n_train, n_val)), split)
+            self.train = train
 
         def __len__(self):
             return len(self.ds)
 
         def __getitem__(self, i):
             image, mask = self.ds[i]
-            mask = torch.from_numpy(np.array(mask, dtype=np.uint8))[None]
+            target = TF.to_tensor(np.asarray(mask, dtype=np.uint8))  # float in [0, 1], as the reference
             if self.train:
-                image = jitter(image)
-                box = T.RandomResizedCrop.get_params(image, scale=scale, ratio=ratio)
-                image = TF.resized_crop(image, *box, [size, size])
-                mask = TF.resized_crop(mask, *box, [size, size], interpolation=T.InterpolationMode.NEAREST)
+                x = jitter(image)
+                box = T.RandomResizedCrop.get_params(x, scale=(0.5, 2.0), ratio=(3 / 4, 4 / 3))
+                x = TF.resized_crop(x, *box, [size, size], antialias=True)
+                target = TF.resized_crop(target, *box, [size, size], interpolation=nearest)
             else:
-                image = TF.resize(image, [size, size])
-                mask = TF.resize(mask, [size, size], interpolation=T.InterpolationMode.NEAREST)
-            return to_input(image), mask[0].long()
+                x, target = val_image(image), TF.resize(target, [size, size], interpolation=nearest)
+            return x, target
 
     model, c, k, beta, p = _vit_s(), 21, 30, 0.02, 16
-    times = {"features": 0.0, "memory": 0.0, "search": 0.0, "transfer": 0.0}
+    times = {"features": 0.0, "search": 0.0, "metric": 0.0}
     start = time.perf_counter()
-    feats, labels = [], []
     with torch.no_grad():
-        for x, y in DataLoader(Pairs("train", True), batch_size=batch_size, num_workers=workers):
+        model.get_intermediate_layers(torch.rand(32, 3, 224, 224))  # the wrapper's probe forward
+
+        def features(x):
             t = time.perf_counter()
-            f = dense_features(model, x).flatten(1, 2)
+            f = model.forward_features(x)[:, 1:]
             times["features"] += time.perf_counter() - t
-            t = time.perf_counter()
+            return f
+
+        feats, labels = [], []
+        for x, y in DataLoader(Pairs("train", True), batch_size=BATCH, num_workers=workers):
+            f = features(x)
+            y = (y * 255).long()
             y[y == 255] = 0
             g = size // p  # patchify + one-hot of every pixel, mean per patch
-            patches = y.view(-1, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(-1, g * g, p * p)
-            labels.append(F.one_hot(patches, c).float().mean(2).flatten(0, 1))
-            feats.append(F.normalize(f, dim=-1).flatten(0, 1))
-            times["memory"] += time.perf_counter() - t
-        t = time.perf_counter()
+            patches = y.view(-1, 1, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(-1, g, g, p * p)
+            labels.append(F.one_hot(patches, c).float().mean(3).flatten(0, 2))
+            feats.append((f / torch.norm(f, dim=2, keepdim=True)).flatten(0, 1))
         feats, labels = torch.cat(feats), torch.cat(labels)
         index = faiss.IndexFlatIP(feats.shape[1])
         index.add(feats.numpy())
-        times["memory"] += time.perf_counter() - t
         preds, targets = [], []
-        for x, y in DataLoader(Pairs("val", False), batch_size=batch_size, num_workers=workers):
-            t = time.perf_counter()
-            q = dense_features(model, x)
-            times["features"] += time.perf_counter() - t
-            b, h, w, d = q.shape
+        for x, y in DataLoader(Pairs("val", False), batch_size=BATCH, num_workers=workers):
+            q = features(x)
+            b, n, d = q.shape
             t = time.perf_counter()
             _, ids = index.search(q.reshape(-1, d).numpy(), k)
             times["search"] += time.perf_counter() - t
-            t = time.perf_counter()
-            ids = torch.from_numpy(ids).flatten()
-            keys, vals = feats[ids].view(b, h * w, k, d), labels[ids].view(b, h * w, k, c)
-            attn = torch.einsum("bnd,bnkd->bnk", F.normalize(q.reshape(b, h * w, d), dim=-1), keys)
-            scores = torch.einsum("bnk,bnkc->bnc", torch.softmax(attn / beta, -1), vals)
-            scores = scores.view(b, h, w, c).permute(0, 3, 1, 2)
-            preds.append(F.interpolate(scores, size=(size, size), mode="bilinear").argmax(1))
-            targets.append(y)
-            times["transfer"] += time.perf_counter() - t
+            ids = torch.from_numpy(ids.astype(np.int64)).flatten()
+            keys, vals = feats[ids].view(b, n, k, d), labels[ids].view(b, n, k, c)
+            attn = torch.einsum("bnd,bnkd->bnk", F.normalize(q, dim=-1), F.normalize(keys, dim=-1)) / beta
+            scores = torch.einsum("bnk,bnkc->bnc", torch.softmax(attn, -1), vals)
+            scores = scores.reshape(b, size // p, size // p, c).permute(0, 3, 1, 2)
+            preds.append(F.interpolate(scores, size=(size, size), mode="bilinear").argmax(1, keepdim=True))
+            targets.append((y * 255).long())
         t = time.perf_counter()
-        preds, targets = torch.cat(preds).flatten(), torch.cat(targets).flatten()
+        preds, targets = torch.cat(preds), torch.cat(targets)
         valid = targets != 255
-        cm = torch.bincount(targets[valid] * c + preds[valid], minlength=c * c).view(c, c).double()
-        iou = cm.diag() / (cm.sum(0) + cm.sum(1) - cm.diag())
-        times["transfer"] += time.perf_counter() - t
+        miou, miou_present = reference_metric(targets[valid].numpy().astype(int), preds[valid].numpy().astype(int), c)
+        times["metric"] += time.perf_counter() - t
     times["total"] = time.perf_counter() - start
-    return {"miou": 100 * float(iou.nanmean()), "timings": times, "memory_patches": len(feats)}
+    return {"miou_reference": miou, "miou_matched": miou_present, "timings": times, "memory_patches": len(feats)}
 
 
 # ----------------------------------------------------------------------------------- our cases
-def ours(size: int, precision: str = "fp32", index: str = "Flat", nprobe: int | None = None,
-         eval_resolution: str = "input", workers: int | None = None) -> dict:
+def ours(size: int, n_train: int, n_val: int, **settings) -> dict:
     from locatdino.data import build_segmentation_dataset
     from locatdino.retrieval import HummingbirdConfig, hummingbird
 
-    train, val = (build_segmentation_dataset("voc", str(voc_scenes()), s) for s in ("train", "val"))
-    cfg = HummingbirdConfig(input_size=size, precision=precision, index=index, nprobe=nprobe,
-                            eval_resolution=eval_resolution, num_workers=workers, progress=False)
+    root = str(voc_scenes(n_train, n_val))
+    train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
+    cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, **settings)
     r = hummingbird(_vit_s(), train, val, cfg)
-    return {"miou": r.miou, "timings": r.timings, "memory_patches": r.memory_patches}
+    return {"miou": r.miou, "miou_matched": r.miou_matched, "timings": r.timings, "memory_patches": r.memory_patches}
 
 
-def run_case(case: dict) -> dict:
+def run_case(case: dict, env: dict | None = None) -> dict:
     """Run one case in a fresh interpreter; adds its peak RSS (main process, and worst worker)."""
     cmd = [sys.executable, __file__, "_case", json.dumps(case)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
     if proc.returncode:
         raise RuntimeError(f"case {case} failed:\n{proc.stderr[-3000:]}")
     return {**case, **json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -191,34 +242,81 @@ def run_case(case: dict) -> dict:
 def _case_main(spec: str) -> None:
     case = json.loads(spec)
     kind = case.pop("kind")
+    case.pop("label", None)  # names the row in the table only
     if kind == "scaling":
         out = {"rows": scaling_case(**case)}
+    elif kind == "machine":
+        from locatdino.retrieval.provenance import cpu_info, software_versions
+
+        out = {"cpu": cpu_info(), "software": software_versions()}
     else:
         out = reference_style(**case) if kind == "reference-style" else ours(**case)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out["worker_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["peak_rss_mb"] = me.ru_maxrss / 1024
+    out["worker_peak_rss_mb"] = children.ru_maxrss / 1024
+    # CPU seconds of the case and its workers: steadier than wall time on a shared machine
+    out["cpu_s"] = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    out["load_avg"] = os.getloadavg()[0]
     print(json.dumps(out))
 
 
-def reference(sizes: list[int], repeats: int = 2) -> list[dict]:
+# Our cases: the default path, then the reference's settings (same crops sampler, final norm,
+# scoring at the input size: the matched mIoU is then the quantity the baseline reports), bf16.
+OUR_CASES = {
+    "ours, defaults": {},
+    "ours, reference settings": {"augment": "reference", "norm": True, "eval_resolution": "input"},
+    "ours, bf16 encoder": {"precision": "bf16"},
+}
+
+
+def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict) -> list[dict]:
     """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
-    runs vary by 2-3x with the load of other jobs; compare medians)."""
-    voc_scenes()
+    runs vary with the load of other jobs; compare medians)."""
+    voc_scenes(n_train, n_val)
+    machine = run_case({"kind": "machine"}, env)
+    print(json.dumps(machine), flush=True)
     rows = []
     for rep, size in ((r, s) for r in range(repeats) for s in sizes):
-        cases = [
-            {"kind": "reference-style", "size": size},
-            {"kind": "ours", "size": size},
-            {"kind": "ours", "size": size, "precision": "bf16"},
-            {"kind": "ours", "size": size, "precision": "bf16", "index": "IVF2048,Flat", "nprobe": 16},
-        ]
-        if size == 224:  # our default protocol: score every original mask pixel
-            cases.append({"kind": "ours", "size": size, "eval_resolution": "original"})
+        common = {"size": size, "n_train": n_train, "n_val": n_val}
+        cases = [{"kind": "reference-style", "label": "reference data flow (re-written)", **common}]
+        cases += [{"kind": "ours", "label": label, **common, **extra} for label, extra in OUR_CASES.items()]
         for case in cases:
-            row = {**run_case(case), "repeat": rep}
+            row = {**run_case(case, env), "repeat": rep, "label": case["label"]}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return rows
+    print(side_by_side_table(rows, machine), flush=True)
+    return [{"machine": machine}] + rows
+
+
+def side_by_side_table(rows: list[dict], machine: dict) -> str:
+    """Markdown: medians per case and size, and the baseline's median over ours (same run)."""
+    cpu = machine["cpu"]
+    flags = ", ".join(f for f, on in (cpu.get("flags") or {}).items() if on)
+    lines = [f"CPU: {cpu['model']} ({cpu['logical_cores']} logical cores; {flags}; torch {cpu['torch_capability']}, "
+             f"faiss {cpu.get('faiss_simd_level')})", "",
+             "| px | case | total s | features s | search s | other s | CPU s | peak RSS GB | mIoU (matched) | "
+             "baseline wall / this | baseline CPU / this | RSS / baseline |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in sorted({r["size"] for r in rows}):
+        by_case: dict[str, list[dict]] = {}
+        for r in rows:
+            if r["size"] == size:
+                by_case.setdefault(r["label"], []).append(r)
+
+        def med(rs, key):
+            return statistics.median(r["timings"][key] if key in r["timings"] else r[key] for r in rs)
+
+        base = next(iter(by_case.values()))
+        base_total, base_cpu, base_rss = med(base, "total"), med(base, "cpu_s"), med(base, "peak_rss_mb")
+        for label, rs in by_case.items():
+            total, feat, search = med(rs, "total"), med(rs, "features"), med(rs, "search")
+            cpu_s, rss = med(rs, "cpu_s"), med(rs, "peak_rss_mb")
+            lines.append(f"| {size} | {label} | {total:.1f} | {feat:.1f} | {search:.1f} | {total - feat - search:.1f} | "
+                         f"{cpu_s:.1f} | {rss / 1024:.2f} | {med(rs, 'miou_matched'):.2f} | {base_total / total:.2f}× | "
+                         f"{base_cpu / cpu_s:.2f}× | {rss / base_rss:.2f} |")
+    loads = [r["load_avg"] for r in rows]
+    lines.append(f"\nLoad average (1 min) at the end of the cases: {min(loads):.1f}–{max(loads):.1f} on "
+                 f"{cpu['logical_cores']} cores; medians of {len(rows) // len(by_case)} repeats.")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------- scaling
@@ -285,15 +383,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("spec", nargs="?")
     p.add_argument("--sizes", type=int, nargs="+", default=None)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--num-train", type=int, default=300, help="memory images (first N of 300)")
+    p.add_argument("--num-val", type=int, default=100, help="query images (first N of 100)")
+    p.add_argument("--isa", choices=("native", "avx2"), default="native",
+                   help="avx2: make torch, oneDNN, MKL, FAISS and OpenBLAS take their AVX2 paths")
     args = p.parse_args(argv)
     if args.part == "_case":
         return _case_main(args.spec)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    env = AVX2_ENV if args.isa == "avx2" else {}
     if args.part == "reference":
-        rows = reference(args.sizes or [224, 448], args.repeats)
+        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env)
+        name = f"reference-{args.num_train}x{args.num_val}-{args.isa}.json"
     else:
         rows = scaling(args.sizes or [10_000, 100_000, 1_000_000])
-    (RESULTS / f"{args.part}.json").write_text(json.dumps(rows, indent=2))
+        name = "scaling.json"
+    (RESULTS / name).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

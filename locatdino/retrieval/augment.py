@@ -15,6 +15,15 @@ after normalisation), and the canvas pixels get the mask value :data:`~.patch_la
 never a class: soft labels count image pixels only, and a patch that is mostly padding is not
 stored. So the memory sees objects from twice to half their size, and only real pixels label it.
 
+Three memory-view modes (``PairedAugmentation.mode``, ``locatdino hbird --augment``):
+
+- ``"zoom-out"`` (default): the sampler above, plus colour jitter.
+- ``"reference"``: the reference's sampler itself, torchvision's
+  ``RandomResizedCrop.get_params`` (rejects boxes larger than the image, whole-image fallback),
+  plus the same colour jitter; for reproducing published numbers.
+- ``"off"``: the whole image resized to the input size, no jitter: every view of an image is the
+  same, whatever the seed (the memory the reference builds with augmentation disabled).
+
 Queries are only resized to the input size (the mask keeps its original resolution, see
 :mod:`locatdino.retrieval.evaluate`). All randomness comes from an explicit ``torch.Generator``
 so memory views are reproducible and identical for every model compared.
@@ -26,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torchvision.transforms as T
 import torchvision.transforms.v2.functional as TF
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
@@ -37,6 +47,7 @@ from locatdino.retrieval.patch_labels import PAD
 # timm's ImageNet mean/std; the Hummingbird reference has 0.255 for the blue std: a typo of 0.225.
 _MEAN_RGB = [round(255 * m) for m in IMAGENET_DEFAULT_MEAN]
 NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
+AUGMENT_MODES = ("zoom-out", "reference", "off")
 
 
 def _uniform(low: float, high: float, generator: torch.Generator) -> float:
@@ -45,7 +56,8 @@ def _uniform(low: float, high: float, generator: torch.Generator) -> float:
 
 @dataclass(frozen=True)
 class PairedAugmentation:
-    """Random-resized crop (zoom-out for scale > 1) of an image and its mask, plus colour jitter.
+    """Random-resized crop (zoom-out for scale > 1) of an image and its mask, plus colour jitter;
+    ``mode`` picks the crop sampler or turns augmentation off (see the module docs).
 
     Call with ``image`` uint8 ``[3, H, W]``, ``mask`` integer ``[H, W]`` and a generator; returns
     ``(image uint8 [3, S, S], mask int32 [S, S])`` with ``S = size``.
@@ -56,9 +68,19 @@ class PairedAugmentation:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     jitter: float = 0.1
     jitter_p: float = 0.5
+    mode: str = "zoom-out"
+
+    def __post_init__(self) -> None:
+        if self.mode not in AUGMENT_MODES:
+            raise ValueError(f"augmentation mode must be one of {AUGMENT_MODES}, got {self.mode!r}")
 
     def crop_box(self, height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
-        """``(top, left, h, w)`` of the crop in image pixels; may extend beyond the image."""
+        """``(top, left, h, w)`` of the crop in image pixels; may extend beyond the image
+        (``"zoom-out"`` only)."""
+        if self.mode == "off":
+            return 0, 0, height, width
+        if self.mode == "reference":
+            return self._reference_box(height, width, generator)
         area = height * width * _uniform(*self.scale, generator)
         aspect = math.exp(_uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), generator))
         w = max(1, round(math.sqrt(area * aspect)))
@@ -66,6 +88,14 @@ class PairedAugmentation:
         top = round(_uniform(0, height - h, generator))  # negative when h > height: zoom-out
         left = round(_uniform(0, width - w, generator))
         return top, left, h, w
+
+    def _reference_box(self, height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
+        """torchvision's sampler, the one the reference calls, fed from ``generator``: it draws
+        from the global RNG, so it runs on a forked global state seeded by one draw of ours."""
+        seed = int(torch.randint(2**62, (), generator=generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return T.RandomResizedCrop.get_params(torch.empty(0, height, width), list(self.scale), list(self.ratio))
 
     def __call__(self, image: Tensor, mask: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         height, width = image.shape[-2:]
@@ -82,6 +112,8 @@ class PairedAugmentation:
         # "nearest" (floor) shifts the mask by up to one source pixel against the image.
         # (torchvision's resized_crop ignores the interpolation of masks: crop, then resize).
         mask = TF.resize(TF.crop(mask, top, left, h, w), size, interpolation=NEAREST_EXACT)
+        if self.mode == "off":
+            return image, mask.as_subclass(Tensor)
         return self.color_jitter(image, generator), mask.as_subclass(Tensor)
 
     def color_jitter(self, image: Tensor, generator: torch.Generator) -> Tensor:

@@ -24,8 +24,11 @@ from torch import nn
 from locatdino.errors import UserError
 from locatdino.models.pos_embed import POS_EMBED_RULES
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
+from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.features import load_backbone
+from locatdino.retrieval.metric import HUNGARIAN_CRITERIA
+from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
@@ -74,18 +77,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
                    help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
+    p.add_argument("--augment", choices=AUGMENT_MODES, default=d.augment,
+                   help="memory views: zoom-out (crops of --scale, above 1 zooming out, + colour jitter), "
+                   "reference (the reference's sampler, torchvision's RandomResizedCrop: draws above 1 "
+                   "rejected, whole-image fallback, + colour jitter) or off (whole images, no jitter)")
     p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
                    help="memory crop area / image area; above 1 zooms out (the reference's sampler "
                    "rejects those draws: '--scale 0.5 1' matches its effective range)")
     p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
-    p.add_argument("--norm", action="store_true", help="apply the final norm to the features")
+    p.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
+                   help="apply the final norm to the features (the reference's default wrapper does "
+                   "for timm models: it takes forward_features)")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
     p.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
-                   help="encoder precision (bf16 autocast: much faster on AMX CPUs and GPUs)")
+                   help="encoder precision (bf16 autocast: ~2x faster with native bf16 (AVX512-BF16, AMX, GPUs), several times slower on AVX2-only CPUs)")
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
                    help="stored features (memory-dir banks, non-Flat indices)")
     p.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
+    p.add_argument("--hungarian", choices=HUNGARIAN_CRITERIA, default=d.hungarian,
+                   help="criterion of the Hungarian-matched mIoU: iou (summed IoU, the reference's) "
+                   "or pixels (summed matched pixels)")
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
@@ -231,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = _runs(args)
     device = _device(args.device)
     try:
+        _config(args, None)  # inconsistent settings fail before any data is read
         common = dict(seed=args.seed, scene_size=args.scene_size)
         train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
                                default_scenes=300, **common)
@@ -253,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
                                     val_split=args.val_split,
                                     scene_size=args.scene_size if args.dataset == "scenes" else None)
+            result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
             write_run(result, out if single else out / label)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None

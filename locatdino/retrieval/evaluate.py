@@ -34,12 +34,13 @@ from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from tqdm.auto import tqdm
 
-from locatdino.retrieval.augment import NEAREST_EXACT, PairedAugmentation
+from locatdino.retrieval.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.retrieval.features import FeatureExtractor
 from locatdino.retrieval.index import PatchIndex
 from locatdino.retrieval.memory import MemoryBank
-from locatdino.retrieval.metric import ConfusionMatrix
+from locatdino.retrieval.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
+from locatdino.retrieval.provenance import run_provenance
 from locatdino.retrieval.sampling import patches_per_image, rare_class_first
 from locatdino.retrieval.transfer import predict, transfer_labels
 from locatdino.retrieval.views import MemoryViews, QueryViews, collate_views
@@ -70,6 +71,8 @@ class HummingbirdConfig:
     batch_size: int = 16
     num_workers: int | None = None  # DataLoader workers; None: 1 for a CPU encoder, else min(8, cores)
     eval_resolution: str = "original"  # original | input (reference)
+    augment: str = "zoom-out"  # memory views: zoom-out | reference (torchvision's sampler) | off
+    hungarian: str = "iou"  # matched-mIoU criterion: iou (reference) | pixels
     scale: tuple[float, float] = (0.5, 2.0)  # crop area / image area; > 1 zooms out
     ratio: tuple[float, float] = (3 / 4, 4 / 3)  # crop aspect ratio range
     jitter: float = 0.1
@@ -83,6 +86,12 @@ class HummingbirdConfig:
             raise ValueError(f"eval_resolution must be 'original' or 'input', got {self.eval_resolution!r}")
         if self.aug_epochs < 1 or self.k < 1 or self.batch_size < 1:
             raise ValueError("aug_epochs, k and batch_size must be >= 1")
+        if self.augment not in AUGMENT_MODES:
+            raise ValueError(f"augment must be one of {AUGMENT_MODES}, got {self.augment!r}")
+        if self.augment == "off" and self.aug_epochs > 1:
+            raise ValueError(f"augment 'off' makes all {self.aug_epochs} augmentation epochs identical: use aug_epochs 1")
+        if self.hungarian not in HUNGARIAN_CRITERIA:
+            raise ValueError(f"hungarian must be one of {HUNGARIAN_CRITERIA}, got {self.hungarian!r}")
 
 
 @dataclass
@@ -102,6 +111,7 @@ class HummingbirdResult:
     peak_rss_mb: float
     config: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)  # see provenance.run_provenance
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,7 +172,7 @@ def build_memory(
         len(dataset) * cfg.aug_epochs * per_image, extractor.dim, c, cfg.memory_dtype, cfg.memory_dir, meta
     )
     augmentation = PairedAugmentation(
-        cfg.input_size, tuple(cfg.scale), tuple(cfg.ratio), cfg.jitter, cfg.jitter_p
+        cfg.input_size, tuple(cfg.scale), tuple(cfg.ratio), cfg.jitter, cfg.jitter_p, cfg.augment
     )
     views = MemoryViews(dataset, augmentation, cfg.aug_epochs, cfg.seed)
     sampler_rng = torch.Generator().manual_seed(cfg.seed)
@@ -262,6 +272,7 @@ def hummingbird(
     if isinstance(model, torch.nn.Module):
         extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     clock = PhaseClock()
+    provenance = run_provenance()
     start = time.perf_counter()
     index = PatchIndex(extractor.dim, cfg.index, cfg.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed,
                        backend=cfg.knn_backend, torch_device=getattr(extractor, "device", None))
@@ -271,7 +282,7 @@ def hummingbird(
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
-    identity, matched = cm.compute("identity"), cm.compute("hungarian")
+    identity, matched = cm.compute("identity"), cm.compute("hungarian", cfg.hungarian)
     names = list(getattr(val_set, "class_names", None) or range(cm.num_classes))
     return HummingbirdResult(
         miou=100 * identity.miou,
@@ -288,4 +299,5 @@ def hummingbird(
         timings=timings,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         config=asdict(cfg),
+        provenance=provenance,
     )

@@ -2,8 +2,9 @@
 
 The features are the patch tokens of one block — by default the last block, before the final
 norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
-under ``torch.inference_mode`` (optionally bf16 autocast: on CPUs with AMX it is several times
-faster) and L2-normalised so inner product = cosine similarity.
+under ``torch.inference_mode`` (optionally bf16 autocast: ~2x faster on CPUs with native bf16,
+AVX512-BF16 or AMX, but ~3x slower where bf16 is emulated on AVX2, benchmarks/RESULTS.md) and
+L2-normalised so inner product = cosine similarity.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
 _QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
 _SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
-                 "seed", "train_split")
+                 "augment", "norm", "hungarian", "seed", "train_split")
 
 
 def run_label(result: dict[str, Any]) -> str:
@@ -96,11 +96,27 @@ def differing_settings(results: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _setting_lines(results: Sequence[dict[str, Any]]) -> list[str]:
-    lines = []
-    for key in _SETTING_KEYS:
-        values = _values(results, key)
-        lines.append(f"- {key}: {', '.join(values)}" + ("  ⚠ differs between runs" if len(values) > 1 else ""))
-    return lines
+    lines = [_line(key, [r["config"].get(key) for r in results]) for key in _SETTING_KEYS]
+    return lines + _provenance_lines(results)
+
+
+def _line(key: str, values: list[Any]) -> str:
+    shown = sorted({json.dumps(v) for v in values})
+    return f"- {key}: {', '.join(shown)}" + ("  ⚠ differs between runs" if len(shown) > 1 else "")
+
+
+def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Machine and software of the runs (``results.json`` files older than the provenance
+    record show null): timings compare only on one CPU, scores only with the same libraries."""
+    prov = [r.get("provenance") or {} for r in results]
+    cpu = [p.get("cpu") or {} for p in prov]
+    soft = [p.get("software") or {} for p in prov]
+    return [
+        _line("cpu", [c.get("model") for c in cpu]),
+        _line("cpu vector extensions", [c.get("flags") for c in cpu]),
+        _line("gpus", [p.get("gpus") for p in prov]),
+        *(_line(name, [s.get(name) for s in soft]) for name in ("locatdino_commit", "torch", "timm", "faiss")),
+    ]
 
 
 def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation") -> str:

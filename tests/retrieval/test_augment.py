@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -63,3 +64,49 @@ def test_normalize_uses_the_correct_imagenet_std():
     expected = [(1 - m) / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]  # reference: 0.255
     assert out[0, :, 0, 0].tolist() == pytest.approx(expected)
     assert resize_image(x[0], 5).shape == (3, 5, 5)
+
+
+def test_augmentation_off_gives_the_whole_image_for_every_seed():
+    image, mask = _pair()
+    aug = PairedAugmentation(64, jitter=0.4, jitter_p=1.0, mode="off")
+    views = [aug(image, mask, torch.Generator().manual_seed(seed)) for seed in range(5)]
+    for view_image, view_mask in views[1:]:
+        assert torch.equal(view_image, views[0][0]) and torch.equal(view_mask, views[0][1])
+    assert torch.equal(views[0][0], resize_image(image, 64))  # no crop, no jitter
+    assert set(views[0][1].unique().tolist()) == {0, 1, 2, 3}
+    _check_aligned(*views[0])
+    jittered = PairedAugmentation(64, jitter=0.4, jitter_p=1.0)(image, mask, torch.Generator().manual_seed(0))
+    assert not torch.equal(jittered[0], views[0][0])
+
+
+def _reference_fallback_rate(height, width, scale, ratio, n=400_000):
+    """Independent estimate of how often the reference's sampler gives up: each of its 10 draws
+    (area fraction uniform in ``scale``, log-aspect uniform) is rejected when the rounded box
+    exceeds the image; after 10 rejections it returns the whole image (4:3 inside ``ratio``)."""
+    rng = np.random.default_rng(0)
+    area = height * width * rng.uniform(*scale, n)
+    aspect = np.exp(rng.uniform(np.log(ratio[0]), np.log(ratio[1]), n))
+    w, h = np.round(np.sqrt(area * aspect)), np.round(np.sqrt(area / aspect))
+    return float(np.mean((w > width) | (h > height)) ** 10)
+
+
+def test_reference_sampler_rejects_zoom_out_and_falls_back_to_the_whole_image():
+    height, width = _pair()[1].shape
+    aug = PairedAugmentation(64, scale=(0.5, 2.0), mode="reference")
+    boxes = [aug.crop_box(height, width, torch.Generator().manual_seed(s)) for s in range(1500)]
+    for top, left, h, w in boxes:
+        assert 0 <= top and 0 <= left and top + h <= height and left + w <= width  # never zooms out
+    whole = np.mean([box == (0, 0, height, width) for box in boxes])
+    expected = _reference_fallback_rate(height, width, (0.5, 2.0), (3 / 4, 4 / 3))
+    assert 0.12 < expected < 0.18  # the ~15 % of views the reference silently leaves uncropped
+    assert whole == pytest.approx(expected, abs=0.03)  # 3 sigma at 1,500 views
+    assert aug.crop_box(height, width, torch.Generator().manual_seed(7)) == boxes[7]  # seeded
+    assert len(set(boxes)) > 1000
+    zoom = PairedAugmentation(64, scale=(0.5, 2.0))  # the project's sampler at the same scale
+    zoom_boxes = [zoom.crop_box(height, width, torch.Generator().manual_seed(s)) for s in range(300)]
+    assert np.mean([h > height or w > width for _, _, h, w in zoom_boxes]) > 0.5
+    image, mask = aug(*_pair(), torch.Generator().manual_seed(1))
+    assert not (mask == PAD).any()
+    _check_aligned(*PairedAugmentation(64, jitter=0.0, mode="reference")(*_pair(), torch.Generator().manual_seed(1)))
+    with pytest.raises(ValueError, match="augmentation mode must be one of"):
+        PairedAugmentation(64, mode="none")

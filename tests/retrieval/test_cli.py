@@ -134,11 +134,10 @@ def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag", ["--out", "--memory-dir"])
-def test_unwritable_output_fails_before_any_work(tmp_path, capsys, monkeypatch, flag):
-    """The results come last: a folder that cannot be written is refused before a model loads."""
+def test_unwritable_output_fails_before_any_work(tmp_path, capsys, no_evaluation, flag):
+    """The results come last: a folder that cannot be written is refused before an evaluation starts."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    monkeypatch.setattr("locatdino.retrieval.features.load_backbone", lambda *a: pytest.fail("work started"))
     args = {"--out": str(tmp_path / "out"), flag: str(blocker / "sub" / "x")}
     with pytest.raises(SystemExit) as done:
         cli.main(["--model", "vit_tiny_patch16_224", *[a for kv in args.items() for a in kv], *TINY])
@@ -163,3 +162,38 @@ def test_memory_dir_on_a_full_disk_fails_in_one_line_before_encoding(tmp_path):
     assert "Traceback" not in proc.stderr and err[-1].startswith(f"locatdino hbird: {disk}/.bank.")
     assert "features.bin: No space left on device: needs " in err[-1]
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_reference_settings_and_provenance_reach_results_json(tmp_path):
+    import hashlib
+    import os
+    from datetime import datetime, timedelta, timezone
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "w.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
+    out = tmp_path / "out"
+    start = datetime.now(timezone.utc).replace(microsecond=0)
+    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--augment", "off", "--norm",
+            "--hungarian", "pixels", "--out", str(out), *TINY]
+    assert cli.main(argv) == 0
+    run = json.loads((out / "results.json").read_text())
+    assert {k: run["config"][k] for k in ("augment", "norm", "hungarian")} == {
+        "augment": "off", "norm": True, "hungarian": "pixels"}
+    assert run["memory_patches"] == 6 * 16  # whole 64 px images: every patch of every image
+    prov = run["provenance"]
+    assert prov["checkpoint"] == {"path": str(ckpt), "bytes": ckpt.stat().st_size,
+                                  "sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest()}
+    assert start <= datetime.fromisoformat(prov["timestamp"]) <= datetime.now(timezone.utc) + timedelta(seconds=1)
+    assert prov["software"]["torch"] == torch.__version__.split("+")[0] and prov["software"]["timm"] == timm.__version__
+    assert prov["cpu"]["logical_cores"] == os.cpu_count() and prov["cpu"]["model"]
+    assert prov["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "- cpu: " in (out / "summary.md").read_text()
+    assert cli._parser().parse_args(["--model", "m"]).norm is False  # the project's default: no final norm
+
+
+def test_augmentation_off_with_several_epochs_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="augment 'off' makes all 2 augmentation epochs identical"):
+        cli.main(["--model", "vit_tiny_patch16_224", "--augment", "off", "--aug-epochs", "2",
+                  "--out", str(tmp_path / "o"), *TINY])
+    assert not (tmp_path / "o").exists()

@@ -92,3 +92,21 @@ def test_torch_knn_backend_gives_the_faiss_result(scenes, tiny_vit, monkeypatch)
     torch_run = hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base, knn_backend="torch"))
     assert devices and set(devices) == {torch.device("cpu")}  # the encoder's device
     assert torch_run.miou == faiss_run.miou and torch_run.per_class_iou == faiss_run.per_class_iou
+
+
+def test_augment_off_memory_is_the_same_for_every_seed(scenes, tiny_vit):
+    from locatdino.retrieval.features import FeatureExtractor
+
+    extractor = FeatureExtractor(tiny_vit)
+    train = SubsetSplit(scenes[0], np.arange(6))
+    base = dict(input_size=64, num_workers=0, progress=False)
+    off = [build_memory(extractor, train, HummingbirdConfig(**base, augment="off", seed=s))[0] for s in (0, 1)]
+    assert len(off[0]) == 6 * 64  # every patch of every whole image
+    assert np.array_equal(off[0].features, off[1].features) and np.array_equal(off[0].labels, off[1].labels)
+    for mode in ("zoom-out", "reference"):  # augmented memories change with the seed
+        banks = [build_memory(extractor, train, HummingbirdConfig(**base, augment=mode, seed=s))[0] for s in (0, 1)]
+        assert banks[0].features.shape != banks[1].features.shape or not np.array_equal(
+            banks[0].features, banks[1].features
+        )
+    with pytest.raises(ValueError, match="augment 'off' makes all 2 augmentation epochs identical"):
+        HummingbirdConfig(augment="off", aug_epochs=2)

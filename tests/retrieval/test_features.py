@@ -41,3 +41,14 @@ def test_clear_errors(tiny_vit):
         extractor.grid(30)
     with pytest.raises(ValueError, match="precision must be one of"):
         FeatureExtractor(tiny_vit, precision="fp8")
+
+
+def test_norm_on_gives_the_reference_wrappers_features(tiny_vit):
+    """The reference's default wrapper, for a timm ViT, takes ``forward_features`` (final norm
+    applied) without the class token: ``norm=True`` reproduces it, the default does not."""
+    x = _images()
+    with torch.no_grad():
+        tokens = tiny_vit.forward_features(normalize(x))[:, tiny_vit.num_prefix_tokens :]
+    reference = F.normalize(tokens, dim=-1).reshape(2, 4, 4, 64)
+    assert torch.allclose(FeatureExtractor(tiny_vit, norm=True)(x), reference, atol=1e-5)
+    assert not torch.allclose(FeatureExtractor(tiny_vit)(x), reference, atol=1e-2)

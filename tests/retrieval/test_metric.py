@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -59,3 +61,42 @@ def test_bad_predictions_raise():
     cm = ConfusionMatrix(3)
     with pytest.raises(ValueError, match=r"\[0, 3\)"):
         cm.update(torch.tensor([5]), torch.tensor([1]))
+
+
+def _matrix(rows):
+    cm = ConfusionMatrix(len(rows), ignore_index=None)
+    cm.matrix = torch.tensor(rows, dtype=torch.int64)
+    return cm
+
+
+def _miou(rows, perm):
+    """Naive mIoU after ground truth g is matched to prediction perm[g]."""
+    rows = np.asarray(rows, dtype=float)
+    return np.mean([rows[g, p] / (rows[g].sum() + rows[:, p].sum() - rows[g, p]) for g, p in enumerate(perm)])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hungarian_criteria_equal_brute_force_over_permutations(seed):
+    rng = np.random.default_rng(seed)
+    c = 3 + seed % 3
+    rows = rng.integers(0, 30, (c, c)) * rng.integers(1, 8, (c, 1))  # uneven class sizes
+    rows[:, 0] += 1  # every class present in the ground truth: no empty union
+    perms = list(itertools.permutations(range(c)))
+    cm = _matrix(rows.tolist())
+    best_iou = max(_miou(rows, p) for p in perms)
+    assert cm.compute("hungarian", "iou").miou == pytest.approx(best_iou)
+    best_pixels = max(sum(rows[g, p] for g, p in enumerate(perm)) for perm in perms)
+    assert np.trace(cm.hungarian_matched("pixels")) == best_pixels
+
+
+def test_iou_and_pixel_criteria_differ_on_a_constructed_case():
+    # ground truth rows: background (80 px) mostly predicted as 2; class 1 (18 px) split over
+    # predictions 0/1; class 2 (7 px) predicted as 2. Pixels: 0->2, 1->0, 2->1 (60+9+0 = 69 px);
+    # IoU: 0->2, 1->1, 2->0 (67 px, but class 1 gets IoU 7/18 instead of 9/38).
+    rows = [[20, 0, 60], [9, 7, 2], [0, 0, 7]]
+    cm = _matrix(rows)
+    iou, pixels = cm.compute("hungarian", "iou").miou, cm.compute("hungarian", "pixels").miou
+    assert iou == pytest.approx(_miou(rows, (2, 1, 0))) and pixels == pytest.approx(_miou(rows, (2, 0, 1)))
+    assert iou == pytest.approx(0.35435, abs=1e-5) and pixels == pytest.approx(0.30367, abs=1e-5)
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        cm.compute("hungarian", "counts")

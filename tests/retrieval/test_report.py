@@ -3,7 +3,8 @@ import json
 import pytest
 
 from locatdino.retrieval.report import (atomic_write_text, differing_settings, incompatibilities, label_by_folder,
-                                        load_results, per_class_table, results_table, write_run)
+                                        load_results, per_class_table, results_table, summary_markdown,
+                                        write_run)
 
 
 def _result(label, miou, classes=(("a", 50.0), ("b", None))):
@@ -82,3 +83,15 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "runs"), "--allow-mixed", "--out", str(tmp_path / "mixed.md")]) == 0
     text = (tmp_path / "mixed.md").read_text()
     assert "Dataset: mixed ⚠" in text and '⚠ Not comparable, scored on different query images: dataset "scenes"' in text
+
+
+def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
+    a, b = _result("vit", 40.0), _result("locatvit", 42.0)
+    cpu = {"model": "AMD EPYC", "flags": {"avx512f": True}}
+    a["provenance"] = {"cpu": cpu, "gpus": [], "software": {"torch": "2.5.0", "faiss": "1.9"}}
+    b["provenance"] = {"cpu": {**cpu, "model": "Intel Xeon"}, "gpus": [], "software": {"torch": "2.5.0", "faiss": "1.9"}}
+    lines = summary_markdown([a, b]).splitlines()
+    assert '- cpu: "AMD EPYC", "Intel Xeon"  ⚠ differs between runs' in lines
+    assert '- torch: "2.5.0"' in lines and '- gpus: []' in lines
+    old = _result("old", 1.0)  # written before results carried provenance
+    assert "- cpu: null" in summary_markdown([old]).splitlines()
