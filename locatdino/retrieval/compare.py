@@ -113,20 +113,11 @@ class ModelOutcome:
         return {k: v for k, v in asdict(self).items() if k != "visuals"}
 
 
-def memory_sizes(
-    fractions: list[Fraction], full: int, num_views: int, budget: int | None, k: int
-) -> list[tuple[Fraction, int | None]]:
-    """``(fraction, memory_size)`` per fraction of the full memory (``budget`` when given, else
-    every patch: ``full``), ascending; ``None`` means no budget. Fractions that leave less than
-    one patch per memory view, or fewer than ``k`` patches, are dropped."""
-    base = budget if budget is not None else full
-    sizes = []
-    for f in sorted(set(fractions)):
-        if f >= 1:
-            sizes.append((f, budget))
-        elif int(f * base) >= max(num_views, k):
-            sizes.append((f, int(f * base)))
-    return sizes
+def memory_sizes(fractions: list[Fraction], full: int, num_views: int, k: int) -> list[tuple[Fraction, int]]:
+    """``(fraction, memory budget in patches)`` for each fraction below 1 of a full memory of
+    ``full`` patches, ascending; fractions that leave less than one patch per memory view, or
+    fewer than ``k`` patches, are dropped."""
+    return [(f, int(f * full)) for f in sorted(set(fractions)) if f < 1 and int(f * full) >= max(num_views, k)]
 
 
 def _say(message: str) -> None:
@@ -150,8 +141,6 @@ def evaluate_model(
     base = FeatureExtractor(backbone, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     extractor = CachedExtractor(base)
     outcome = ModelOutcome(spec, parameters=count_parameters(backbone))
-    full = len(train_set) * cfg.aug_epochs * extractor.grid(cfg.input_size) ** 2
-    sizes = memory_sizes(fractions, full, len(train_set) * cfg.aug_epochs, cfg.memory_size, cfg.k)
 
     def inspect(ext: Any, bank: Any, index: Any) -> None:
         scores = patch_scores(ext, bank, index, shown.images, cfg)
@@ -159,14 +148,16 @@ def evaluate_model(
         colours = PCAColours(seed=cfg.seed).fit(bank.features)
         outcome.visuals["pca"] = colours.rgb(ext(shown.images).numpy())
 
-    for fraction, size in reversed(sizes):  # the full memory first: it fills the feature cache
-        _say(f"{spec.name}: Hummingbird, memory {fraction} ({'all patches' if size is None else f'{size:,} patches'})")
-        result = hummingbird(extractor, train_set, val_set, replace(cfg, memory_size=size),
-                             inspect=inspect if fraction >= 1 else None).to_dict()
-        if fraction >= 1:
-            outcome.hbird = result
-        outcome.memory_curve.insert(0, {"fraction": str(fraction), "memory_patches": result["memory_patches"],
-                                        "miou": result["miou"]})
+    # the full memory first: it fills the feature cache and sets the size the fractions refer to
+    _say(f"{spec.name}: Hummingbird, full memory")
+    outcome.hbird = hummingbird(extractor, train_set, val_set, cfg, inspect=inspect).to_dict()
+    curve = [{"fraction": "1", "memory_patches": outcome.hbird["memory_patches"], "miou": outcome.hbird["miou"]}]
+    for fraction, size in reversed(memory_sizes(fractions, outcome.hbird["memory_patches"],
+                                                len(train_set) * cfg.aug_epochs, cfg.k)):
+        _say(f"{spec.name}: Hummingbird, memory {fraction} ({size:,} patches)")
+        result = hummingbird(extractor, train_set, val_set, replace(cfg, memory_size=size))
+        curve.insert(0, {"fraction": str(fraction), "memory_patches": result.memory_patches, "miou": result.miou})
+    outcome.memory_curve = curve
     _say(f"{spec.name}: attention maps and locality")
     outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
     outcome.locality = locality_per_block(backbone, shown.images)
