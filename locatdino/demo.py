@@ -98,9 +98,9 @@ def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
 def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
     gap = va - vb
     if abs(gap) < 0.005:
-        return f"{a} and {b} tie ({va:.1f} {unit})"
+        return f"{a} and {b} tie ({va:.2f} {unit})"
     winner, loser = (a, b) if gap > 0 else (b, a)
-    return f"{winner} ahead of {loser} by {abs(gap):.1f} {unit} ({max(va, vb):.1f} vs {min(va, vb):.1f})"
+    return f"{winner} ahead of {loser} by {abs(gap):.2f} {unit} ({max(va, vb):.2f} vs {min(va, vb):.2f})"
 
 
 def conclusion(report: dict[str, Any], steps: str) -> list[str]:
@@ -120,8 +120,8 @@ def conclusion(report: dict[str, Any], steps: str) -> list[str]:
         if t and r:
             gain = t["hbird"]["miou"] - r["hbird"]["miou"]
             verdict = "beat" if gain > 0 else "did not beat"
-            lines.append(f"  pretraining {verdict} random init for {label}: {gain:+.1f} mIoU points "
-                         f"({t['hbird']['miou']:.1f} vs {r['hbird']['miou']:.1f})")
+            lines.append(f"  pretraining {verdict} random init for {label}: {gain:+.2f} mIoU points "
+                         f"({t['hbird']['miou']:.2f} vs {r['hbird']['miou']:.2f})")
     return lines
 
 
