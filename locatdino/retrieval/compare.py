@@ -62,10 +62,10 @@ class ModelSpec:
 @dataclass
 class ShownImages:
     """The query images every figure shows (same rows for every model): resized uint8 images
-    ``[n, 3, S, S]`` and their masks resized (nearest) to ``S × S``."""
+    ``[n, 3, S, S]`` and their masks resized (nearest) to ``S × S`` (None without masks)."""
 
     images: torch.Tensor
-    masks: np.ndarray
+    masks: np.ndarray | None
 
     @classmethod
     def from_split(cls, dataset: Any, count: int, size: int) -> ShownImages:
@@ -73,6 +73,11 @@ class ShownImages:
         images = torch.stack([resize_image(image, size) for image, _ in pairs])
         masks = [TF.resize(tv_tensors.Mask(m[None]), [size, size], interpolation=NEAREST_EXACT)[0] for _, m in pairs]
         return cls(images, torch.stack(masks).numpy())
+
+    @classmethod
+    def from_probes(cls, probes: ProbeSet, count: int) -> ShownImages:
+        """The first test images of a probe set (no masks)."""
+        return cls(probes.test_images[:count], None)
 
 
 @dataclass
@@ -86,12 +91,16 @@ class ProbeSet:
     label_rule: str = ""
 
     @classmethod
-    def from_splits(cls, train: Any, test: Any, label: Callable[[np.ndarray], int], size: int, rule: str) -> ProbeSet:
-        """Labels from each image's mask through ``label`` (e.g. ``scene_class``)."""
+    def from_splits(cls, train: Any, test: Any, label: Callable[[Any], int], size: int, rule: str) -> ProbeSet:
+        """Images and labels of two datasets of ``(PIL image, target)``; the label of a sample is
+        ``label(target)`` (e.g. ``scene_class`` of its mask, or the class index itself)."""
         def read(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:
-            pairs = [p for p in (load_pair(dataset, i) for i in range(len(dataset))) if p is not None]
-            images = torch.stack([resize_image(image, size) for image, _ in pairs])
-            return images, np.array([label(mask.numpy()) for _, mask in pairs])
+            images, labels = [], []
+            for i in range(len(dataset)):
+                image, target = dataset[i]
+                images.append(resize_image(TF.pil_to_tensor(image.convert("RGB")), size))
+                labels.append(label(np.asarray(target)))
+            return torch.stack(images), np.array(labels)
 
         return cls(*read(train), *read(test), label_rule=rule)
 
@@ -103,7 +112,7 @@ class ModelOutcome:
     spec: ModelSpec
     parameters: int = 0
     forward: dict[str, Any] = field(default_factory=dict)
-    hbird: dict[str, Any] = field(default_factory=dict)
+    hbird: dict[str, Any] | None = None  # None: no segmentation masks (probes only)
     memory_curve: list[dict[str, Any]] = field(default_factory=list)
     probes: dict[str, Any] | None = None
     locality: list[dict[str, float]] | None = None
@@ -126,14 +135,15 @@ def _say(message: str) -> None:
 
 def evaluate_model(
     spec: ModelSpec,
-    train_set: Any,
-    val_set: Any,
+    train_set: Any | None,
+    val_set: Any | None,
     cfg: HummingbirdConfig,
     fractions: list[Fraction],
     shown: ShownImages,
     probes: ProbeSet | None,
 ) -> ModelOutcome:
-    """Measure one model (raises on a checkpoint or model that cannot be used)."""
+    """Measure one model (raises on a checkpoint or model that cannot be used). Without
+    segmentation splits (``train_set`` None) only the probes, attention and cost are measured."""
     if spec.checkpoint is None:
         torch.manual_seed(cfg.seed)  # random init is reproducible from the seed (as hbird)
     _say(f"{spec.name}: loading {spec.model} ({spec.checkpoint or 'random init'})")
@@ -144,20 +154,21 @@ def evaluate_model(
 
     def inspect(ext: Any, bank: Any, index: Any) -> None:
         scores = patch_scores(ext, bank, index, shown.images, cfg)
-        outcome.visuals["prediction"] = predict(scores, tuple(shown.masks.shape[-2:])).numpy()
+        outcome.visuals["prediction"] = predict(scores, tuple(shown.images.shape[-2:])).numpy()
         colours = PCAColours(seed=cfg.seed).fit(bank.features)
         outcome.visuals["pca"] = colours.rgb(ext(shown.images).numpy())
 
-    # the full memory first: it fills the feature cache and sets the size the fractions refer to
-    _say(f"{spec.name}: Hummingbird, full memory")
-    outcome.hbird = hummingbird(extractor, train_set, val_set, cfg, inspect=inspect).to_dict()
-    curve = [{"fraction": "1", "memory_patches": outcome.hbird["memory_patches"], "miou": outcome.hbird["miou"]}]
-    for fraction, size in reversed(memory_sizes(fractions, outcome.hbird["memory_patches"],
-                                                len(train_set) * cfg.aug_epochs, cfg.k)):
-        _say(f"{spec.name}: Hummingbird, memory {fraction} ({size:,} patches)")
-        result = hummingbird(extractor, train_set, val_set, replace(cfg, memory_size=size))
-        curve.insert(0, {"fraction": str(fraction), "memory_patches": result.memory_patches, "miou": result.miou})
-    outcome.memory_curve = curve
+    if train_set is not None:  # None: a dataset with image labels only (probes, no masks)
+        # the full memory first: it fills the feature cache and sets the size the fractions refer to
+        _say(f"{spec.name}: Hummingbird, full memory")
+        outcome.hbird = hummingbird(extractor, train_set, val_set, cfg, inspect=inspect).to_dict()
+        curve = [{"fraction": "1", "memory_patches": outcome.hbird["memory_patches"], "miou": outcome.hbird["miou"]}]
+        for fraction, size in reversed(memory_sizes(fractions, outcome.hbird["memory_patches"],
+                                                    len(train_set) * cfg.aug_epochs, cfg.k)):
+            _say(f"{spec.name}: Hummingbird, memory {fraction} ({size:,} patches)")
+            result = hummingbird(extractor, train_set, val_set, replace(cfg, memory_size=size))
+            curve.insert(0, {"fraction": str(fraction), "memory_patches": result.memory_patches, "miou": result.miou})
+        outcome.memory_curve = curve
     _say(f"{spec.name}: attention maps and locality")
     outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
     outcome.locality = locality_per_block(backbone, shown.images)
@@ -178,8 +189,8 @@ def evaluate_model(
 
 def compare(
     specs: list[ModelSpec],
-    train_set: Any,
-    val_set: Any,
+    train_set: Any | None,
+    val_set: Any | None,
     cfg: HummingbirdConfig,
     fractions: list[Fraction],
     shown: ShownImages,

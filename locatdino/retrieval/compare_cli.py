@@ -19,13 +19,16 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from locatdino.retrieval.compare import ModelSpec, ProbeSet, ShownImages, compare
-from locatdino.retrieval.compare_report import report_markdown
+from locatdino.retrieval.compare_report import headline_table, report_markdown
 from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.report import atomic_write_text
-from locatdino.retrieval.splits import CachedSplit, open_split
+from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
+SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
 
@@ -77,22 +80,52 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The memory and query segmentation splits, or ``(None, None)`` for shards without masks."""
     common = dict(seed=args.seed, scene_size=args.scene_size)
-    train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300, **common)
-    val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+    try:
+        train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300, **common)
+        val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+    except ValueError:
+        if args.dataset != "shards":
+            raise
+        return None, None  # e.g. ImageFolder shards: image labels only
     if args.dataset == "scenes":  # rendered once, read by every model and memory size
         train, val = CachedSplit(train), CachedSplit(val)
     return train, val
 
 
+def _labelled_shards(args: argparse.Namespace, split: str, count: int | None) -> Any:
+    from locatdino.data.shard_labels import ShardImageLabels
+
+    folder = Path(args.data_dir) / split
+    if not folder.is_dir():
+        raise ValueError(f"class-token probes on shards need a folder per split: {folder} does not exist")
+    labelled = ShardImageLabels(str(folder))
+    if count is not None and count < len(labelled):
+        rng = np.random.default_rng(args.seed)
+        labelled = SubsetSplit(labelled, np.sort(rng.choice(len(labelled), size=count, replace=False)))
+    return labelled
+
+
 def _probe_set(args: argparse.Namespace, train: Any, val: Any) -> tuple[ProbeSet | None, dict[str, Any]]:
+    """Image-labelled train / test images: scenes (dominant object of the mask) or shards with ``cls``."""
     if args.dataset == "scenes":
         from locatdino.data.scenes import scene_class
 
         probes = ProbeSet.from_splits(train, val, scene_class, args.input_size, SCENE_LABEL_RULE)
-        return probes, {"label_rule": SCENE_LABEL_RULE, "num_train": len(probes.train_labels),
-                        "num_test": len(probes.test_labels), "note": SCENE_LABEL_RULE}
-    return None, {"note": f"not run: {args.dataset} has no image-level labels"}
+    elif args.dataset == "shards":
+        try:
+            train_labels = _labelled_shards(args, args.train_split, args.num_train)
+            val_labels = _labelled_shards(args, args.val_split, args.num_val)
+        except ValueError as err:
+            if train is None:  # neither masks nor labels: nothing to measure
+                raise
+            return None, {"note": f"not run: {err}"}
+        probes = ProbeSet.from_splits(train_labels, val_labels, int, args.input_size, SHARD_LABEL_RULE)
+    else:
+        return None, {"note": f"not run: {args.dataset} has no image-level labels"}
+    return probes, {"label_rule": probes.label_rule, "num_train": len(probes.train_labels),
+                    "num_test": len(probes.test_labels), "note": probes.label_rule}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,32 +144,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
         train, val = _open_splits(args)
+        probes, probe_info = _probe_set(args, train, val)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
     cfg = HummingbirdConfig(input_size=args.input_size, aug_epochs=args.aug_epochs, memory_size=args.memory_size,
                             k=args.k, index=args.index, precision=args.precision, batch_size=args.batch_size,
                             num_workers=args.workers, seed=args.seed, progress=not args.no_progress)
-    print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
-          f"{args.input_size} px", file=sys.stderr, flush=True)
-    shown = ShownImages.from_split(val, args.figure_images, args.input_size)
-    probes, probe_info = _probe_set(args, train, val)
+    if train is None:
+        print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
+              f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
+        shown = ShownImages.from_probes(probes, args.figure_images)
+    else:
+        print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
+              f"{args.input_size} px", file=sys.stderr, flush=True)
+        shown = ShownImages.from_split(val, args.figure_images, args.input_size)
     outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes)
-
+    classes = report_classes(val) if val is not None else []
     report = {
         "command": "locatdino compare " + shlex.join(argv),
         "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
-                    "val_split": args.val_split, "num_train": len(train), "num_val": len(val),
-                    "class_names": list(getattr(val, "class_names", None) or range(val.num_classes))},
+                    "val_split": args.val_split,
+                    "num_train": len(train) if train is not None else len(probes.train_labels),
+                    "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
         "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
                    "memory_fractions": [str(f) for f in args.memory_fractions]},
         "probes": probe_info,
         "models": [o.to_dict() for o in outcomes],
         "failed": failed,
-        "figures": _figures(outcomes, shown, report_classes(val), out) if outcomes else {},
+        "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
     }
     atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
     atomic_write_text(out / "report.md", report_markdown(report))
-    print(report_markdown(report).split("## mIoU vs memory size")[0].rstrip())
+    if outcomes:
+        print(headline_table(report["models"]))
     print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
     return 1 if failed else 0
 
@@ -153,15 +193,19 @@ def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Pa
     models = [o.to_dict() for o in outcomes]
     images = shown.images.numpy()
     folder = out / "figures"
-    drawn = {
-        "per-class IoU": figures.per_class_bars(models, folder / "per_class_iou.png"),
-        "mIoU vs memory size": figures.miou_vs_memory(models, folder / "miou_vs_memory.png"),
-        "predictions": figures.qualitative_grid(images, shown.masks, {o.spec.name: o.visuals["prediction"] for o in outcomes},
-                                                class_names, folder / "predictions.png"),
-        "PCA of patch features": figures.pca_grid(images, {o.spec.name: o.visuals["pca"] for o in outcomes},
-                                                  folder / "pca.png"),
-        "class-token attention": figures.attention_grid(images[0], {o.spec.name: o.visuals["attention"] for o in outcomes},
-                                                        folder / "attention.png"),
-        "LocAtViT locality": figures.locality_curves(models, folder / "locality.png"),
-    }
+    with_masks = [o for o in outcomes if o.hbird is not None]
+    drawn = {"class-token attention": figures.attention_grid(
+        images[0], {o.spec.name: o.visuals["attention"] for o in outcomes}, folder / "attention.png")}
+    if with_masks:
+        dense = [o.to_dict() for o in with_masks]
+        drawn |= {
+            "per-class IoU": figures.per_class_bars(dense, folder / "per_class_iou.png"),
+            "mIoU vs memory size": figures.miou_vs_memory(dense, folder / "miou_vs_memory.png"),
+            "predictions": figures.qualitative_grid(images, shown.masks, {o.spec.name: o.visuals["prediction"]
+                                                                          for o in with_masks},
+                                                    class_names, folder / "predictions.png"),
+            "PCA of patch features": figures.pca_grid(images, {o.spec.name: o.visuals["pca"] for o in with_masks},
+                                                      folder / "pca.png"),
+        }
+    drawn["LocAtViT locality"] = figures.locality_curves(models, folder / "locality.png")
     return {title: str(path.relative_to(out)) for title, path in drawn.items() if path is not None}

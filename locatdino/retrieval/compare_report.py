@@ -28,10 +28,11 @@ def headline_table(models: list[dict[str, Any]]) -> str:
     for m in models:
         probes = m.get("probes") or {}
         fwd = m.get("forward") or {}
+        hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
         rows.append(
             f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
-            f"{_fmt(m['hbird']['miou'])} | {_delta(m['hbird']['miou'], ref['hbird']['miou'])} | "
-            f"{_fmt(m['hbird']['miou_matched'])} | {_fmt(probes.get('knn_top1'), 1)} | "
+            f"{_fmt(hbird.get('miou'))} | {_delta(hbird.get('miou'), ref_hbird.get('miou'))} | "
+            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(probes.get('knn_top1'), 1)} | "
             f"{_fmt(probes.get('logistic_top1'), 1)} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
             f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
         )
@@ -84,17 +85,15 @@ def locality_table(models: list[dict[str, Any]]) -> str | None:
 def report_markdown(report: dict[str, Any]) -> str:
     """The whole markdown report of a comparison."""
     models, data, cfg = report["models"], report["dataset"], report["config"]
-    lines = [
-        "# Model comparison",
-        "",
-        f"Command: `{report['command']}`",
-        "",
-        f"Dataset: {data['name']} — {data['num_train']} memory images × {cfg['aug_epochs']} views, "
-        f"{data['num_val']} query images, {cfg['input_size']} px, k = {cfg['k']}, index {cfg['index']}, "
-        f"{cfg['precision']}, seed {cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched "
-        "for comparison with published tables); Δ = model − first model.",
-        "",
-    ]
+    if any(m.get("hbird") for m in models) or not models:
+        setting = (f"{data['num_train']} memory images × {cfg['aug_epochs']} views, {data['num_val']} query images, "
+                   f"{cfg['input_size']} px, k = {cfg['k']}, index {cfg['index']}, {cfg['precision']}, seed "
+                   f"{cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched for comparison with "
+                   "published tables); Δ = model − first model.")
+    else:
+        setting = (f"no segmentation masks, class-token probes only: {data['num_train']} train / {data['num_val']} "
+                   f"test images at {cfg['input_size']} px, {cfg['precision']}.")
+    lines = ["# Model comparison", "", f"Command: `{report['command']}`", "", f"Dataset: {data['name']} — {setting}", ""]
     for name, error in report.get("failed", {}).items():
         lines.append(f"**{name} failed**: {error}")
     if report.get("failed"):
@@ -104,9 +103,11 @@ def report_markdown(report: dict[str, Any]) -> str:
     probes = report.get("probes") or {}
     lines += ["## Summary", "", headline_table(models), ""]
     lines += [f"Class-token probes: {probes['note']}", ""] if probes.get("note") else []
-    lines += ["## mIoU vs memory size", "", "Fraction of the full memory (patches in brackets).", "",
-              memory_table(models), ""]
-    lines += ["## Per-class IoU", "", per_class_table(models), ""]
+    dense = [m for m in models if m.get("hbird")]
+    if dense:
+        lines += ["## mIoU vs memory size", "", "Fraction of the full memory (patches in brackets).", "",
+                  memory_table(dense), ""]
+        lines += ["## Per-class IoU", "", per_class_table(dense), ""]
     local = locality_table(models)
     if local:
         lines += ["## Learned locality (LocAtViT)", "",

@@ -81,3 +81,40 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="exists"):  # a finished report is never overwritten silently
         compare_cli.main(argv)
+
+
+def _colour_folder_shards(root, split):
+    """ImageFolder-style shards of one split: class 'red' and class 'blue', 6 noisy images each."""
+    from PIL import Image
+
+    from locatdino.data.shard_sources import build_source
+    from locatdino.data.shard_writer import write_shards
+
+    rng = np.random.default_rng(len(split))
+    for name, colour in (("blue", (0, 0, 200)), ("red", (200, 0, 0))):
+        (root / split / "images" / name).mkdir(parents=True)
+        for i in range(6):
+            pixels = np.clip(np.array(colour) + rng.normal(0, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / split / "images" / name / f"{i}.png")
+    write_shards(build_source(str(root / split / "images")), root / "shards" / split, workers=1, progress=False)
+
+
+@pytest.mark.slow
+def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
+    from locatdino.data.shard_labels import ShardImageLabels
+
+    for split in ("train", "val"):
+        _colour_folder_shards(tmp_path, split)
+    labelled = ShardImageLabels(str(tmp_path / "shards" / "train"))
+    assert len(labelled) == 12 and labelled.class_names == ["blue", "red"]
+    assert sorted(labelled.label(i) for i in range(12)) == [0] * 6 + [1] * 6
+    out = tmp_path / "cmp"
+    argv = ["vit=vit_tiny_patch16_224", "--dataset", "shards", "--data-dir", str(tmp_path / "shards"),
+            "--input-size", "32", "--out", str(out), "--no-progress", "--workers", "0"]
+    assert compare_cli.main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    (vit,) = report["models"]
+    assert vit["hbird"] is None and vit["probes"]["num_train"] == 12 and vit["probes"]["num_test"] == 12
+    assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
+    assert set(report["figures"].values()) == {"figures/attention.png"}
+    assert "class-token probes only" in (out / "report.md").read_text()
