@@ -8,7 +8,7 @@ DINO checkpoints (``locatdino export`` files) given with ``--checkpoint`` are sc
 which shows what a short CPU pretraining buys.
 
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_scenes_ranking.py \\
-        --checkpoint runs/demo/teacher.pth
+        --checkpoint runs/demo/locatvit_teacher.pth
 """
 
 from __future__ import annotations

@@ -1,63 +1,93 @@
-"""``locatdino demo``: the whole pipeline on the built-in scenes, no download, minutes on a CPU.
+"""``locatdino demo``: vanilla DINO vs DINO-LocAtViT on the built-in scenes, no download.
 
-It runs the three commands a user runs on real data, printing each one first, so the demo
-doubles as a worked example:
+The question the project exists to answer, at CPU scale: does LocAtViT give better frozen
+features than a ViT under the same DINO pretraining? The demo
 
-1. ``locatdino fit``    — DINO pretraining of a tiny LocAtViT from a recipe (the recipe writes
-   the built-in scenes as WebDataset shards on first use);
-2. ``locatdino export`` — the EMA teacher's backbone as a plain timm state dict;
-3. ``locatdino hbird``  — Hummingbird in-context segmentation of the pretrained teacher against
-   the same architecture, built the same way, at random initialisation; one comparison report.
+1. ``locatdino fit`` — DINO-pretrains the tiny ViT and the tiny LocAtViT of
+   ``configs/tiny_vit.yaml`` / ``configs/tiny_locatvit.yaml`` (backbone, kwargs and budget are
+   read from the recipes) with the same seed and the same shards (the first fit writes the
+   built-in scenes as WebDataset shards, the second reads them in the same order);
+2. ``locatdino export`` — each run's EMA teacher as a plain timm state dict, and each backbone at
+   random initialisation, built the same way (the recipe's kwargs and seed);
+3. ``locatdino compare`` — the two teachers and the two random inits on held-out scenes
+   (Hummingbird, class-token probes, figures), vanilla DINO first (the reference of every Δ);
 
-The baseline is built from the recipe's backbone name and kwargs (a LocAtViT's GAug constants
-depend on the build grid, so a 224 px random model would not be the same function family as a
-64 px teacher) and saved as ``random_init.pth`` beside the teacher.
+then prints the headline table and a conclusion computed from the measured numbers. It prints
+every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
+shortens the step budget and the evaluation; everything else is the recipes'.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
 from locatdino import cli
-from locatdino.configs import CONFIG_DIR
+from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.models import create_backbone
-from locatdino.retrieval.report import load_results
 
-DEFAULT_RECIPE = CONFIG_DIR / "tiny_locatvit.yaml"
+DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml")
+# what may differ between the two recipes of a like-for-like comparison
+_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "trainer.default_root_dir"}
+LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
+_QUICK = {"max_steps": 20, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3}
+_FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, "scene_size": 128, "figure_images": 4}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="locatdino demo",
-        description="Pretrain, export and evaluate on the built-in scenes (no download).",
+        description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
+        "both teachers and both random inits on held-out built-in scenes (no download).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
-    p.add_argument("--recipe", default=str(DEFAULT_RECIPE), help="locatdino fit config")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="training steps (default: the recipe's); the schedules are fitted to them: the cosine "
-                   "lr, weight-decay and teacher-momentum schedules run their whole course in these steps")
-    p.add_argument("--num-train", type=int, default=100, help="memory images for the evaluation")
-    p.add_argument("--num-val", type=int, default=50, help="query images for the evaluation")
-    p.add_argument("--input-size", type=int, default=128, help="evaluation input size in px")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
+    p.add_argument("--recipes", nargs=2, default=[str(r) for r in DEFAULT_RECIPES], metavar=("VIT", "LOCATVIT"),
+                   help="locatdino fit configs of the vanilla and the LocAtViT backbone")
+    p.add_argument("--max-steps", type=int, default=None, help="training steps (default: the recipes' budget)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="pretraining and random-init seed of both backbones (default: the recipes'); the "
+                   "held-out scenes and memory views stay the same")
+    p.add_argument("--num-train", type=int, default=None, help="memory images of the evaluation")
+    p.add_argument("--num-val", type=int, default=None, help="query images of the evaluation")
+    p.add_argument("--input-size", type=int, default=None, help="evaluation input size in px")
     return p
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str]) -> int:
     """Run one ``locatdino`` sub-command in this process, after printing it."""
     print(f"\n$ locatdino {shlex.join(argv)}", flush=True)
-    status = cli.main(argv)
-    if status:
-        raise SystemExit(f"locatdino demo: 'locatdino {argv[0]}' failed with exit status {status}")
+    return cli.main(argv)
 
 
-def _save_random_init(recipe: dict, path: Path) -> None:
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def recipe_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Keys (dotted) where two recipes differ in anything but the backbone and the run folder."""
+    fa, fb = _flatten(a), _flatten(b)
+    return sorted(k for k in fa.keys() | fb.keys()
+                  if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in _BACKBONE_KEYS))
+
+
+def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
     """The recipe's backbone at random initialisation (its seed), as a plain state dict."""
     torch.manual_seed(recipe.get("seed_everything") or 0)
     model = create_backbone(recipe["model"]["backbone"], **(recipe["model"].get("backbone_kwargs") or {}))
@@ -65,39 +95,77 @@ def _save_random_init(recipe: dict, path: Path) -> None:
     torch.save(model.state_dict(), path)
 
 
-def _miou_by_checkpoint(hbird_dir: Path) -> dict[str, float]:
-    return {r["model"]["checkpoint"]: float(r["miou"]) for r in load_results([hbird_dir])}
+def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
+    gap = va - vb
+    if abs(gap) < 0.005:
+        return f"{a} and {b} tie ({va:.2f} {unit})"
+    winner, loser = (a, b) if gap > 0 else (b, a)
+    return f"{winner} ahead of {loser} by {abs(gap):.2f} {unit} ({max(va, vb):.2f} vs {min(va, vb):.2f})"
+
+
+def conclusion(report: dict[str, Any], steps: str) -> list[str]:
+    """What was measured, in words: teacher vs teacher, and each teacher vs its random init."""
+    models = {m["spec"]["name"]: m for m in report["models"]}
+    lines = [f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
+             f"after {steps} of DINO each (one seed; the spread over seeds is in benchmarks/RESULTS.md):"]
+    vit, locat = models.get("vit-dino"), models.get("locatvit-dino")
+    if vit and locat:
+        lines.append("  Hummingbird mIoU: " + _versus("locatvit-dino", locat["hbird"]["miou"],
+                                                     "vit-dino", vit["hbird"]["miou"], "points"))
+        if vit.get("probes") and locat.get("probes"):
+            lines.append("  class-token k-NN top-1: " + _versus(
+                "locatvit-dino", locat["probes"]["knn_top1"], "vit-dino", vit["probes"]["knn_top1"], "points"))
+    for label in LABELS:
+        t, r = models.get(f"{label}-dino"), models.get(f"{label}-random")
+        if t and r:
+            gain = t["hbird"]["miou"] - r["hbird"]["miou"]
+            verdict = "beat" if gain > 0 else "did not beat"
+            lines.append(f"  pretraining {verdict} random init for {label}: {gain:+.2f} mIoU points "
+                         f"({t['hbird']['miou']:.2f} vs {r['hbird']['miou']:.2f})")
+    return lines
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    budget = {**(_QUICK if args.quick else _FULL),
+              **{k: v for k, v in vars(args).items() if k in _FULL and v is not None}}
     out = Path(args.out)
-    recipe = yaml.safe_load(Path(args.recipe).read_text())
-    backbone = recipe["model"]["backbone"]
+    args.recipes = [resolve_recipe(path) for path in args.recipes]  # a recipe name or a file
+    recipes = [yaml.safe_load(Path(path).read_text()) for path in args.recipes]
+    differences = recipe_differences(*recipes)
+    if differences:
+        print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
+              file=sys.stderr)
     started = time.perf_counter()
-
-    fit = ["fit", "--config", args.recipe, "--trainer.default_root_dir", str(out / "fit"),
-           "--data.init_args.train_urls", str(out / "scenes_shards")]
-    if args.max_steps is not None:
-        fit += ["--trainer.max_steps", str(args.max_steps)]
-    _run(fit)
-
-    teacher = out / "teacher.pth"
-    _run(["export", str(out / "fit" / "checkpoints" / "last.ckpt"), str(teacher)])
-
-    random_init = out / "random_init.pth"
-    _save_random_init(recipe, random_init)
-    _run(["hbird", "--model", backbone, "--checkpoint", str(random_init), "--model", backbone,
-          "--checkpoint", str(teacher), "--dataset", "scenes", "--num-train", str(args.num_train),
-          "--num-val", str(args.num_val), "--input-size", str(args.input_size), "--out", str(out / "hbird")])
-
+    specs: dict[str, str] = {}
+    for label, path, recipe in zip(LABELS, args.recipes, recipes):
+        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"),
+               "--data.init_args.train_urls", str(out / "scenes_shards")]
+        if budget["max_steps"] is not None:
+            fit += ["--trainer.max_steps", str(budget["max_steps"])]
+        if args.seed is not None:
+            fit += ["--seed_everything", str(args.seed)]
+            recipe = {**recipe, "seed_everything": args.seed}
+        if _run(fit):
+            raise SystemExit(f"locatdino demo: pretraining {label} ({path}) failed")
+        teacher = out / f"{label}_teacher.pth"
+        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(teacher)]):
+            raise SystemExit(f"locatdino demo: exporting the {label} teacher failed")
+        random_init = out / f"{label}_random_init.pth"
+        _save_random_init(recipe, random_init)
+        backbone = recipe["model"]["backbone"]
+        specs[f"{label}-dino"] = f"{label}-dino={backbone}:{teacher}"
+        specs[f"{label}-random"] = f"{label}-random={backbone}:{random_init}"
+    order = ["vit-dino", "locatvit-dino", "vit-random", "locatvit-random"]  # vanilla DINO: the reference
+    report_dir = out / "compare"
+    status = _run(["compare", *[specs[k] for k in order], "--dataset", "scenes", "--num-train", str(budget["num_train"]),
+                   "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
+                   "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),
+                   "--out", str(report_dir), "--overwrite"])
+    report = json.loads((report_dir / "report.json").read_text())
+    steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
+    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps)))
     minutes = (time.perf_counter() - started) / 60
-    miou = _miou_by_checkpoint(out / "hbird")
-    gain = miou[str(teacher)] - miou[str(random_init)]
-    print(f"\nlocatdino demo: pretraining changed Hummingbird mIoU by {gain:+.1f} points over random init.")
-    if gain <= 0:
-        print("  Minutes of DINO on a CPU do not yet beat random features on the scenes; measured "
-              "numbers and a supervised reference: README, 'What the demo shows'.")
-    print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {out / 'hbird' / 'summary.md'}; "
-          f"training curves: {out / 'fit' / 'logs'}")
-    return 0
+    print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
+          f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs")
+    return status

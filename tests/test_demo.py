@@ -1,20 +1,66 @@
-"""``locatdino demo`` end to end at a toy budget: the README's main command stays runnable."""
+"""``locatdino demo``: the README's main command stays runnable and reports what it measured."""
 
+import json
+import re
+
+import pytest
 import torch
+import yaml
 
 from locatdino import demo
 
+NAMES = ["vit-dino", "locatvit-dino", "vit-random", "locatvit-random"]
 
-def test_demo_fits_exports_and_compares_with_random_init(tmp_path, capsys):
+
+@pytest.mark.slow
+def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["--out", str(out), "--max-steps", "2", "--num-train", "4", "--num-val", "2", "--input-size", "64"]
-    assert demo.main(argv) == 0
+    assert demo.main(["--quick", "--max-steps", "4", "--out", str(out)]) == 0
 
     printed = capsys.readouterr().out
-    assert "pretraining changed Hummingbird mIoU by" in printed
-    summary = (out / "hbird" / "summary.md").read_text()
-    assert "locatvit_tiny-random_init" in summary and "locatvit_tiny-teacher" in summary
-    # the baseline is built like the teacher (recipe img_size 64 -> 4 x 4 patches + cls), not at 224 px
-    for name in ("random_init.pth", "teacher.pth"):
-        state = torch.load(out / name, weights_only=True)
-        assert tuple(state["pos_embed"].shape) == (1, 17, 192), name
+    assert re.search(r"Hummingbird mIoU: .*(ahead of|tie)", printed)
+    assert len(re.findall(r"pretraining (beat|did not beat) random init for (vit|locatvit): [+-]\d", printed)) == 2
+    report = json.loads((out / "compare" / "report.json").read_text())
+    assert [m["spec"]["name"] for m in report["models"]] == NAMES and not report["failed"]
+    recipes = [yaml.safe_load(p.read_text()) for p in demo.DEFAULT_RECIPES]
+    assert [m["spec"]["model"] for m in report["models"]] == [recipes[0]["model"]["backbone"],
+                                                             recipes[1]["model"]["backbone"]] * 2
+    md = (out / "compare" / "report.md").read_text()
+    for m in report["models"]:
+        assert 0 <= m["hbird"]["miou"] <= 100 and 0 <= m["probes"]["knn_top1"] <= 100
+        assert re.search(rf"\| {m['spec']['name']} \| \S+ \| \S+ \| \d+\.\d\d \|", md), m["spec"]["name"]
+    assert len(report["figures"]) == 6  # per-class, memory, predictions, PCA, attention, locality
+    for path in report["figures"].values():
+        data = (out / "compare" / path).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, path
+    # the random inits are built like the teachers (the recipes' kwargs), and the teachers did train
+    for label in ("vit", "locatvit"):
+        teacher = torch.load(out / f"{label}_teacher.pth", weights_only=True)
+        random_init = torch.load(out / f"{label}_random_init.pth", weights_only=True)
+        assert teacher["pos_embed"].shape == random_init["pos_embed"].shape
+        assert not torch.equal(teacher["blocks.0.attn.qkv.weight"], random_init["blocks.0.attn.qkv.weight"])
+
+
+def test_recipe_differences_ignore_only_the_backbone():
+    a = {"model": {"backbone": "vit_tiny_patch16_224", "lr": 0.002}, "trainer": {"default_root_dir": "a"}}
+    b = {"model": {"backbone": "locatvit_tiny", "backbone_kwargs": {"img_size": 64}, "lr": 0.002},
+         "trainer": {"default_root_dir": "b"}}
+    assert demo.recipe_differences(a, b) == []
+    b["model"]["lr"] = 0.001
+    b["seed_everything"] = 1
+    assert demo.recipe_differences(a, b) == ["model.lr", "seed_everything"]
+    assert demo.recipe_differences(*[yaml.safe_load(p.read_text()) for p in demo.DEFAULT_RECIPES]) == []
+
+
+def test_conclusion_states_the_measured_numbers():
+    def model(name, miou, knn):
+        return {"spec": {"name": name}, "hbird": {"miou": miou}, "probes": {"knn_top1": knn}}
+
+    report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
+              "models": [model("vit-dino", 20.0, 50.0), model("locatvit-dino", 23.5, 40.0),
+                         model("vit-random", 21.0, 30.0), model("locatvit-random", 19.0, 30.0)]}
+    text = "\n".join(demo.conclusion(report, "20 steps"))
+    assert "Hummingbird mIoU: locatvit-dino ahead of vit-dino by 3.50 points (23.50 vs 20.00)" in text
+    assert "k-NN top-1: vit-dino ahead of locatvit-dino by 10.00 points" in text
+    assert "pretraining did not beat random init for vit: -1.00 mIoU points" in text
+    assert "pretraining beat random init for locatvit: +4.50 mIoU points" in text

@@ -85,6 +85,7 @@ _WINDOWS = ("dark_blue", "black", "sky_blue", "light_grey", "yellow")
 _ROOFS = ("red_brown", "dark_grey", "brown", "dark_blue")
 _OBJECTS = ("tree", "bush", "building", "rock", "animal")
 _OBJECT_P = (0.22, 0.22, 0.12, 0.22, 0.22)
+_OBJECT_IDS = np.array([_ID[name] for name in _OBJECTS])
 
 
 def texture(rng: np.random.Generator, look: Look, h: int, w: int, scale: float) -> torch.Tensor:
@@ -277,6 +278,23 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
     img = img + torch.from_numpy(rng.normal(0, 0.015, (1, h, w)).astype(np.float32))
     out = (img.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
     return out, c.label.numpy()
+
+
+def scene_class(mask: np.ndarray) -> int:
+    """The image-level label of a scene: its dominant object class.
+
+    The class id (in ``SCENE_CLASSES``) of the object class — tree, bush, building, rock or
+    animal — with the most visible pixels in ``mask``; ties go to the smaller id. A scene whose
+    objects are all hidden or off-canvas falls back to its most frequent class of any kind. The
+    objects are what the scenes vary most (2–8 of 5 kinds, near ones large), so the label is a
+    global "what is in the picture" question for class-token probes, while the background
+    classes are left to the dense (Hummingbird) evaluation.
+    """
+    counts = np.bincount(np.asarray(mask, dtype=np.int64).ravel(), minlength=len(SCENE_CLASSES))
+    objects = counts[_OBJECT_IDS]
+    if objects.sum() > 0:
+        return int(_OBJECT_IDS[int(objects.argmax())])
+    return int(counts.argmax())
 
 
 def scene_rng(seed: int, index: int, split: str = "train") -> np.random.Generator:

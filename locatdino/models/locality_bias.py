@@ -142,6 +142,26 @@ class GaussianLocalityBias(nn.Module):
     def extra_repr(self) -> str:
         return f"build_grid={self.build_grid}, c={self.c:g}, eps={self.eps:g}, fast_min_grid={self.fast_min_grid}"
 
+    def _patch_logits(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, float]:
+        """``z [B, H, h·w, 3]`` (log-var row, log-var column, log-alpha) of the patch queries in
+        fp32 (fp64 for fp64 queries), and the variance scale at this grid."""
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        weight = torch.cat([self.log_var.weight, self.log_alpha.weight]).to(dtype)
+        bias = torch.cat([self.log_var.bias, self.log_alpha.bias]).to(dtype)
+        # all N queries through the d_h → 3 linear, then drop the prefix rows of the small
+        # result: slicing q itself would cost a q-sized zero-fill in backward
+        z = F.linear(q.to(dtype), weight, bias)[:, :, q.shape[2] - grid[0] * grid[1]:]
+        var_scale = self.c * (min(grid) / min(self.build_grid) if grid != self.build_grid else 1.0)
+        return z, var_scale
+
+    def gaussian_parameters(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each patch query asks for (no fast mode): ``var [B, H, h·w, 2]`` (row, column, in
+        squared patch units at this grid) and ``alpha [B, H, h·w]`` — the learned locality that
+        reports show (σ = √var)."""
+        with torch.autocast(q.device.type, enabled=False):
+            z, var_scale = self._patch_logits(q, grid)
+            return var_scale * torch.sigmoid(z[..., :2] - self.b), F.softplus(z[..., 2])
+
     def profiles(self, q: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column profiles of the patch queries: S[p, i·w + j] = rows[..., p, i] · cols[..., p, j].
 
@@ -152,13 +172,7 @@ class GaussianLocalityBias(nn.Module):
         h, w = grid
         B, H, N, _ = q.shape
         with torch.autocast(q.device.type, enabled=False):
-            dtype = torch.promote_types(q.dtype, torch.float32)
-            weight = torch.cat([self.log_var.weight, self.log_alpha.weight]).to(dtype)
-            bias = torch.cat([self.log_var.bias, self.log_alpha.bias]).to(dtype)
-            # all N queries through the d_h → 3 linear, then drop the prefix rows of the small
-            # result: slicing q itself would cost a q-sized zero-fill in backward
-            z = F.linear(q.to(dtype), weight, bias)[:, :, N - h * w:]
-            var_scale = self.c * (min(grid) / min(self.build_grid) if grid != self.build_grid else 1.0)
+            z, var_scale = self._patch_logits(q, grid)
             d_rows, d_cols = distance_table(h, w, self.clamp_min, q.device)
             fast = self.training and self.fast_min_grid is not None and max(grid) >= self.fast_min_grid \
                 and h % 2 == 0 and w % 2 == 0

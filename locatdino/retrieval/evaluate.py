@@ -23,7 +23,7 @@ import os
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -203,6 +203,38 @@ def _rescored(bank: MemoryBank, queries: torch.Tensor, ids: np.ndarray) -> torch
     return sims.masked_fill(torch.from_numpy(ids < 0), -torch.inf)
 
 
+def patch_scores(
+    extractor: FeatureExtractor,
+    bank: MemoryBank,
+    index: PatchIndex,
+    images: torch.Tensor,
+    cfg: HummingbirdConfig,
+    clock: PhaseClock | None = None,
+) -> torch.Tensor:
+    """Class scores ``[B, C, h, w]`` of the patches of ``images`` (uint8 ``[B, 3, S, S]``) by
+    label transfer from ``bank``: the per-batch step of :func:`evaluate_queries`, public so
+    that reports can draw the predictions of a few chosen images."""
+    clock = clock or PhaseClock()
+    c = bank.num_classes
+    chunk = max(1, _TRANSFER_CHUNK_BYTES // (4 * cfg.k * max(c, bank.dim)))
+    with clock("features"):
+        feats = extractor(images)
+    b, h, w, d = feats.shape
+    queries = feats.reshape(-1, d)
+    with clock("search"):
+        sims, ids = index.search(queries.numpy(), cfg.k)
+    with clock("transfer"):
+        scores = torch.empty(queries.shape[0], c)
+        for s in range(0, queries.shape[0], chunk):
+            e = s + chunk
+            if index.exact_scores:
+                chunk_sims = torch.from_numpy(sims[s:e])
+            else:
+                chunk_sims = _rescored(bank, queries[s:e], ids[s:e])
+            scores[s:e] = transfer_labels(chunk_sims, bank.gather_labels(ids[s:e]), cfg.beta)
+        return scores.view(b, h, w, c).permute(0, 3, 1, 2)
+
+
 def evaluate_queries(
     extractor: FeatureExtractor,
     bank: MemoryBank,
@@ -216,7 +248,6 @@ def evaluate_queries(
     clock = clock or PhaseClock()
     c, size = bank.num_classes, cfg.input_size
     cm = ConfusionMatrix(c, dataset.ignore_index)
-    chunk = max(1, _TRANSFER_CHUNK_BYTES // (4 * cfg.k * max(c, bank.dim)))
     skipped = 0
     loader = _loader(QueryViews(dataset, size), cfg, extractor)
     batches = tqdm(loader, desc="query", disable=not cfg.progress, leave=False)
@@ -224,22 +255,8 @@ def evaluate_queries(
         skipped += n_skipped
         if not masks:
             continue
-        with clock("features"):
-            feats = extractor(images)
-        b, h, w, d = feats.shape
-        queries = feats.reshape(-1, d)
-        with clock("search"):
-            sims, ids = index.search(queries.numpy(), cfg.k)
+        scores = patch_scores(extractor, bank, index, images, cfg, clock)
         with clock("transfer"):
-            scores = torch.empty(queries.shape[0], c)
-            for s in range(0, queries.shape[0], chunk):
-                e = s + chunk
-                if index.exact_scores:
-                    chunk_sims = torch.from_numpy(sims[s:e])
-                else:
-                    chunk_sims = _rescored(bank, queries[s:e], ids[s:e])
-                scores[s:e] = transfer_labels(chunk_sims, bank.gather_labels(ids[s:e]), cfg.beta)
-            scores = scores.view(b, h, w, c).permute(0, 3, 1, 2)
             if cfg.eval_resolution == "input":  # the reference: masks resized to the input
                 resized = [TF.resize(tv_tensors.Mask(m), [size, size], interpolation=NEAREST_EXACT) for m in masks]
                 cm.update(predict(scores, (size, size)), torch.stack(resized))
@@ -254,12 +271,15 @@ def hummingbird(
     train_set: Any,
     val_set: Any,
     cfg: HummingbirdConfig | None = None,
+    inspect: Callable[[Any, MemoryBank, PatchIndex], None] | None = None,
 ) -> HummingbirdResult:
     """Run the whole benchmark: memory from ``train_set``, label transfer on ``val_set``.
 
     ``model`` is a timm ViT (wrapped in a :class:`FeatureExtractor` with ``cfg``'s layer, norm,
     PRR and precision) or any object with the extractor's interface — ``patch_size``, ``dim``,
     ``grid(size)`` and ``__call__(uint8 images) -> [B, h, w, D]`` L2-normalised features.
+    ``inspect(extractor, bank, index)``, when given, is called once the queries are scored, while
+    the memory still exists (``locatdino compare`` draws its figures from it).
     """
     cfg = cfg or HummingbirdConfig()
     if train_set.num_classes != val_set.num_classes:
@@ -282,6 +302,8 @@ def hummingbird(
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
+    if inspect is not None:  # not timed: not part of the benchmark
+        inspect(extractor, bank, index)
     identity, matched = cm.compute("identity"), cm.compute("hungarian", cfg.hungarian)
     names = list(getattr(val_set, "class_names", None) or range(cm.num_classes))
     return HummingbirdResult(

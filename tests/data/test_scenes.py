@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, render_scene, scene_rng
+from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, render_scene, scene_class, scene_rng
 
 
 def test_deterministic_by_seed_and_index():
@@ -42,3 +42,18 @@ def test_every_class_appears_with_varied_colours():
         assert len(means) >= 3, f"class {SCENE_CLASSES[k]} appears in only {len(means)} of 40 scenes"
         # intra-class variation: the per-scene mean colour of a class moves by > 10 grey levels
         assert np.linalg.norm(np.std(means, axis=0)) > 10, SCENE_CLASSES[k]
+
+
+def test_scene_class_is_the_dominant_object_class():
+    ids = {name: i for i, name in enumerate(SCENE_CLASSES)}
+    mask = np.full((20, 20), ids["sky"], dtype=np.uint8)  # 400 px of sky: background never wins
+    mask[:2, :5] = ids["tree"]  # 10 px
+    mask[5:9, :5] = ids["animal"]  # 20 px
+    assert scene_class(mask) == ids["animal"]
+    mask[10:14, :5] = ids["bush"]  # 20 px: a tie goes to the smaller id (bush < animal)
+    assert scene_class(mask) == ids["bush"]
+    no_objects = np.full((4, 4), ids["water"], dtype=np.uint8)
+    no_objects[0] = ids["sky"]
+    assert scene_class(no_objects) == ids["water"]  # no object visible: the most frequent class
+    _, rendered = ScenesSegmentation(1, size=64)[0]
+    assert SCENE_CLASSES[scene_class(rendered)] in ("tree", "bush", "building", "rock", "animal")

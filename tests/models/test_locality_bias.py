@@ -122,3 +122,22 @@ def test_gradients_match_finite_differences(log_var_bias):
         rows, cols = bias.profiles(q, (4, 5))
         assert (rows < 1e-12).float().mean() > 0.1 and (cols < 1e-12).float().mean() > 0.1
     assert torch.autograd.gradcheck(lambda q, *params: bias(q, (4, 5)), (q, *bias.parameters()))
+
+
+@pytest.mark.parametrize("grid", [(6, 6), (4, 4)], ids=["build", "smaller"])
+def test_gaussian_parameters_are_the_spec_variance_and_amplitude(grid):
+    """var and alpha per patch query as SPEC §1.1 writes them (prefix queries dropped)."""
+    torch.manual_seed(0)
+    bias = GaussianLocalityBias(8, build_grid=(6, 6))
+    for p in bias.parameters():
+        torch.nn.init.normal_(p)
+    q = torch.randn(2, 3, 1 + grid[0] * grid[1], 8)
+    var, alpha = bias.gaussian_parameters(q, grid)
+    c = 36.0
+    z = q[:, :, 1:].double() @ bias.log_var.weight.double().T + bias.log_var.bias.double()
+    expected_var = c * torch.sigmoid(z - math.log(c - 1)) * (min(grid) / 6)
+    expected_alpha = torch.nn.functional.softplus(q[:, :, 1:].double() @ bias.log_alpha.weight.double().T
+                                                  + bias.log_alpha.bias.double())[..., 0]
+    assert var.shape == (2, 3, grid[0] * grid[1], 2) and alpha.shape == (2, 3, grid[0] * grid[1])
+    torch.testing.assert_close(var.double(), expected_var, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(alpha.double(), expected_alpha, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,211 @@
+"""``locatdino compare``: several models side by side — one report with figures and probes.
+
+    locatdino compare vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
+        locat=locatvit_small:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+
+Writes into ``--out``: ``report.md``, ``report.json`` and ``figures/*.png`` (per-class IoU, mIoU vs
+memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality). The first
+model is the reference of every Δ. Exit status 1 when a model failed (its one-line error is on
+stderr and in the report; the others are still evaluated and written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from locatdino.retrieval.compare import ModelSpec, ProbeSet, ShownImages, compare
+from locatdino.retrieval.compare_report import headline_table, report_markdown
+from locatdino.retrieval.evaluate import HummingbirdConfig
+from locatdino.retrieval.report import atomic_write_text
+from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
+
+DATASETS = ("scenes", "voc", "ade20k", "shards")
+SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
+SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
+                    "rock, animal; locatdino.data.scenes.scene_class)")
+
+
+def _fraction(text: str) -> Fraction:
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"memory fraction {text!r} is not a number like 1/16 or 0.25") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"memory fraction {text} must lie in (0, 1]")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = HummingbirdConfig()
+    p = argparse.ArgumentParser(
+        prog="locatdino compare",
+        description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
+        "per-class IoU, class-token probes, speed, and figures, in one report.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("models", nargs="+", metavar="NAME=MODEL[:CHECKPOINT]",
+                   help="a display name, a timm / LocAtViT model and its weights (none or omitted: random "
+                   "init); the first model is the reference of the Δ columns")
+    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
+    p.add_argument("--data-dir", default=None, help="dataset root (not needed for the built-in scenes)")
+    p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
+    p.add_argument("--val-split", default="val", help="query split")
+    p.add_argument("--num-train", type=int, default=None, help="memory images (scenes default 300)")
+    p.add_argument("--num-val", type=int, default=None, help="query images (scenes default 100)")
+    p.add_argument("--scene-size", type=int, default=224, help="side of the built-in scenes in px")
+    p.add_argument("--input-size", type=int, default=d.input_size, help="evaluation resolution in px")
+    p.add_argument("--memory-size", type=int, default=None, help="full memory budget in patches (default: all)")
+    p.add_argument("--memory-fractions", type=_fraction, nargs="+", default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
+                   metavar="F", help="memory sizes to score, as fractions of the full memory")
+    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs, help="augmented passes over the memory images")
+    p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
+    p.add_argument("--index", default=d.index, help="FAISS factory string (Flat: exact)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision, help="encoder precision")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 1 on CPU)")
+    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, random init")
+    p.add_argument("--figure-images", type=int, default=4, help="query images shown in the figures")
+    p.add_argument("--out", default="compare_results", help="output folder")
+    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The memory and query segmentation splits, or ``(None, None)`` for shards without masks."""
+    common = dict(seed=args.seed, scene_size=args.scene_size)
+    try:
+        train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300, **common)
+        val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+    except ValueError:
+        if args.dataset != "shards":
+            raise
+        return None, None  # e.g. ImageFolder shards: image labels only
+    if args.dataset == "scenes":  # rendered once, read by every model and memory size
+        train, val = CachedSplit(train), CachedSplit(val)
+    return train, val
+
+
+def _labelled_shards(args: argparse.Namespace, split: str, count: int | None) -> Any:
+    from locatdino.data.shard_labels import ShardImageLabels
+
+    folder = Path(args.data_dir) / split
+    if not folder.is_dir():
+        raise ValueError(f"class-token probes on shards need a folder per split: {folder} does not exist")
+    labelled = ShardImageLabels(str(folder))
+    if count is not None and count < len(labelled):
+        rng = np.random.default_rng(args.seed)
+        labelled = SubsetSplit(labelled, np.sort(rng.choice(len(labelled), size=count, replace=False)))
+    return labelled
+
+
+def _probe_set(args: argparse.Namespace, train: Any, val: Any) -> tuple[ProbeSet | None, dict[str, Any]]:
+    """Image-labelled train / test images: scenes (dominant object of the mask) or shards with ``cls``."""
+    if args.dataset == "scenes":
+        from locatdino.data.scenes import scene_class
+
+        probes = ProbeSet.from_splits(train, val, scene_class, args.input_size, SCENE_LABEL_RULE)
+    elif args.dataset == "shards":
+        try:
+            train_labels = _labelled_shards(args, args.train_split, args.num_train)
+            val_labels = _labelled_shards(args, args.val_split, args.num_val)
+        except ValueError as err:
+            if train is None:  # neither masks nor labels: nothing to measure
+                raise
+            return None, {"note": f"not run: {err}"}
+        probes = ProbeSet.from_splits(train_labels, val_labels, int, args.input_size, SHARD_LABEL_RULE)
+    else:
+        return None, {"note": f"not run: {args.dataset} has no image-level labels"}
+    return probes, {"label_rule": probes.label_rule, "num_train": len(probes.train_labels),
+                    "num_test": len(probes.test_labels), "note": probes.label_rule}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    try:
+        specs = [ModelSpec.parse(text) for text in args.models]
+    except ValueError as err:
+        raise SystemExit(f"locatdino compare: {err}") from None
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"locatdino compare: model names must be unique, got {', '.join(names)}")
+    out = Path(args.out)
+    if (out / "report.json").exists() and not args.overwrite:
+        raise SystemExit(f"locatdino compare: {out / 'report.json'} exists (pass --overwrite to replace it)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        train, val = _open_splits(args)
+        probes, probe_info = _probe_set(args, train, val)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        raise SystemExit(f"locatdino compare: {err}") from None
+    cfg = HummingbirdConfig(input_size=args.input_size, aug_epochs=args.aug_epochs, memory_size=args.memory_size,
+                            k=args.k, index=args.index, precision=args.precision, batch_size=args.batch_size,
+                            num_workers=args.workers, seed=args.seed, progress=not args.no_progress)
+    if train is None:
+        print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
+              f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
+        shown = ShownImages.from_probes(probes, args.figure_images)
+    else:
+        print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
+              f"{args.input_size} px", file=sys.stderr, flush=True)
+        shown = ShownImages.from_split(val, args.figure_images, args.input_size)
+    outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes)
+    classes = report_classes(val) if val is not None else []
+    report = {
+        "command": "locatdino compare " + shlex.join(argv),
+        "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
+                    "val_split": args.val_split,
+                    "num_train": len(train) if train is not None else len(probes.train_labels),
+                    "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
+        "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
+                   "memory_fractions": [str(f) for f in args.memory_fractions]},
+        "probes": probe_info,
+        "models": [o.to_dict() for o in outcomes],
+        "failed": failed,
+        "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
+    }
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(out / "report.md", report_markdown(report))
+    if outcomes:
+        print(headline_table(report["models"]))
+    print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def report_classes(dataset: Any) -> list[str]:
+    return [str(c) for c in (getattr(dataset, "class_names", None) or range(dataset.num_classes))]
+
+
+def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Path) -> dict[str, str]:
+    """Draw every figure into ``out/figures``; ``{title: path relative to out}``."""
+    from locatdino.retrieval import figures
+
+    print("[compare] figures", file=sys.stderr, flush=True)
+    models = [o.to_dict() for o in outcomes]
+    images = shown.images.numpy()
+    folder = out / "figures"
+    with_masks = [o for o in outcomes if o.hbird is not None]
+    drawn = {"class-token attention": figures.attention_grid(
+        images[0], {o.spec.name: o.visuals["attention"] for o in outcomes}, folder / "attention.png")}
+    if with_masks:
+        dense = [o.to_dict() for o in with_masks]
+        drawn |= {
+            "per-class IoU": figures.per_class_bars(dense, folder / "per_class_iou.png"),
+            "mIoU vs memory size": figures.miou_vs_memory(dense, folder / "miou_vs_memory.png"),
+            "predictions": figures.qualitative_grid(images, shown.masks, {o.spec.name: o.visuals["prediction"]
+                                                                          for o in with_masks},
+                                                    class_names, folder / "predictions.png"),
+            "PCA of patch features": figures.pca_grid(images, {o.spec.name: o.visuals["pca"] for o in with_masks},
+                                                      folder / "pca.png"),
+        }
+    drawn["LocAtViT locality"] = figures.locality_curves(models, folder / "locality.png")
+    return {title: str(path.relative_to(out)) for title, path in drawn.items() if path is not None}

@@ -1,0 +1,124 @@
+"""``report.md`` of ``locatdino compare``, written from the same dict as ``report.json``.
+
+Scores in percent. Δ columns are differences to the first model that ran (the reference of the
+comparison: put the vanilla model first). Timings and memory come from the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from locatdino.retrieval.report import _fmt
+
+
+def _delta(value: float | None, ref: float | None) -> str:
+    return "–" if value is None or ref is None else f"{value - ref:+.2f}"
+
+
+def _model_cell(m: dict[str, Any]) -> str:
+    return f"{m['spec']['name']}"
+
+
+def headline_table(models: list[dict[str, Any]]) -> str:
+    """One row per model: mIoU (Δ to the first), Hungarian mIoU, probes, size and speed."""
+    ref = models[0]
+    rows = ["| model | backbone | weights | mIoU | Δ mIoU | mIoU (Hungarian) | k-NN top-1 | logistic top-1 | "
+            "parameters | images/s | peak forward MB |", "|" + "---|" * 11]
+    for m in models:
+        probes = m.get("probes") or {}
+        fwd = m.get("forward") or {}
+        hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
+        rows.append(
+            f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
+            f"{_fmt(hbird.get('miou'))} | {_delta(hbird.get('miou'), ref_hbird.get('miou'))} | "
+            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(probes.get('knn_top1'), 1)} | "
+            f"{_fmt(probes.get('logistic_top1'), 1)} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
+            f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
+        )
+    return "\n".join(rows)
+
+
+def memory_table(models: list[dict[str, Any]]) -> str:
+    """mIoU per memory fraction (columns) and model (rows)."""
+    fractions = [p["fraction"] for p in models[0]["memory_curve"]]
+    rows = ["| model | " + " | ".join(f"memory {f}" for f in fractions) + " |", "|" + "---|" * (len(fractions) + 1)]
+    for m in models:
+        by_fraction = {p["fraction"]: p for p in m["memory_curve"]}
+        cells = [f"{_fmt(by_fraction[f]['miou'])} ({by_fraction[f]['memory_patches']:,})" if f in by_fraction else "–"
+                 for f in fractions]
+        rows.append(f"| {_model_cell(m)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def per_class_table(models: list[dict[str, Any]]) -> str:
+    """Per-class IoU of every model, with Δ to the first model for the others."""
+    ref = models[0]
+    head = [_model_cell(ref)] + [c for m in models[1:] for c in (_model_cell(m), "Δ")]
+    rows = ["| class | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 1)]
+    for name, ref_iou in ref["hbird"]["per_class_iou"].items():
+        cells = [_fmt(ref_iou)]
+        for m in models[1:]:
+            iou = m["hbird"]["per_class_iou"].get(name)
+            cells += [_fmt(iou), _delta(iou, ref_iou)]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def locality_table(models: list[dict[str, Any]]) -> str | None:
+    """Mean GAug σ (patches) and α per block of every LocAtViT model; None when there is none."""
+    local = [m for m in models if m.get("locality")]
+    if not local:
+        return None
+    depth = max(len(m["locality"]) for m in local)
+    rows = ["| block | " + " | ".join(f"{_model_cell(m)} σ | {_model_cell(m)} α" for m in local) + " |",
+            "|" + "---|" * (2 * len(local) + 1)]
+    for b in range(depth):
+        cells = []
+        for m in local:
+            s = m["locality"][b] if b < len(m["locality"]) else None
+            cells += [_fmt(s and s["sigma"]), _fmt(s and s["alpha"], 3)]
+        rows.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """The whole markdown report of a comparison."""
+    models, data, cfg = report["models"], report["dataset"], report["config"]
+    if any(m.get("hbird") for m in models) or not models:
+        setting = (f"{data['num_train']} memory images × {cfg['aug_epochs']} views, {data['num_val']} query images, "
+                   f"{cfg['input_size']} px, k = {cfg['k']}, index {cfg['index']}, {cfg['precision']}, seed "
+                   f"{cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched for comparison with "
+                   "published tables); Δ = model − first model.")
+    else:
+        setting = (f"no segmentation masks, class-token probes only: {data['num_train']} train / {data['num_val']} "
+                   f"test images at {cfg['input_size']} px, {cfg['precision']}.")
+    lines = ["# Model comparison", "", f"Command: `{report['command']}`", "", f"Dataset: {data['name']} — {setting}", ""]
+    for name, error in report.get("failed", {}).items():
+        lines.append(f"**{name} failed**: {error}")
+    if report.get("failed"):
+        lines.append("")
+    if not models:
+        return "\n".join(lines + ["No model finished.", ""])
+    probes = report.get("probes") or {}
+    lines += ["## Summary", "", headline_table(models), ""]
+    if probes.get("note"):
+        majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
+        baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""
+        lines += [f"Class-token probes (k-NN: k = 20, cosine, votes exp(sim / 0.07); logistic regression), "
+                  f"top-1 in %: {probes['note']}{baseline}.", ""]
+    dense = [m for m in models if m.get("hbird")]
+    if dense:
+        lines += ["## mIoU vs memory size", "", "Fraction of the full memory (patches in brackets).", "",
+                  memory_table(dense), ""]
+        lines += ["## Per-class IoU", "", per_class_table(dense), ""]
+    local = locality_table(models)
+    if local:
+        lines += ["## Learned locality (LocAtViT)", "",
+                  "Mean GAug σ (in patches, at the evaluation grid) and α over all heads and patch "
+                  "queries of the figure images, per block.", "", local, ""]
+    if report.get("figures"):
+        lines += ["## Figures", ""] + [f"![{name}]({path})" for name, path in report["figures"].items()] + [""]
+    lines += ["## Config", "", "```json", json.dumps(report["config"], indent=2, default=str), "```", ""]
+    return "\n".join(lines)
+

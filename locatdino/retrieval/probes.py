@@ -1,0 +1,81 @@
+"""Class-token probes on frozen embeddings (SPEC §2.2): DINO's weighted k-NN and a linear probe.
+
+Both take ``[N, D]`` train / test embeddings with integer labels and return top-1 accuracy in
+[0, 1]. The k-NN vote is the reference's: L2-normalised features, the k most cosine-similar train
+embeddings of each test embedding (scikit-learn's brute-force ``NearestNeighbors``), each voting
+for its label with weight ``exp(sim / T)``; ties go to the smallest label. The linear probe is
+scikit-learn's ``LogisticRegression`` on standardised features (lbfgs, multinomial).
+
+:func:`class_embeddings` computes the embedding these probes read: the backbone's image
+embedding (``model(x)`` with ``num_classes=0``: the class token after the final norm, PRR-refined
+for LocAtViT), as DINO's k-NN evaluation takes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.neighbors import NearestNeighbors
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler, normalize
+from torch import nn
+
+from locatdino.retrieval.augment import normalize as normalize_images
+from locatdino.retrieval.features import eval_mode
+
+
+def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray):
+    train_feats, test_feats = np.asarray(train_feats, np.float64), np.asarray(test_feats, np.float64)
+    train_labels, test_labels = np.asarray(train_labels), np.asarray(test_labels)
+    if train_feats.ndim != 2 or test_feats.ndim != 2 or train_feats.shape[1] != test_feats.shape[1]:
+        raise ValueError(f"probe features must be [N, D] with one D, got {train_feats.shape} and {test_feats.shape}")
+    if len(train_labels) != len(train_feats) or len(test_labels) != len(test_feats):
+        raise ValueError(f"{len(train_feats)}/{len(test_feats)} features but {len(train_labels)}/{len(test_labels)} labels")
+    if len(train_feats) == 0 or len(test_feats) == 0:
+        raise ValueError("probe needs at least one train and one test embedding")
+    return train_feats, train_labels, test_feats, test_labels
+
+
+def knn_accuracy(
+    train_feats: np.ndarray,
+    train_labels: np.ndarray,
+    test_feats: np.ndarray,
+    test_labels: np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
+) -> float:
+    """Top-1 accuracy of DINO's temperature-weighted cosine k-NN classifier (k capped at N train)."""
+    train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
+    classes, train_ids = np.unique(train_labels, return_inverse=True)
+    k = min(k, len(train_feats))
+    search = NearestNeighbors(n_neighbors=k, metric="cosine", algorithm="brute").fit(normalize(train_feats))
+    distances, neighbours = search.kneighbors(normalize(test_feats))
+    weights = np.exp((1.0 - distances) / temperature)  # cosine distance = 1 - similarity
+    votes = np.zeros((len(test_feats), len(classes)))
+    np.add.at(votes, (np.arange(len(test_feats))[:, None], train_ids[neighbours]), weights)
+    return float(np.mean(classes[votes.argmax(1)] == test_labels))
+
+
+def logistic_accuracy(
+    train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray
+) -> float:
+    """Top-1 accuracy of a logistic-regression probe (standardised features, L2 penalty C = 1)."""
+    train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
+    if len(np.unique(train_labels)) < 2:  # one class: nothing to fit, the probe predicts it
+        return float(np.mean(test_labels == train_labels[0]))
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    probe.fit(train_feats, train_labels)
+    return float(probe.score(test_feats, test_labels))
+
+
+def class_embeddings(model: nn.Module, images: torch.Tensor, batch_size: int = 32, precision: str = "fp32") -> np.ndarray:
+    """``[N, D]`` float32 image embeddings of uint8 ``images [N, 3, S, S]`` (frozen, eval mode)."""
+    device = next(model.parameters()).device
+    out = []
+    with eval_mode(model), torch.inference_mode(), torch.autocast(
+        device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
+    ):
+        for s in range(0, len(images), batch_size):
+            out.append(model(normalize_images(images[s : s + batch_size].to(device))).float().cpu())
+    return torch.cat(out).numpy()

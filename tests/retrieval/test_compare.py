@@ -1,0 +1,120 @@
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from locatdino.retrieval import compare_cli
+from locatdino.retrieval.compare import ModelSpec, memory_sizes
+from locatdino.retrieval.feature_cache import CachedExtractor
+from locatdino.retrieval.features import FeatureExtractor
+
+TINY = ["--num-train", "8", "--num-val", "3", "--scene-size", "64", "--input-size", "64", "--k", "5",
+        "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8"]
+
+
+def test_model_spec_parsing():
+    assert ModelSpec.parse("v=vit_small_patch16_224:a/b.pth") == ModelSpec("v", "vit_small_patch16_224", "a/b.pth")
+    assert ModelSpec.parse("r=locatvit_tiny") == ModelSpec("r", "locatvit_tiny", None)
+    assert ModelSpec.parse("r=locatvit_tiny:none").checkpoint is None
+    with pytest.raises(ValueError, match="NAME=MODEL"):
+        ModelSpec.parse("vit_small_patch16_224")
+
+
+def test_memory_sizes_are_fractions_of_the_full_memory():
+    fractions = [Fraction(1), Fraction(1, 4), Fraction(1, 16)]
+    # 160 patches from 10 views: 1/16 -> 10 patches (one per view) is kept at k 5, not at k 30
+    assert memory_sizes(fractions, 160, 10, 5) == [(Fraction(1, 16), 10), (Fraction(1, 4), 40)]
+    assert memory_sizes(fractions, 160, 10, 30) == [(Fraction(1, 4), 40)]
+    assert memory_sizes(fractions, 150, 10, 5) == [(Fraction(1, 4), 37)]  # 1/16 -> 9 < one per view
+
+
+def test_feature_cache_computes_each_batch_once(tiny_vit):
+    calls = []
+
+    class Counting(FeatureExtractor):
+        def __call__(self, images):
+            calls.append(1)
+            return super().__call__(images)
+
+    cached = CachedExtractor(Counting(tiny_vit))
+    a = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    b = a.clone()
+    b[0, 0, 0, 0] ^= 1
+    first = cached(a)
+    torch.testing.assert_close(cached(a.clone()), first)
+    assert not torch.equal(cached(b), first) and len(calls) == 2 and cached.hits == 1
+
+
+@pytest.mark.slow
+def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
+    bad = tmp_path / "broken.pth"
+    bad.write_bytes(b"not a checkpoint")
+    out = tmp_path / "cmp"
+    argv = ["vit=vit_tiny_patch16_224", f"bad=vit_tiny_patch16_224:{bad}", "locat=locatvit_tiny:none",
+            "--out", str(out), *TINY]
+    assert compare_cli.main(argv) == 1
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("locatdino compare:")]
+    assert len(err_lines) == 1 and "'bad'" in err_lines[0] and str(bad) in err_lines[0]
+
+    report = json.loads((out / "report.json").read_text())
+    assert [m["spec"]["name"] for m in report["models"]] == ["vit", "locat"]
+    assert list(report["failed"]) == ["bad"]
+    vit, locat = report["models"]
+    assert 0 <= vit["hbird"]["miou"] <= 100 and vit["parameters"] == 5_524_416
+    assert locat["parameters"] - vit["parameters"] == 12 * (3 * 64 + 3)  # GAug: 3 d_h + 3 per block
+    # the full memory holds the patches that are mostly image (zoom-out crops pad), at most 8 x 16;
+    # a fraction f keeps floor(f x full / 8) patches per view; 1/16 leaves less than one per view
+    curve = vit["memory_curve"]
+    full = vit["hbird"]["memory_patches"]
+    assert [p["fraction"] for p in curve] == ["1/4", "1"] and 64 <= full <= 128 and curve[1]["memory_patches"] == full
+    assert curve[0]["memory_patches"] <= 8 * (full // 4 // 8) and curve[0]["memory_patches"] > 0
+    assert vit["locality"] is None and len(locat["locality"]) == 12
+    probes = vit["probes"]
+    assert probes["num_train"] == 8 and probes["num_test"] == 3 and 0 <= probes["knn_top1"] <= 100
+    md = (out / "report.md").read_text()
+    assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
+    for path in report["figures"].values():
+        assert (out / path).stat().st_size > 1000 and (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"figures/locality.png", "figures/predictions.png"} <= set(report["figures"].values())
+
+    with pytest.raises(SystemExit, match="exists"):  # a finished report is never overwritten silently
+        compare_cli.main(argv)
+
+
+def _colour_folder_shards(root, split):
+    """ImageFolder-style shards of one split: class 'red' and class 'blue', 6 noisy images each."""
+    from PIL import Image
+
+    from locatdino.data.shard_sources import build_source
+    from locatdino.data.shard_writer import write_shards
+
+    rng = np.random.default_rng(len(split))
+    for name, colour in (("blue", (0, 0, 200)), ("red", (200, 0, 0))):
+        (root / split / "images" / name).mkdir(parents=True)
+        for i in range(6):
+            pixels = np.clip(np.array(colour) + rng.normal(0, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / split / "images" / name / f"{i}.png")
+    write_shards(build_source(str(root / split / "images")), root / "shards" / split, workers=1, progress=False)
+
+
+@pytest.mark.slow
+def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
+    from locatdino.data.shard_labels import ShardImageLabels
+
+    for split in ("train", "val"):
+        _colour_folder_shards(tmp_path, split)
+    labelled = ShardImageLabels(str(tmp_path / "shards" / "train"))
+    assert len(labelled) == 12 and labelled.class_names == ["blue", "red"]
+    assert sorted(labelled.label(i) for i in range(12)) == [0] * 6 + [1] * 6
+    out = tmp_path / "cmp"
+    argv = ["vit=vit_tiny_patch16_224", "--dataset", "shards", "--data-dir", str(tmp_path / "shards"),
+            "--input-size", "32", "--out", str(out), "--no-progress", "--workers", "0"]
+    assert compare_cli.main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    (vit,) = report["models"]
+    assert vit["hbird"] is None and vit["probes"]["num_train"] == 12 and vit["probes"]["num_test"] == 12
+    assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
+    assert set(report["figures"].values()) == {"figures/attention.png"}
+    assert "class-token probes only" in (out / "report.md").read_text()
