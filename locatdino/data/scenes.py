@@ -309,3 +309,14 @@ class ScenesSegmentation:
             raise IndexError(f"scene index {index} out of range [0, {self.num_images})")
         image, mask = render_scene(scene_rng(self.seed, index, self.split), self.size)
         return Image.fromarray(image), mask
+
+
+_OBJECT_IDS = np.array([_ID[name] for name in _OBJECTS])
+
+
+def scene_class(mask: np.ndarray) -> int:
+    """Image-level label of a scene: its dominant object class by pixel count (the dominant class
+    overall when no object is visible), for class-token probes such as k-NN."""
+    counts = np.bincount(np.asarray(mask).ravel(), minlength=len(SCENE_CLASSES))
+    objects = counts[_OBJECT_IDS]
+    return int(_OBJECT_IDS[objects.argmax()]) if objects.any() else int(counts.argmax())
