@@ -11,6 +11,13 @@ patch 16 recipe the project had before (4 × 4 tokens per global crop).
 
     .venv/bin/python benchmarks/bench_pretraining.py --setting recipe --backbone locatvit_tiny \\
         --seeds 3 --out runs/bench_pretraining
+
+Runs are compared in optimizer steps; ``--throughput`` converts steps to wall time: the recipe's
+DINO step (Lightning, one fixed batch of the recipe's crops, no data loading) timed for each
+listed setting, rounds alternating between settings so load from other jobs hits all alike::
+
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_pretraining.py \\
+        --throughput p16 p8 --backbone locatvit_tiny
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +34,7 @@ import numpy as np
 import torch
 import yaml
 
+from locatdino.data import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.models import create_backbone
 from locatdino.retrieval import HummingbirdMonitor
@@ -32,7 +42,10 @@ from locatdino.retrieval.augment import normalize
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.probes import knn_accuracy
 from locatdino.retrieval.splits import CachedSplit, open_split
+from locatdino.ssl import DINOModule
 from locatdino.ssl import cli as fit_cli
+
+from bench_dino_step import lightning_round  # noqa: E402  (benchmarks/ is the script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"vit_tiny_patch16_224": ROOT / "configs" / "tiny_vit.yaml",
@@ -70,7 +83,9 @@ def monitor_curve(fit_dir: Path) -> list[tuple[int, float]]:
     if not path.is_file():
         return []
     with open(path) as f:
-        return [(int(r["step"]), round(float(r["hbird/mIoU"]), 2)) for r in csv.DictReader(f) if r.get("hbird/mIoU")]
+        rows = [(int(r["step"]) + 1, round(float(r["hbird/mIoU"]), 2)) for r in csv.DictReader(f) if r.get("hbird/mIoU")]
+    # the logger repeats the last value on its next row: keep each evaluation once
+    return [row for i, row in enumerate(rows) if i == 0 or row[1] != rows[i - 1][1]]
 
 
 class ClassTokenKNN:
@@ -92,9 +107,33 @@ class ClassTokenKNN:
         return 100 * knn_accuracy(embed(self.train[0]), self.train[1], embed(self.val[0]), self.val[1])
 
 
+def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int = 4) -> None:
+    """Median seconds per DINO step of each setting's backbone kwargs on the recipe's batch."""
+    recipe = yaml.safe_load(RECIPES[backbone].read_text())
+    data = recipe["data"]["init_args"]
+    crops = MultiCropTransform(**data["multicrop"])
+    scenes = ScenesSegmentation(data["batch_size"], size=data["synthetic_size"])
+    torch.manual_seed(0)
+    batch = collate_multicrop([crops(scenes[i][0]) for i in range(len(scenes))])
+    model_args = {k: v for k, v in recipe["model"].items() if k not in ("backbone", "backbone_kwargs")}
+    modules = {name: DINOModule(backbone, backbone_kwargs(recipe, SETTINGS[name]), batch_size=data["batch_size"],
+                                **model_args) for name in settings}
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    with tempfile.TemporaryDirectory() as log_dir:
+        for _ in range(rounds):
+            for name, module in modules.items():
+                times[name] += lightning_round(module, batch, steps, log_dir)
+    base = statistics.median(times[settings[0]])
+    for name in settings:
+        med = statistics.median(times[name])
+        print(f"{backbone} {name}: {med:.2f} s/step ({med / base:.2f}x {settings[0]}), "
+              f"{360 / med:.0f} steps in 6 min", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--setting", required=True, choices=sorted(SETTINGS))
+    p.add_argument("--setting", choices=sorted(SETTINGS))
+    p.add_argument("--throughput", nargs="+", choices=sorted(SETTINGS), help="time these settings' steps instead")
     p.add_argument("--backbone", default="locatvit_tiny", choices=sorted(RECIPES))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
@@ -107,6 +146,10 @@ def main() -> None:
     p.add_argument("--knn-val", type=int, default=200)
     p.add_argument("--out", default="runs/bench_pretraining")
     args = p.parse_args()
+    if args.throughput:
+        return throughput(args.backbone, args.throughput)
+    if not args.setting:
+        p.error("--setting or --throughput is required")
 
     recipe_path = RECIPES[args.backbone]
     recipe = yaml.safe_load(recipe_path.read_text())

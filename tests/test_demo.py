@@ -14,7 +14,7 @@ def test_demo_fits_exports_and_compares_with_random_init(tmp_path, capsys):
     assert "pretraining changed Hummingbird mIoU by" in printed
     summary = (out / "hbird" / "summary.md").read_text()
     assert "locatvit_tiny-random_init" in summary and "locatvit_tiny-teacher" in summary
-    # the baseline is built like the teacher (recipe img_size 64 -> 4 x 4 patches + cls), not at 224 px
+    # the baseline is built like the teacher (recipe 64 px / patch 8 -> 8 x 8 patches + cls), not at 224 px
     for name in ("random_init.pth", "teacher.pth"):
         state = torch.load(out / name, weights_only=True)
-        assert tuple(state["pos_embed"].shape) == (1, 17, 192), name
+        assert tuple(state["pos_embed"].shape) == (1, 65, 192), name
