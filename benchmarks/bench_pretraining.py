@@ -52,10 +52,9 @@ RECIPES = {"vit_tiny_patch16_224": ROOT / "configs" / "tiny_vit.yaml",
            "locatvit_tiny": ROOT / "configs" / "tiny_locatvit.yaml"}
 
 # setting -> flags on top of the recipe (see the module docstring)
-_P16 = ["--model.backbone_kwargs", "{img_size: 64, patch_size: 16}"]
 SETTINGS: dict[str, list[str]] = {
     "recipe": [],
-    "p16": _P16,
+    "p16": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 16}"],
     "p8": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 8}"],
     "p4": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 4}"],
 }
