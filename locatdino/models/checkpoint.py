@@ -230,7 +230,8 @@ def create_backbone(
     """``timm.create_model(name, num_classes=0, dynamic_img_size=True, **timm_kwargs)``, then load
     ``checkpoint`` (any supported container, ``which`` network) with ``strict=True``.
 
-    Without an explicit ``img_size``, the model is built at the resolution the checkpoint was
+    Without an explicit ``patch_size``, the model takes the checkpoint's (its patch-embedding
+    kernel). Without an explicit ``img_size``, the model is built at the resolution the checkpoint was
     trained at (its square ``pos_embed`` grid × the patch size): GAug's constants (c, b, eps,
     clamp) and its variance rescaling depend on the build grid, so a LocAtViT trained at 64 px
     and rebuilt at 224 px would compute a different attention. With ``dynamic_img_size`` the
@@ -266,6 +267,11 @@ def create_backbone(
     try:
         loaded = load_checkpoint(source)
         raw = extract_backbone(loaded, which, source)
+        patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
+        if "patch_size" not in timm_kwargs and patch is not None and patch.ndim == 4 and (
+                tuple(patch.shape[-2:]) != tuple(model.patch_embed.patch_size)):
+            timm_kwargs["patch_size"] = tuple(patch.shape[-2:])
+            model = timm.create_model(name, **timm_kwargs)
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)

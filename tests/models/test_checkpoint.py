@@ -168,3 +168,15 @@ def test_a_pretrained_tag_without_checkpoint_is_refused():
                                          r"locatdino never downloads: pass the weights file \(dino_deitsmall16_pretrain.pth\) "
                                          r"as the checkpoint, or use vit_small_patch16_224 for a random init$"):
         create_backbone("vit_small_patch16_224.dino")
+
+
+def test_patch_size_and_build_size_come_from_the_checkpoint(tmp_path):
+    """A patch-8, 64 px run (the tiny recipes) reloads as patch 8 at 64 px: 8 x 8 grid, same weights."""
+    torch.manual_seed(0)
+    trained = timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2, img_size=64, patch_size=8,
+                                num_classes=0)
+    torch.save(trained.state_dict(), tmp_path / "teacher.pth")
+    model = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", depth=2, embed_dim=64, num_heads=2)
+    assert model.patch_embed.patch_size == (8, 8) and model.pos_embed.shape == (1, 65, 64)
+    x = torch.randn(1, 3, 64, 64)
+    torch.testing.assert_close(model.eval()(x), trained.eval()(x))
