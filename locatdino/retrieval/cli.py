@@ -15,25 +15,21 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from locatdino.errors import UserError
-from locatdino.models.pos_embed import POS_EMBED_RULES
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
-from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.features import load_backbone
-from locatdino.retrieval.metric import HUNGARIAN_CRITERIA
+from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
+                                                  add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
-
-DATASETS = ("scenes", "voc", "ade20k", "shards")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,62 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
                    help="weights for the matching --model ('none': random init); any format of "
                    "locatdino.models.create_backbone")
-    p.add_argument("--pos-embed", action="append", choices=("auto", *POS_EMBED_RULES), default=[], metavar="RULE",
-                   help="position-embedding resampling at other grids, once for all models or once per --model: "
-                   "dino (the reference ViT's), timm, or auto (dino for DINO-format files: full DINO checkpoints "
-                   "and plain state dicts of vanilla ViTs; timm otherwise)")
-    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
-    p.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
-                   "not needed for the built-in scenes")
-    p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
-    p.add_argument("--val-split", default="val", help="query split")
-    p.add_argument("--num-train", type=int, default=None,
-                   help="memory images: a seeded random subset (scenes: how many to render, default 300)")
-    p.add_argument("--num-val", type=int, default=None, help="query images (scenes default 100)")
-    p.add_argument("--scene-size", type=int, default=224, help="side of the built-in scenes in px")
-    p.add_argument("--memory-size", type=int, default=None, metavar="M",
-                   help="memory budget in patches (rare-class-first sampling); default: keep all")
-    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs, help="augmented passes over the memory images")
-    p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
-    p.add_argument("--beta", type=float, default=d.beta, help="softmax temperature of the neighbour weights")
-    p.add_argument("--index", default=d.index, metavar="SPEC",
-                   help="FAISS factory string: Flat (exact), IVF1024,Flat, IVF1024,PQ48, HNSW32, ...")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF cells visited per query")
-    p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
-    p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
-                   help="auto: a GPU index when faiss-gpu sees a GPU")
-    p.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
-                   help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
-    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
-    p.add_argument("--augment", choices=AUGMENT_MODES, default=d.augment,
-                   help="memory views: zoom-out (crops of --scale, above 1 zooming out, + colour jitter), "
-                   "reference (the reference's sampler, torchvision's RandomResizedCrop: draws above 1 "
-                   "rejected, whole-image fallback, + colour jitter) or off (whole images, no jitter)")
-    p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
-                   help="memory crop area / image area; above 1 zooms out (the reference's sampler "
-                   "rejects those draws: '--scale 0.5 1' matches its effective range)")
-    p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
-    p.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
-                   help="apply the final norm to the features (the reference's default wrapper does "
-                   "for timm models: it takes forward_features)")
-    p.add_argument("--prr", action="store_true", help="apply PRR to the features")
-    p.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
-                   help="encoder precision (bf16 autocast: ~2x faster with native bf16 (AVX512-BF16, AMX, GPUs), several times slower on AVX2-only CPUs)")
+    p.add_argument("--pos-embed", action="append", choices=POS_EMBED_CHOICES, default=[], metavar="RULE",
+                   help=POS_EMBED_HELP + "; once for all models or once per --model")
+    add_data_arguments(p)
+    add_protocol_arguments(p)
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
                    help="stored features (memory-dir banks, non-Flat indices)")
     p.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
-    p.add_argument("--hungarian", choices=HUNGARIAN_CRITERIA, default=d.hungarian,
-                   help="criterion of the Hungarian-matched mIoU: iou (summed IoU, the reference's) "
-                   "or pixels (summed matched pixels)")
-    p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
-                   help="score at the masks' original resolution, or at the input size (reference)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
-    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling, random init")
     p.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
@@ -190,27 +138,6 @@ def _check_outputs(args: argparse.Namespace, runs: list[tuple[str, str | None, s
         raise SystemExit(f"locatdino hbird: {err}") from None
 
 
-def _config(args: argparse.Namespace, memory_dir: str | None) -> HummingbirdConfig:
-    names = {f.name for f in fields(HummingbirdConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names and k != "memory_dir"}
-    return HummingbirdConfig(
-        **values, num_workers=args.workers, memory_dir=memory_dir, progress=not args.no_progress
-    )
-
-
-def _device(name: str):
-    """The encoder's torch device from ``--device`` (one clear line when it is unusable)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SystemExit(f"locatdino hbird: invalid --device {name!r} (auto, cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"locatdino hbird: --device {name} but torch sees no CUDA GPU")
-    return device
-
-
 def report_main(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
     try:
@@ -241,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return report_main(argv[1:])
     args = _parser().parse_args(argv)
     runs = _runs(args)
-    device = _device(args.device)
+    device = encoder_device(args.device, "hbird")
     try:
-        _config(args, None)  # inconsistent settings fail before any data is read
+        config_from_args(args, None)  # inconsistent settings fail before any data is read
         common = dict(seed=args.seed, scene_size=args.scene_size)
         train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
                                default_scenes=300, **common)
@@ -257,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
-        cfg = _config(args, _memory_dir(args, label, single))
+        cfg = config_from_args(args, _memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space

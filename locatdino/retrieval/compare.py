@@ -133,8 +133,22 @@ def _say(message: str) -> None:
     print(f"[compare] {message}", file=sys.stderr, flush=True)
 
 
+def load_model(spec: ModelSpec, cfg: HummingbirdConfig, pos_embed: str = "auto") -> torch.nn.Module:
+    """The frozen backbone of ``spec`` (raises on a checkpoint or model that cannot be used, or an
+    evaluation size its patch does not divide); random init is reproducible from ``cfg.seed``."""
+    if spec.checkpoint is None:
+        torch.manual_seed(cfg.seed)
+    _say(f"{spec.name}: loading {spec.model} ({spec.checkpoint or 'random init'})")
+    backbone = load_backbone(spec.model, spec.checkpoint, pos_embed=pos_embed)
+    patch = backbone.patch_embed.patch_size[0]
+    if cfg.input_size % patch:
+        raise ValueError(f"--input-size {cfg.input_size} is not a multiple of its patch size {patch}")
+    return backbone
+
+
 def evaluate_model(
     spec: ModelSpec,
+    backbone: torch.nn.Module,
     train_set: Any | None,
     val_set: Any | None,
     cfg: HummingbirdConfig,
@@ -142,12 +156,8 @@ def evaluate_model(
     shown: ShownImages,
     probes: ProbeSet | None,
 ) -> ModelOutcome:
-    """Measure one model (raises on a checkpoint or model that cannot be used). Without
-    segmentation splits (``train_set`` None) only the probes, attention and cost are measured."""
-    if spec.checkpoint is None:
-        torch.manual_seed(cfg.seed)  # random init is reproducible from the seed (as hbird)
-    _say(f"{spec.name}: loading {spec.model} ({spec.checkpoint or 'random init'})")
-    backbone = load_backbone(spec.model, spec.checkpoint)
+    """Measure one loaded model. Without segmentation splits (``train_set`` None) only the probes,
+    attention and cost are measured."""
     base = FeatureExtractor(backbone, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     extractor = CachedExtractor(base)
     outcome = ModelOutcome(spec, parameters=count_parameters(backbone))
@@ -195,14 +205,30 @@ def compare(
     fractions: list[Fraction],
     shown: ShownImages,
     probes: ProbeSet | None = None,
+    pos_embed: str = "auto",
+    device: torch.device | str = "cpu",
 ) -> tuple[list[ModelOutcome], dict[str, str]]:
-    """Every model's :class:`ModelOutcome`, and ``{name: one-line error}`` of the models that failed."""
-    outcomes, failed = [], {}
-    for spec in specs:
+    """Every model's :class:`ModelOutcome`, and ``{name: one-line error}`` of the models that failed.
+
+    Every model is loaded and checked first, so a bad checkpoint is reported at once rather than
+    after the others' evaluations; the models that load are then evaluated one after another."""
+    failed: dict[str, str] = {}
+
+    def attempt(spec: ModelSpec, step: Callable[[], Any]) -> Any:
         try:
-            outcomes.append(evaluate_model(spec, train_set, val_set, cfg, fractions, shown, probes))
+            return step()
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
             failed[spec.name] = f"{spec.model}:{spec.checkpoint or 'none'}: {first_line}"
             print(f"locatdino compare: model {spec.name!r} failed: {failed[spec.name]}", file=sys.stderr, flush=True)
+            return None
+
+    loaded = [(spec, attempt(spec, lambda spec=spec: load_model(spec, cfg, pos_embed).to(device))) for spec in specs]
+    outcomes = []
+    for spec, backbone in loaded:
+        if backbone is not None:
+            outcome = attempt(spec, lambda: evaluate_model(spec, backbone, train_set, val_set, cfg, fractions,
+                                                           shown, probes))
+            if outcome is not None:
+                outcomes.append(outcome)
     return outcomes, failed

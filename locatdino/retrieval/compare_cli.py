@@ -23,11 +23,11 @@ import numpy as np
 
 from locatdino.retrieval.compare import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.retrieval.compare_report import headline_table, report_markdown
-from locatdino.retrieval.evaluate import HummingbirdConfig
-from locatdino.retrieval.report import atomic_write_text
+from locatdino.output_files import atomic_write_text, ensure_writable
+from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
+                                                  add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
 
-DATASETS = ("scenes", "voc", "ade20k", "shards")
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -44,7 +44,6 @@ def _fraction(text: str) -> Fraction:
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = HummingbirdConfig()
     p = argparse.ArgumentParser(
         prog="locatdino compare",
         description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
@@ -54,28 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="+", metavar="NAME=MODEL[:CHECKPOINT]",
                    help="a display name, a timm / LocAtViT model and its weights (none or omitted: random "
                    "init); the first model is the reference of the Δ columns")
-    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
-    p.add_argument("--data-dir", default=None, help="dataset root (not needed for the built-in scenes)")
-    p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
-    p.add_argument("--val-split", default="val", help="query split")
-    p.add_argument("--num-train", type=int, default=None, help="memory images (scenes default 300)")
-    p.add_argument("--num-val", type=int, default=None, help="query images (scenes default 100)")
-    p.add_argument("--scene-size", type=int, default=224, help="side of the built-in scenes in px")
-    p.add_argument("--input-size", type=int, default=d.input_size, help="evaluation resolution in px")
-    p.add_argument("--memory-size", type=int, default=None, help="full memory budget in patches (default: all)")
+    p.add_argument("--pos-embed", choices=POS_EMBED_CHOICES, default="auto", help=POS_EMBED_HELP)
+    add_data_arguments(p)
+    add_protocol_arguments(p)
     p.add_argument("--memory-fractions", type=_fraction, nargs="+", default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
-    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs, help="augmented passes over the memory images")
-    p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
-    p.add_argument("--index", default=d.index, help="FAISS factory string (Flat: exact)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision, help="encoder precision")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 1 on CPU)")
-    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, random init")
     p.add_argument("--figure-images", type=int, default=4, help="query images shown in the figures")
     p.add_argument("--out", default="compare_results", help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
@@ -141,15 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if (out / "report.json").exists() and not args.overwrite:
         raise SystemExit(f"locatdino compare: {out / 'report.json'} exists (pass --overwrite to replace it)")
+    device = encoder_device(args.device, "compare")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        ensure_writable(out, "--out")
         train, val = _open_splits(args)
         probes, probe_info = _probe_set(args, train, val)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
-    cfg = HummingbirdConfig(input_size=args.input_size, aug_epochs=args.aug_epochs, memory_size=args.memory_size,
-                            k=args.k, index=args.index, precision=args.precision, batch_size=args.batch_size,
-                            num_workers=args.workers, seed=args.seed, progress=not args.no_progress)
     if train is None:
         print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
               f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
@@ -158,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
               f"{args.input_size} px", file=sys.stderr, flush=True)
         shown = ShownImages.from_split(val, args.figure_images, args.input_size)
-    outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes)
+    outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
+                               pos_embed=args.pos_embed, device=device)
     classes = report_classes(val) if val is not None else []
     report = {
         "command": "locatdino compare " + shlex.join(argv),

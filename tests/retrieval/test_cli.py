@@ -5,6 +5,7 @@ import timm
 import torch
 
 from locatdino.retrieval import cli
+from locatdino.retrieval.protocol_options import config_from_args, encoder_device
 
 TINY = ["--num-train", "6", "--num-val", "2", "--scene-size", "64", "--input-size", "64", "--workers", "0",
         "--no-progress", "--k", "10"]
@@ -60,13 +61,13 @@ def test_argument_errors(tmp_path):
 
 def test_device_and_knn_backend_flags(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli._device("auto") == torch.device("cpu")
-    with pytest.raises(SystemExit, match="--device cuda:1 but torch sees no CUDA GPU"):
-        cli._device("cuda:1")
+    assert encoder_device("auto", "hbird") == torch.device("cpu")
+    with pytest.raises(SystemExit, match="^locatdino hbird: --device cuda:1 but torch sees no CUDA GPU$"):
+        encoder_device("cuda:1", "hbird")
     with pytest.raises(SystemExit, match="invalid --device 'gpu'"):
-        cli._device("gpu")
+        encoder_device("gpu", "hbird")
     args = cli._parser().parse_args(["--model", "m", "--knn-backend", "torch"])
-    assert cli._config(args, None).knn_backend == "torch"
+    assert config_from_args(args).knn_backend == "torch"
 
 
 @pytest.fixture

@@ -55,8 +55,11 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     argv = ["vit=vit_tiny_patch16_224", f"bad=vit_tiny_patch16_224:{bad}", "locat=locatvit_tiny:none",
             "--out", str(out), *TINY]
     assert compare_cli.main(argv) == 1
-    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("locatdino compare:")]
+    err = capsys.readouterr().err.splitlines()
+    err_lines = [line for line in err if line.startswith("locatdino compare:")]
     assert len(err_lines) == 1 and "'bad'" in err_lines[0] and str(bad) in err_lines[0]
+    # every model is loaded and checked before the first evaluation: the failure is known at once
+    assert err.index(err_lines[0]) < min(i for i, line in enumerate(err) if "Hummingbird" in line)
 
     report = json.loads((out / "report.json").read_text())
     assert [m["spec"]["name"] for m in report["models"]] == ["vit", "locat"]
@@ -81,6 +84,22 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="exists"):  # a finished report is never overwritten silently
         compare_cli.main(argv)
+
+
+def test_protocol_options_are_hbird_s(tmp_path):
+    """compare takes the Hummingbird options of hbird, with the same defaults and meaning."""
+    from locatdino.retrieval import cli as hbird_cli
+    from locatdino.retrieval.protocol_options import config_from_args
+
+    options = ["--augment", "off", "--aug-epochs", "1", "--no-norm", "--hungarian", "pixels", "--knn-backend",
+               "faiss", "--eval-resolution", "input", "--seed", "3"]
+    compared = config_from_args(compare_cli._parser().parse_args(["a=vit_tiny_patch16_224", *options]))
+    evaluated = config_from_args(hbird_cli._parser().parse_args(["--model", "vit_tiny_patch16_224", *options]))
+    assert compared == evaluated
+    assert (compared.augment, compared.norm, compared.hungarian, compared.seed) == ("off", False, "pixels", 3)
+    defaults = [config_from_args(compare_cli._parser().parse_args(["a=m"])),
+                config_from_args(hbird_cli._parser().parse_args(["--model", "m"]))]
+    assert defaults[0] == defaults[1]
 
 
 def _colour_folder_shards(root, split):
