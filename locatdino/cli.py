@@ -4,7 +4,8 @@ Each sub-command lives next to the code it drives and exposes ``main(argv) -> in
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
 Errors escaping a sub-command are printed here, in one style for all of them
 (``locatdino <command>: <message>``, exit status 1; see :mod:`locatdino.errors`): ``--debug``
-anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead.
+anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
+``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.threads`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 import sys
 
 from locatdino.errors import debug_requested, one_line
+from locatdino.threads import default_threads, pop_threads, set_threads
 
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,10 +29,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: locatdino [--debug] <command> [options]", "", "commands:"]
+    lines = ["usage: locatdino [--debug] [--threads N] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "locatdino <command> --help shows the options of a command; --debug (or LOCATDINO_DEBUG=1)",
-              "shows the traceback of an error instead of its one-line message."]
+              "shows the traceback of an error instead of its one-line message; --threads N (default: the cores",
+              "this process may use, or OMP_NUM_THREADS) caps the CPU threads of torch and FAISS."]
     return "\n".join(lines)
 
 
@@ -38,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]
+    try:
+        argv, threads = pop_threads(argv)
+    except ValueError as err:
+        print(f"locatdino: {err}", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
@@ -45,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"locatdino: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    set_threads(threads or default_threads())  # before the command imports torch or FAISS
     module = importlib.import_module(COMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import types
@@ -6,6 +7,7 @@ import pytest
 
 from locatdino import cli
 from locatdino.errors import DEBUG_ENV, UserError
+from locatdino.threads import pop_threads
 
 
 def test_help_lists_every_command(capsys):
@@ -64,3 +66,50 @@ def test_debug_shows_the_traceback(monkeypatch):
         cli.main(["boom"])
     monkeypatch.setenv(DEBUG_ENV, "0")
     assert cli.main(["boom"]) == 1
+
+
+def test_threads_option_is_parsed_anywhere():
+    assert pop_threads(["hbird", "--threads", "3", "--size", "448"]) == (["hbird", "--size", "448"], 3)
+    assert pop_threads(["fit", "--threads=1"]) == (["fit"], 1)
+    assert pop_threads(["fit", "--config", "x"]) == (["fit", "--config", "x"], None)
+    for bad in (["fit", "--threads", "0"], ["fit", "--threads=two"], ["fit", "--threads"]):
+        with pytest.raises(ValueError, match="--threads"):
+            pop_threads(bad)
+
+
+_PROBE = """
+import sys, types
+from locatdino import cli
+probe = types.ModuleType("probe")
+def main(argv):
+    import faiss, torch, os
+    print(torch.get_num_threads(), faiss.omp_get_max_threads(), os.environ["OMP_NUM_THREADS"], argv)
+probe.main = main
+sys.modules["probe"] = probe
+cli.COMMANDS["probe"] = ("probe", "prints its thread counts")
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _run_probe(*args: str, omp: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    return subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env)
+
+
+def test_threads_size_torch_faiss_and_child_processes():
+    """torch, FAISS and the environment children inherit all get N; the command never sees the flag."""
+    proc = _run_probe("probe", "--threads", "1", "--x")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(maxsplit=3) == ["1", "1", "1", "['--x']\n"]
+
+    cores = len(os.sched_getaffinity(0))  # default: the cores this process may use ...
+    assert _run_probe("probe").stdout.split()[:3] == [str(cores)] * 3
+    assert _run_probe("probe", omp="1").stdout.split()[:3] == ["1"] * 3  # ... unless OMP_NUM_THREADS says
+
+
+def test_bad_threads_value_is_a_usage_error():
+    proc = _run_probe("probe", "--threads", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "locatdino: --threads must be a positive whole number of threads, not '0'\n"
