@@ -33,12 +33,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from torchvision.transforms.functional import pil_to_tensor
 
 from locatdino.data import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.models import create_backbone
 from locatdino.retrieval import HummingbirdMonitor
-from locatdino.retrieval.augment import normalize
+from locatdino.retrieval.augment import normalize, resize_image
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.probes import knn_accuracy
 from locatdino.retrieval.splits import CachedSplit, open_split
@@ -57,6 +58,18 @@ SETTINGS: dict[str, list[str]] = {
     "p16": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 16}"],
     "p8": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 8}"],
     "p4": ["--model.backbone_kwargs", "{img_size: 64, patch_size: 4}"],
+    # DINO's blur (sigma 0.1-2 px, always on the first global crop) is sized for 224 px crops: on
+    # 64 / 32 px crops it wipes out the textures that tell the scenes' classes apart
+    "blur_scaled": ["--data.init_args.multicrop.blur_sigma", "[0.03, 0.6]"],  # x 64 / 224
+    "no_blur": ["--data.init_args.multicrop.global_blur_prob", "[0.0, 0.0]",
+                "--data.init_args.multicrop.local_blur_prob", "0.0",
+                "--data.init_args.multicrop.global_solarize_prob", "[0.0, 0.0]"],
+    # the scenes tell several classes apart by colour (SCENE_CLASSES' colour pairs): colour jitter
+    # and grayscale teach an invariance to exactly that
+    "no_color": ["--data.init_args.multicrop.color_jitter_prob", "0.0",
+                 "--data.init_args.multicrop.grayscale_prob", "0.0"],
+    # a teacher that follows the student faster, and a student that moves faster
+    "fast_ema": ["--model.momentum_teacher", "0.9", "--model.lr", "0.008"],
 }
 
 
@@ -129,6 +142,43 @@ def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int =
               f"{360 / med:.0f} steps in 6 min", flush=True)
 
 
+@torch.no_grad()
+def token_similarity(model: torch.nn.Module, images: torch.Tensor) -> float:
+    """Mean cosine similarity between the last block's patch tokens of one image, over images and
+    token pairs (self-pairs excluded): a network that smooths its tokens together scores high."""
+    tokens = model.eval().forward_features(images)[:, model.num_prefix_tokens:]
+    tokens = torch.nn.functional.normalize(tokens, dim=-1)
+    n = tokens.shape[1]
+    gram = tokens @ tokens.transpose(1, 2)
+    return ((gram.sum((1, 2)) - n) / (n * (n - 1))).mean().item()
+
+
+def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None:
+    """Hummingbird mIoU of a finished run's teacher, student and random init at several blocks
+    (diagnostic only: the protocol is the last block). Backbone, kwargs and seed come from the
+    run's own ``config.yaml``."""
+    config = yaml.safe_load((fit_dir / "logs" / "version_0" / "config.yaml").read_text())
+    backbone, kwargs = config["model"]["backbone"], config["model"].get("backbone_kwargs") or {}
+    ckpt = fit_dir / "checkpoints" / "last.ckpt"
+    torch.manual_seed(config["seed_everything"])
+    models = {"random": create_backbone(backbone, **kwargs),
+              "teacher": create_backbone(backbone, ckpt, which="teacher", **kwargs),
+              "student": create_backbone(backbone, ckpt, which="student", **kwargs)}
+    train = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
+    val = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
+    images = normalize(torch.stack([resize_image(pil_to_tensor(val[i][0]), args.input_size) for i in range(len(val))]))
+    print(f"{fit_dir}: mean cosine similarity of two patch tokens of the same scene, last block "
+          "(higher = tokens more alike, less local information): " +
+          ", ".join(f"{name} {token_similarity(m, images):.3f}" for name, m in models.items()))
+    print(f"{fit_dir}: Hummingbird mIoU per block ({args.num_train} / {args.num_val} scenes at {args.input_size} px)")
+    print("| block | " + " | ".join(models) + " | teacher − random |\n|---|---|---|---|---|")
+    for layer in layers:
+        cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0, layer=layer)
+        miou = {name: hummingbird(m.eval(), train, val, cfg).miou for name, m in models.items()}
+        print(f"| {layer} | " + " | ".join(f"{v:.1f}" for v in miou.values()) +
+              f" | {miou['teacher'] - miou['random']:+.1f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setting", choices=sorted(SETTINGS))
@@ -136,7 +186,7 @@ def main() -> None:
     p.add_argument("--backbone", default="locatvit_tiny", choices=sorted(RECIPES))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps (default: the recipe's epochs)")
+    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps, lifting the recipe's max_epochs (default: the recipe's epochs)")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags (logged)")
     p.add_argument("--input-size", type=int, default=128, help="Hummingbird eval px (the demo's)")
     p.add_argument("--num-train", type=int, default=100)
@@ -144,7 +194,11 @@ def main() -> None:
     p.add_argument("--knn-train", type=int, default=500)
     p.add_argument("--knn-val", type=int, default=200)
     p.add_argument("--out", default="runs/bench_pretraining")
+    p.add_argument("--diagnose", type=Path, metavar="FIT_DIR", help="score a finished run per block instead")
+    p.add_argument("--layers", type=int, nargs="+", default=[2, 5, 8, 11], help="blocks for --diagnose")
     args = p.parse_args()
+    if args.diagnose:
+        return diagnose(args.diagnose, args.layers, args)
     if args.throughput:
         return throughput(args.backbone, args.throughput)
     if not args.setting:
@@ -173,7 +227,8 @@ def main() -> None:
                 "--trainer.default_root_dir", str(fit_dir), "--data.init_args.train_urls",
                 str(out / "scenes_shards"), "--trainer.enable_progress_bar", "false"]
         if args.steps:
-            argv += ["--trainer.max_steps", str(args.steps)]
+            # the recipe's max_epochs would stop the run first (and shorten the schedules with it)
+            argv += ["--trainer.max_steps", str(args.steps), "--trainer.max_epochs", "-1"]
         start = time.perf_counter()
         if fit_cli.main(argv):
             raise SystemExit(f"bench_pretraining: locatdino fit {' '.join(argv)} failed")
