@@ -23,6 +23,7 @@ listed setting, rounds alternating between settings so load from other jobs hits
 from __future__ import annotations
 
 import argparse
+import functools
 import csv
 import json
 import statistics
@@ -36,6 +37,7 @@ import yaml
 from torchvision.transforms.functional import pil_to_tensor
 
 from locatdino.data import MultiCropTransform, collate_multicrop
+from locatdino.data import scenes, shard_sources
 from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.models import create_backbone
 from locatdino.retrieval import HummingbirdMonitor
@@ -153,6 +155,14 @@ def token_similarity(model: torch.nn.Module, images: torch.Tensor) -> float:
     return ((gram.sum((1, 2)) - n) / (n * (n - 1))).mean().item()
 
 
+def plain_scenes() -> None:
+    """Every scene of this process (and of the processes it forks: shard writers, loader workers)
+    rendered with ``image_wide=False``. An ablation, so it lives here rather than as a data option:
+    ``render_scene`` is looked up by its two callers at call time."""
+    plain = functools.partial(scenes.render_scene, image_wide=False)
+    scenes.render_scene = shard_sources.render_scene = plain
+
+
 def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None:
     """Hummingbird mIoU of a finished run's teacher, student and random init at several blocks
     (diagnostic only: the protocol is the last block). Backbone, kwargs and seed come from the
@@ -194,6 +204,8 @@ def main() -> None:
     p.add_argument("--knn-train", type=int, default=500)
     p.add_argument("--knn-val", type=int, default=200)
     p.add_argument("--out", default="runs/bench_pretraining")
+    p.add_argument("--plain-scenes", action="store_true",
+                   help="train and evaluate on scenes without their image-wide effects (haze, exposure, white balance)")
     p.add_argument("--diagnose", type=Path, metavar="FIT_DIR", help="score a finished run per block instead")
     p.add_argument("--layers", type=int, nargs="+", default=[2, 5, 8, 11], help="blocks for --diagnose")
     args = p.parse_args()
@@ -204,6 +216,8 @@ def main() -> None:
     if not args.setting:
         p.error("--setting or --throughput is required")
 
+    if args.plain_scenes:
+        plain_scenes()
     recipe_path = RECIPES[args.backbone]
     recipe = yaml.safe_load(recipe_path.read_text())
     flags = SETTINGS[args.setting] + args.extra
@@ -222,10 +236,11 @@ def main() -> None:
           "k-NN teacher | k-NN random | monitor curve |\n|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         name = args.setting + ("+" + "_".join(a.lstrip("-").split(".")[-1] for a in args.extra) if args.extra else "")
+        name += "+plain_scenes" * args.plain_scenes
         fit_dir = out / args.backbone / name / f"seed{seed}"
         argv = ["--config", str(recipe_path), *flags, "--seed_everything", str(seed),
                 "--trainer.default_root_dir", str(fit_dir), "--data.init_args.train_urls",
-                str(out / "scenes_shards"), "--trainer.enable_progress_bar", "false"]
+                str(out / ("scenes_shards" + "_plain" * args.plain_scenes)), "--trainer.enable_progress_bar", "false"]
         if args.steps:
             # the recipe's max_epochs would stop the run first (and shorten the schedules with it)
             argv += ["--trainer.max_steps", str(args.steps), "--trainer.max_epochs", "-1"]

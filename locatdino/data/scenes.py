@@ -231,8 +231,15 @@ _DRAW = {"tree": _tree, "bush": _bush, "building": _building, "rock": _rock, "an
 _SIZE = {"tree": 1.0, "bush": 1.1, "building": 0.9, "rock": 1.2, "animal": 1.2}
 
 
-def render_scene(rng: np.random.Generator, height: int = 224, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Draw one scene: ``(image uint8 [H, W, 3], mask uint8 [H, W])`` with ``SCENE_CLASSES`` ids."""
+def render_scene(rng: np.random.Generator, height: int = 224, width: int | None = None,
+                 image_wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Draw one scene: ``(image uint8 [H, W, 3], mask uint8 [H, W])`` with ``SCENE_CLASSES`` ids.
+
+    ``image_wide=False`` leaves out the effects that one scene shares across all its pixels (the
+    sky-coloured haze over far things, exposure, white balance) while drawing the same random
+    numbers, so the layout and mask stay those of the default scene: an ablation of what crops of
+    one image can agree on without looking at its content (``benchmarks/bench_pretraining.py``).
+    """
     h, w = height, width or height
     scale = min(h, w) / 224
     c = _Canvas(h, w)
@@ -247,7 +254,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         top = horizon - peak * (0.25 + 0.75 * _curve(rng, w, w / rng.uniform(1.5, 5)))[None]
         mask = (y >= top) & (y < horizon + 2)
         rgb_ = texture(rng, LOOKS["mountain"], h, w, scale)
-        c.paste(0, 0, mask, torch.lerp(rgb_, haze[:, None, None], rng.uniform(0.1, 0.5)), "mountain")
+        c.paste(0, 0, mask, torch.lerp(rgb_, haze[:, None, None], rng.uniform(0.1, 0.5) * image_wide), "mountain")
 
     # ground bands below the horizon, separated by wavy boundaries
     n_bands = int(rng.integers(1, 4))
@@ -257,7 +264,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         wave = 0.0 if i == 0 else (h - horizon) * 0.08 * (_curve(rng, w, w / 4) - 0.5)[None]
         band = texture(rng, LOOKS[kind], h, w, scale)
         depth = ((y - horizon) / (h - horizon)).clamp(0, 1)
-        band = torch.lerp(haze[:, None, None], band, (0.55 + 0.45 * depth)[None])  # aerial perspective
+        band = torch.lerp(band, haze[:, None, None], (0.45 * (1 - depth) * image_wide)[None])  # aerial perspective
         c.paste(0, 0, (y >= t + wave).expand(h, w), band, kind)
 
     # objects standing on the ground, far (near the horizon, small, hazy) to near
@@ -268,12 +275,13 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         depth = float(np.clip((base - horizon) / (h - horizon), 0.0, 1.2))
         size = min(h, w) * _SIZE[kind] * (0.15 + 0.85 * depth) * rng.uniform(0.7, 1.3)
         mask, rgb_ = _DRAW[kind](rng, size, scale)
-        rgb_ = torch.lerp(rgb_, haze[:, None, None], 0.4 * (1 - min(depth, 1.0)))
+        rgb_ = torch.lerp(rgb_, haze[:, None, None], 0.4 * (1 - min(depth, 1.0)) * image_wide)
         oh, ow = mask.shape
         c.paste(int(base) - oh, int(rng.uniform(-0.1, 1.1) * w - ow / 2), mask, rgb_, kind)
 
     # camera: exposure, white balance, slight optical blur, sensor noise
-    img = c.image * torch.from_numpy((rng.uniform(0.8, 1.15) * (1 + rng.normal(0, 0.05, 3))).astype(np.float32))[:, None, None]
+    gain = rng.uniform(0.8, 1.15) * (1 + rng.normal(0, 0.05, 3))
+    img = c.image * torch.from_numpy(gain.astype(np.float32) if image_wide else np.ones(3, np.float32))[:, None, None]
     img = torch.lerp(img, F.avg_pool2d(img[None], 3, 1, 1, count_include_pad=False)[0], 0.6)
     img = img + torch.from_numpy(rng.normal(0, 0.015, (1, h, w)).astype(np.float32))
     out = (img.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()

@@ -57,3 +57,13 @@ def test_scene_class_is_the_dominant_object_class():
     assert scene_class(no_objects) == ids["water"]  # no object visible: the most frequent class
     _, rendered = ScenesSegmentation(1, size=64)[0]
     assert SCENE_CLASSES[scene_class(rendered)] in ("tree", "bush", "building", "rock", "animal")
+
+
+def test_without_image_wide_effects_same_layout_same_random_stream():
+    """The ablation of haze / exposure / white balance changes colours only: same mask, and the
+    scene consumes exactly the random numbers of the default one."""
+    rng_a, rng_b = scene_rng(2, 5), scene_rng(2, 5)
+    (img_a, lab_a), (img_b, lab_b) = render_scene(rng_a, 64), render_scene(rng_b, 64, image_wide=False)
+    np.testing.assert_array_equal(lab_a, lab_b)
+    assert np.abs(img_a.astype(int) - img_b).mean() > 3
+    assert rng_a.random() == rng_b.random()
