@@ -70,6 +70,8 @@ SETTINGS: dict[str, list[str]] = {
     # and grayscale teach an invariance to exactly that
     "no_color": ["--data.init_args.multicrop.color_jitter_prob", "0.0",
                  "--data.init_args.multicrop.grayscale_prob", "0.0"],
+    # a softer teacher (DINO's upper value): sharpening less, its targets carry more of each image
+    "teacher_temp_07": ["--model.teacher_temp", "0.07", "--model.warmup_teacher_temp", "0.07"],
     # a teacher that follows the student faster, and a student that moves faster
     "fast_ema": ["--model.momentum_teacher", "0.9", "--model.lr", "0.008"],
 }

@@ -59,7 +59,7 @@ def test_conclusion_states_the_measured_numbers():
     report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
               "models": [model("vit-dino", 20.0, 50.0), model("locatvit-dino", 23.5, 40.0),
                          model("vit-random", 21.0, 30.0), model("locatvit-random", 19.0, 30.0)]}
-    text = "\n".join(demo.conclusion(report, "20 steps"))
+    text = "\n".join(demo.conclusion(report, "16 steps"))
     assert "Hummingbird mIoU: locatvit-dino ahead of vit-dino by 3.50 points (23.50 vs 20.00)" in text
     assert "k-NN top-1: vit-dino ahead of locatvit-dino by 10.00 points" in text
     assert "pretraining did not beat random init for vit: -1.00 mIoU points" in text
