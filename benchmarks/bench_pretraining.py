@@ -23,8 +23,8 @@ listed setting, rounds alternating between settings so load from other jobs hits
 from __future__ import annotations
 
 import argparse
-import functools
 import csv
+import functools
 import json
 import statistics
 import tempfile
@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from torchvision.transforms.functional import pil_to_tensor
 
-from locatdino.data import MultiCropTransform, collate_multicrop
-from locatdino.data import scenes, shard_sources
+from locatdino.data import MultiCropTransform, collate_multicrop, scenes, shard_sources
 from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.models import create_backbone
 from locatdino.retrieval import HummingbirdMonitor
-from locatdino.retrieval.augment import normalize, resize_image
+from locatdino.retrieval.augment import normalize
+from locatdino.retrieval.compare import ShownImages
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.features import FeatureExtractor
 from locatdino.retrieval.probes import knn_accuracy
 from locatdino.retrieval.splits import CachedSplit, open_split
 from locatdino.ssl import DINOModule
@@ -72,8 +72,6 @@ SETTINGS: dict[str, list[str]] = {
                  "--data.init_args.multicrop.grayscale_prob", "0.0"],
     # a softer teacher (DINO's upper value): sharpening less, its targets carry more of each image
     "teacher_temp_07": ["--model.teacher_temp", "0.07", "--model.warmup_teacher_temp", "0.07"],
-    # a teacher that follows the student faster, and a student that moves faster
-    "fast_ema": ["--model.momentum_teacher", "0.9", "--model.lr", "0.008"],
 }
 
 
@@ -146,15 +144,20 @@ def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int =
               f"{360 / med:.0f} steps in 6 min", flush=True)
 
 
-@torch.no_grad()
 def token_similarity(model: torch.nn.Module, images: torch.Tensor) -> float:
-    """Mean cosine similarity between the last block's patch tokens of one image, over images and
-    token pairs (self-pairs excluded): a network that smooths its tokens together scores high."""
-    tokens = model.eval().forward_features(images)[:, model.num_prefix_tokens:]
-    tokens = torch.nn.functional.normalize(tokens, dim=-1)
-    n = tokens.shape[1]
-    gram = tokens @ tokens.transpose(1, 2)
+    """Mean cosine similarity between the patch features of one image (uint8 ``images``), over
+    images and feature pairs (self-pairs excluded), on the features the Hummingbird protocol
+    retrieves with: a network that smooths its tokens together scores high."""
+    feats = FeatureExtractor(model)(images).flatten(1, 2)  # [B, N, D], L2-normalised
+    n = feats.shape[1]
+    gram = feats @ feats.transpose(1, 2)
     return ((gram.sum((1, 2)) - n) / (n * (n - 1))).mean().item()
+
+
+def eval_splits(args: argparse.Namespace) -> tuple[CachedSplit, CachedSplit]:
+    """The held-out Hummingbird memory and query scenes every score of this script uses."""
+    return (CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size)),
+            CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size)))
 
 
 def plain_scenes() -> None:
@@ -176,9 +179,8 @@ def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None
     models = {"random": create_backbone(backbone, **kwargs),
               "teacher": create_backbone(backbone, ckpt, which="teacher", **kwargs),
               "student": create_backbone(backbone, ckpt, which="student", **kwargs)}
-    train = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
-    val = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
-    images = normalize(torch.stack([resize_image(pil_to_tensor(val[i][0]), args.input_size) for i in range(len(val))]))
+    train, val = eval_splits(args)
+    images = ShownImages.from_split(val, len(val), args.input_size).images
     print(f"{fit_dir}: mean cosine similarity of two patch tokens of the same scene, last block "
           "(higher = tokens more alike, less local information): " +
           ", ".join(f"{name} {token_similarity(m, images):.3f}" for name, m in models.items()))
@@ -225,8 +227,7 @@ def main() -> None:
     flags = SETTINGS[args.setting] + args.extra
     kwargs = backbone_kwargs(recipe, flags)
     out = Path(args.out)
-    train = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
-    val = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
+    train, val = eval_splits(args)
     cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0)
     knn = ClassTokenKNN(args.knn_train, args.knn_val, recipe["data"]["init_args"]["multicrop"]["global_crop_size"])
     monitor = monitor_of(recipe)

@@ -242,6 +242,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
     """
     h, w = height, width or height
     scale = min(h, w) / 224
+    haze_on = float(image_wide)  # weights the haze lerps; the random draws happen either way
     c = _Canvas(h, w)
     y, x = _grid(h, w)
     horizon = rng.uniform(0.25, 0.6) * h
@@ -254,7 +255,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         top = horizon - peak * (0.25 + 0.75 * _curve(rng, w, w / rng.uniform(1.5, 5)))[None]
         mask = (y >= top) & (y < horizon + 2)
         rgb_ = texture(rng, LOOKS["mountain"], h, w, scale)
-        c.paste(0, 0, mask, torch.lerp(rgb_, haze[:, None, None], rng.uniform(0.1, 0.5) * image_wide), "mountain")
+        c.paste(0, 0, mask, torch.lerp(rgb_, haze[:, None, None], rng.uniform(0.1, 0.5) * haze_on), "mountain")
 
     # ground bands below the horizon, separated by wavy boundaries
     n_bands = int(rng.integers(1, 4))
@@ -264,7 +265,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         wave = 0.0 if i == 0 else (h - horizon) * 0.08 * (_curve(rng, w, w / 4) - 0.5)[None]
         band = texture(rng, LOOKS[kind], h, w, scale)
         depth = ((y - horizon) / (h - horizon)).clamp(0, 1)
-        band = torch.lerp(band, haze[:, None, None], (0.45 * (1 - depth) * image_wide)[None])  # aerial perspective
+        band = torch.lerp(band, haze[:, None, None], (0.45 * (1 - depth) * haze_on)[None])  # aerial perspective
         c.paste(0, 0, (y >= t + wave).expand(h, w), band, kind)
 
     # objects standing on the ground, far (near the horizon, small, hazy) to near
@@ -275,7 +276,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
         depth = float(np.clip((base - horizon) / (h - horizon), 0.0, 1.2))
         size = min(h, w) * _SIZE[kind] * (0.15 + 0.85 * depth) * rng.uniform(0.7, 1.3)
         mask, rgb_ = _DRAW[kind](rng, size, scale)
-        rgb_ = torch.lerp(rgb_, haze[:, None, None], 0.4 * (1 - min(depth, 1.0)) * image_wide)
+        rgb_ = torch.lerp(rgb_, haze[:, None, None], 0.4 * (1 - min(depth, 1.0)) * haze_on)
         oh, ow = mask.shape
         c.paste(int(base) - oh, int(rng.uniform(-0.1, 1.1) * w - ow / 2), mask, rgb_, kind)
 
