@@ -1,13 +1,16 @@
 """Hummingbird evaluation: the reference's data flow and the project, side by side in one run.
 
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py reference \\
-        --sizes 448 --num-train 100 --num-val 30 --repeats 2
+        --sizes 448 --num-train 300 --num-val 100 --repeats 1 --cases defaults fp32
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py reference --isa avx2 ...
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py scaling
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_hbird.py index-sweep --sizes 448
 
 ``reference`` — a random-init ViT-S/16 on built-in scenes written in Pascal VOC layout (500×375
 JPEG + palette PNG; the first ``--num-train`` / ``--num-val`` of 300 / 100), 1 augmentation
-epoch, k = 30, batch 16, fp32 unless a case says otherwise. Every case runs in a fresh
+epoch, k = 30, batch 16; our cases (``--cases``) are the defaults (precision and index ``auto``),
+the same in the reference's arithmetic (fp32, exact search), the reference's settings, and bf16 or
+int8 alone. Every case runs in a fresh
 subprocess of this script (its own peak RSS), one after the other, the cases of one repeat
 interleaved, so every ratio is measured on the same machine in the same run; the CPU (model,
 vector extensions, what torch and FAISS dispatch to) is printed and saved with the rows. The
@@ -22,7 +25,8 @@ matrix scored class pair by class pair over all pixels with joblib, Hungarian ma
 per-class counts) — mean over all classes, absent ones counting 0, as the reference reports.
 
 ``--isa avx2`` runs every case with the environment that makes this machine's libraries take
-their AVX2 code paths (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``,
+their AVX2 code paths (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``FBGEMM_ENABLE_INSTRUCTIONS``,
+``MKL_ENABLE_INSTRUCTIONS``,
 ``FAISS_SIMD_LEVEL`` — this faiss build dispatches at run time and ignores ``FAISS_OPT_LEVEL`` —,
 ``OPENBLAS_CORETYPE``): an approximation of an AVX2-only CPU, not one (cache sizes and clocks
 stay those of this machine).
@@ -30,6 +34,10 @@ stay those of this machine).
 ``scaling`` — memory sizes 1e4 → 1e6 patches (budgeted memories of 224 px views of the same
 scenes), exact ``Flat`` vs ``IVF`` indices: build/search time, recall@30 of IVF against exact on
 the model's features, peak RSS.
+
+``index-sweep`` — the ``auto`` index's choice of cells and nprobe: one int8 encoder pass over
+300 + 100 images (features cached), then the whole evaluation with exact search and with each IVF
+setting: build, recall check and search time, recall@30, mIoU.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("HBIRD_BENCH_DATA", "/tmp/locatdino-bench/voc-scenes"))
 RESULTS = Path(os.environ.get("HBIRD_BENCH_OUT", "/tmp/locatdino-bench/hbird"))
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "FAISS_SIMD_LEVEL": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_SIMD_LEVEL": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
 BATCH = 16
 
 
@@ -227,7 +235,8 @@ def ours(size: int, n_train: int, n_val: int, **settings) -> dict:
     train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
     cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, **settings)
     r = hummingbird(_vit_s(), train, val, cfg)
-    return {"miou": r.miou, "miou_matched": r.miou_matched, "timings": r.timings, "memory_patches": r.memory_patches}
+    return {"miou": r.miou, "miou_matched": r.miou_matched, "timings": r.timings, "memory_patches": r.memory_patches,
+            "search": r.search}
 
 
 def run_case(case: dict, env: dict | None = None) -> dict:
@@ -245,6 +254,8 @@ def _case_main(spec: str) -> None:
     case.pop("label", None)  # names the row in the table only
     if kind == "scaling":
         out = {"rows": scaling_case(**case)}
+    elif kind == "index-sweep":
+        out = {"rows": index_sweep_case(**case)}
     elif kind == "machine":
         from locatdino.retrieval.provenance import cpu_info, software_versions
 
@@ -260,16 +271,22 @@ def _case_main(spec: str) -> None:
     print(json.dumps(out))
 
 
-# Our cases: the default path, then the reference's settings (same crops sampler, final norm,
-# scoring at the input size: the matched mIoU is then the quantity the baseline reports), bf16.
+# Our cases (``--cases``): the default path (precision and index ``auto``); the same in the
+# reference's arithmetic (fp32 encoder, exact search), which ``defaults`` must match in mIoU; the
+# reference's settings (its crop sampler, final norm, scoring at the input size: the matched mIoU
+# is then the quantity the baseline reports) in that arithmetic; each reduced precision alone.
 OUR_CASES = {
-    "ours, defaults": {},
-    "ours, reference settings": {"augment": "reference", "norm": True, "eval_resolution": "input"},
-    "ours, bf16 encoder": {"precision": "bf16"},
+    "defaults": ("ours, defaults", {}),
+    "fp32": ("ours, fp32 + exact search", {"precision": "fp32", "index": "Flat"}),
+    "reference-settings": ("ours, reference settings", {"augment": "reference", "norm": True,
+                                                        "eval_resolution": "input", "precision": "fp32",
+                                                        "index": "Flat"}),
+    "bf16": ("ours, bf16 encoder + exact search", {"precision": "bf16", "index": "Flat"}),
+    "int8": ("ours, int8 encoder + exact search", {"precision": "int8", "index": "Flat"}),
 }
 
 
-def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict) -> list[dict]:
+def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str]) -> list[dict]:
     """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
     runs vary with the load of other jobs; compare medians)."""
     voc_scenes(n_train, n_val)
@@ -278,9 +295,9 @@ def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dic
     rows = []
     for rep, size in ((r, s) for r in range(repeats) for s in sizes):
         common = {"size": size, "n_train": n_train, "n_val": n_val}
-        cases = [{"kind": "reference-style", "label": "reference data flow (re-written)", **common}]
-        cases += [{"kind": "ours", "label": label, **common, **extra} for label, extra in OUR_CASES.items()]
-        for case in cases:
+        runs = [{"kind": "reference-style", "label": "reference data flow (re-written)", **common}]
+        runs += [{"kind": "ours", "label": OUR_CASES[c][0], **common, **OUR_CASES[c][1]} for c in cases]
+        for case in runs:
             row = {**run_case(case, env), "repeat": rep, "label": case["label"]}
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -294,8 +311,9 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
     flags = ", ".join(f for f, on in (cpu.get("flags") or {}).items() if on)
     lines = [f"CPU: {cpu['model']} ({cpu['logical_cores']} logical cores; {flags}; torch {cpu['torch_capability']}, "
              f"faiss {cpu.get('faiss_simd_level')})", "",
-             "| px | case | total s | features s | search s | other s | CPU s | peak RSS GB | mIoU (matched) | "
-             "baseline wall / this | baseline CPU / this | RSS / baseline |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| px | case | encoder, index (recall@30) | total s | features s | search s | other s | CPU s | peak RSS GB | "
+             "mIoU (matched) | baseline wall / this | baseline CPU / this | RSS / baseline |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sorted({r["size"] for r in rows}):
         by_case: dict[str, list[dict]] = {}
         for r in rows:
@@ -310,7 +328,7 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
         for label, rs in by_case.items():
             total, feat, search = med(rs, "total"), med(rs, "features"), med(rs, "search")
             cpu_s, rss = med(rs, "cpu_s"), med(rs, "peak_rss_mb")
-            lines.append(f"| {size} | {label} | {total:.1f} | {feat:.1f} | {search:.1f} | {total - feat - search:.1f} | "
+            lines.append(f"| {size} | {label} | {_search_cell(rs[0].get('search'))} | {total:.1f} | {feat:.1f} | {search:.1f} | {total - feat - search:.1f} | "
                          f"{cpu_s:.1f} | {rss / 1024:.2f} | {med(rs, 'miou_matched'):.2f} | {base_total / total:.2f}× | "
                          f"{base_cpu / cpu_s:.2f}× | {rss / base_rss:.2f} |")
     loads = [r["load_avg"] for r in rows]
@@ -319,9 +337,18 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
     return "\n".join(lines)
 
 
+def _search_cell(search: dict | None) -> str:
+    if not search:
+        return "fp32, Flat"
+    cell = f"{search['precision']}, {search['index']}" + (f" nprobe {search['nprobe']}" if search.get("nprobe") else "")
+    return cell + (f" ({search['recall_at_k']:.4f})" if search.get("recall_at_k") is not None else "")
+
+
 # ------------------------------------------------------------------------------------- scaling
 def _ivf(m: int) -> str:
-    return f"IVF{max(64, int(4 * np.sqrt(m)) // 64 * 64)},Flat"
+    from locatdino.retrieval.index_choice import ivf_cells
+
+    return f"IVF{ivf_cells(m)},Flat"
 
 
 def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
@@ -367,6 +394,33 @@ def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
     return rows
 
 
+# (IVF cells per √M, nprobe); (None, None) = exact search
+SWEEP = ((None, None), (4, 64), (4, 32), (4, 16), (2, 32), (2, 16))
+
+
+def index_sweep_case(size: int, n_train: int, n_val: int) -> list[dict]:
+    """Every index of ``SWEEP`` on the same cached int8 features (exact search first: it also
+    measures the memory size M)."""
+    from locatdino.data import build_segmentation_dataset
+    from locatdino.retrieval import FeatureExtractor, HummingbirdConfig, hummingbird
+    from locatdino.retrieval.feature_cache import CachedExtractor
+    from locatdino.retrieval.index_choice import ivf_cells
+
+    root = str(voc_scenes(n_train, n_val))
+    train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
+    extractor = CachedExtractor(FeatureExtractor(_vit_s(), precision="int8"), max_bytes=4 << 30)
+    rows, memory = [], None
+    for cells, nprobe in SWEEP:
+        spec = "Flat" if cells is None else f"IVF{ivf_cells(memory, cells)},Flat"
+        cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, index=spec, nprobe=nprobe)
+        r = hummingbird(extractor, train, val, cfg)
+        memory = r.memory_patches
+        rows.append({"index": spec, "nprobe": nprobe, "recall@30": r.search.get("recall_at_k"), "miou": round(r.miou, 3),
+                     **{f"{k}_s": r.timings.get(k) for k in ("index", "recall", "search")}})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def scaling(sizes: list[int]) -> list[dict]:
     voc_scenes()
     rows = []
@@ -379,22 +433,29 @@ def scaling(sizes: list[int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("reference", "scaling", "_case"))
+    p.add_argument("part", choices=("reference", "scaling", "index-sweep", "_case"))
     p.add_argument("spec", nargs="?")
     p.add_argument("--sizes", type=int, nargs="+", default=None)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--num-train", type=int, default=300, help="memory images (first N of 300)")
     p.add_argument("--num-val", type=int, default=100, help="query images (first N of 100)")
+    p.add_argument("--cases", nargs="+", choices=tuple(OUR_CASES), default=["defaults", "fp32", "reference-settings"],
+                   help="our cases to run beside the baseline")
     p.add_argument("--isa", choices=("native", "avx2"), default="native",
-                   help="avx2: make torch, oneDNN, MKL, FAISS and OpenBLAS take their AVX2 paths")
+                   help="avx2: make torch, oneDNN, fbgemm, MKL, FAISS and OpenBLAS take their AVX2 paths")
     args = p.parse_args(argv)
     if args.part == "_case":
         return _case_main(args.spec)
     RESULTS.mkdir(parents=True, exist_ok=True)
     env = AVX2_ENV if args.isa == "avx2" else {}
     if args.part == "reference":
-        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env)
+        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases)
         name = f"reference-{args.num_train}x{args.num_val}-{args.isa}.json"
+    elif args.part == "index-sweep":
+        size = (args.sizes or [448])[0]
+        rows = run_case({"kind": "index-sweep", "size": size, "n_train": args.num_train, "n_val": args.num_val})["rows"]
+        print("\n".join(json.dumps(r) for r in rows))
+        name = f"index-sweep-{size}.json"
     else:
         rows = scaling(args.sizes or [10_000, 100_000, 1_000_000])
         name = "scaling.json"

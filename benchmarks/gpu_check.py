@@ -97,7 +97,7 @@ FULL = Sizes(
               "--data.init_args.synthetic", "512", "--data.init_args.synthetic_size", "256",
               "--data.init_args.batches_per_epoch", "50", "--data.init_args.num_workers", "12"],
     hbird_args=["--num-train", "300", "--num-val", "100", "--scene-size", "448", "--input-size", "448",
-                "--precision", "bf16", "--batch-size", "16", "--device", "cuda"],
+                "--precision", "bf16", "--index", "Flat", "--batch-size", "16", "--device", "cuda"],
 )
 DRY = Sizes(
     equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2), equiv_px=(64, 32, 96), equiv_batch=1,

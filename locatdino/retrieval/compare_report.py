@@ -82,12 +82,21 @@ def locality_table(models: list[dict[str, Any]]) -> str | None:
     return "\n".join(rows)
 
 
+def _arithmetic(cfg: dict[str, Any], models: list[dict[str, Any]]) -> str:
+    """Index and encoder precision as run: ``auto`` settings resolved (same machine for every model)."""
+    search = next((m["hbird"]["search"] for m in models if (m.get("hbird") or {}).get("search")), None)
+    if not search:
+        return f"index {cfg['index']}, {cfg['precision']}"
+    nprobe = f" nprobe {search['nprobe']}" if search.get("nprobe") else ""
+    return f"index {search['index']}{nprobe} ({cfg['index']}), {search['precision']} ({cfg['precision']})"
+
+
 def report_markdown(report: dict[str, Any]) -> str:
     """The whole markdown report of a comparison."""
     models, data, cfg = report["models"], report["dataset"], report["config"]
     if any(m.get("hbird") for m in models) or not models:
         setting = (f"{data['num_train']} memory images × {cfg['aug_epochs']} views, {data['num_val']} query images, "
-                   f"{cfg['input_size']} px, k = {cfg['k']}, index {cfg['index']}, {cfg['precision']}, seed "
+                   f"{cfg['input_size']} px, k = {cfg['k']}, {_arithmetic(cfg, models)}, seed "
                    f"{cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched for comparison with "
                    "published tables); Δ = model − first model.")
     else:

@@ -37,6 +37,9 @@ from tqdm.auto import tqdm
 from locatdino.retrieval.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.retrieval.features import FeatureExtractor
 from locatdino.retrieval.index import PatchIndex
+from locatdino.retrieval.index_choice import (
+    AUTO, RECALL_SAMPLE, IndexChoice, choose_index, exact_knn, recall_at_k, sample_rows,
+)
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
@@ -57,7 +60,7 @@ class HummingbirdConfig:
     memory_size: int | None = None  # budget M in patches; None keeps every patch
     k: int = 30
     beta: float = 0.02
-    index: str = "Flat"  # FAISS factory string
+    index: str = "auto"  # FAISS factory string, or auto: Flat for small searches, else IVF (index_choice)
     nprobe: int | None = None
     ef_search: int | None = None
     index_device: str = "auto"
@@ -65,7 +68,7 @@ class HummingbirdConfig:
     layer: int = -1
     norm: bool = False
     prr: bool = False
-    precision: str = "fp32"  # encoder autocast: fp32 | bf16
+    precision: str = "auto"  # encoder arithmetic: auto | fp32 | bf16 | int8 (precision.py)
     memory_dtype: str = "float32"  # float32 | float16 (memory_dir banks, non-Flat indices)
     memory_dir: str | None = None  # memory-map the bank into this directory
     batch_size: int = 16
@@ -112,6 +115,9 @@ class HummingbirdResult:
     config: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)  # see provenance.run_provenance
+    # what ran: the resolved encoder precision, index and nprobe, and for an approximate index
+    # its recall@k against exact search on a sample of query patches
+    search: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,11 +300,17 @@ def hummingbird(
     clock = PhaseClock()
     provenance = run_provenance()
     start = time.perf_counter()
-    index = PatchIndex(extractor.dim, cfg.index, cfg.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed,
-                       backend=cfg.knn_backend, torch_device=getattr(extractor, "device", None))
+    if cfg.index != AUTO:  # a bad spec fails before the memory is encoded
+        _patch_index(extractor, cfg, IndexChoice(cfg.index, cfg.nprobe))
     bank, skipped_train = build_memory(extractor, train_set, cfg, clock)
+    choice = choose_index(cfg.index, cfg.nprobe, len(bank), len(val_set) * extractor.grid(cfg.input_size) ** 2)
+    index = _patch_index(extractor, cfg, choice)
     with clock("index"):
         index.build(bank.features)
+    search = {"precision": getattr(extractor, "precision", None), "index": choice.spec, "nprobe": choice.nprobe}
+    if choice.spec != "Flat":
+        with clock("recall"):
+            search.update(_sampled_recall(extractor, bank, index, val_set, cfg))
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
@@ -322,4 +334,26 @@ def hummingbird(
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         config=asdict(cfg),
         provenance=provenance,
+        search=search,
     )
+
+
+def _patch_index(extractor: Any, cfg: HummingbirdConfig, choice: IndexChoice) -> PatchIndex:
+    return PatchIndex(extractor.dim, choice.spec, choice.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed,
+                      backend=cfg.knn_backend, torch_device=getattr(extractor, "device", None))
+
+
+def _sampled_recall(extractor: Any, bank: MemoryBank, index: PatchIndex, dataset: Any,
+                    cfg: HummingbirdConfig) -> dict[str, Any]:
+    """Recall@k of ``index`` against exact search, on a fixed sample of the patches of query
+    images spread over ``dataset`` (an extra forward of about ``RECALL_SAMPLE`` patches)."""
+    views = QueryViews(dataset, cfg.input_size)
+    n_images = min(len(views), -(-RECALL_SAMPLE // extractor.grid(cfg.input_size) ** 2))
+    images, _, _ = collate_views([views[int(i)] for i in np.linspace(0, len(views) - 1, n_images)])
+    if len(images) == 0:
+        return {"recall_at_k": None, "recall_queries": 0}
+    queries = extractor(images).flatten(0, 2).numpy()
+    queries = queries[sample_rows(len(queries), RECALL_SAMPLE, cfg.seed)]
+    found = index.search(queries, cfg.k)[1]
+    recall = recall_at_k(found, exact_knn(queries, bank.features, cfg.k))
+    return {"recall_at_k": round(recall, 4), "recall_queries": len(queries)}

@@ -21,6 +21,7 @@ class CachedExtractor:
     def __init__(self, extractor: Any, max_bytes: int = 1 << 30):
         self.extractor, self.max_bytes = extractor, max_bytes
         self.patch_size, self.device = extractor.patch_size, getattr(extractor, "device", torch.device("cpu"))
+        self.precision = getattr(extractor, "precision", None)
         self._cache: dict[bytes, Tensor] = {}
         self.nbytes = 0
         self.hits = 0

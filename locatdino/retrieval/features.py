@@ -2,9 +2,9 @@
 
 The features are the patch tokens of one block — by default the last block, before the final
 norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
-under ``torch.inference_mode`` (optionally bf16 autocast: ~2x faster on CPUs with native bf16,
-AVX512-BF16 or AMX, but ~3x slower where bf16 is emulated on AVX2, benchmarks/RESULTS.md) and
-L2-normalised so inner product = cosine similarity.
+under ``torch.inference_mode`` in the precision that is fastest on the device unless told otherwise
+(``locatdino.retrieval.precision``: bf16 autocast, int8 Linear layers or fp32) and L2-normalised so
+inner product = cosine similarity.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from torch import Tensor, nn
 
 from locatdino.models import create_backbone, dense_features
 from locatdino.retrieval.augment import normalize
-
-PRECISIONS = ("fp32", "bf16")
+from locatdino.retrieval.precision import autocast, int8_encoder, resolve_precision
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
@@ -52,7 +51,9 @@ class FeatureExtractor:
         layer: block index (negative from the end); ``-1`` is the last block.
         norm: apply the final norm (the reference does not).
         prr: apply PRR before taking the patch tokens (the reference does not).
-        precision: ``"fp32"`` or ``"bf16"`` (autocast).
+        precision: ``"auto"``, ``"fp32"``, ``"bf16"`` (autocast) or ``"int8"`` (a copy of the model
+            with int8 Linear layers, CPU only); ``auto`` is resolved for ``device`` at
+            construction and ``self.precision`` says what was chosen.
         device: where the forward runs; default the model's device.
     """
 
@@ -65,10 +66,10 @@ class FeatureExtractor:
         precision: str = "fp32",
         device: torch.device | str | None = None,
     ):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.model, self.layer, self.norm, self.prr, self.precision = model, layer, norm, prr, precision
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.precision = resolve_precision(precision, self.device)
+        self.layer, self.norm, self.prr = layer, norm, prr
+        self.model = int8_encoder(model) if self.precision == "int8" else model
         patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
         if patch is None:
             raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")
@@ -86,12 +87,7 @@ class FeatureExtractor:
 
     def __call__(self, images: Tensor) -> Tensor:
         x = normalize(images.to(self.device, non_blocking=True))
-        bf16 = self.precision == "bf16"
-        with (
-            eval_mode(self.model),
-            torch.inference_mode(),
-            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16),
-        ):
+        with eval_mode(self.model), torch.inference_mode(), autocast(self.precision, self.device):
             feats = dense_features(
                 self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
             )

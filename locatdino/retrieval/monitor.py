@@ -38,7 +38,8 @@ class HummingbirdMonitor(pl.Callback):
         num_train, num_val: memory and query images (a seeded subset of real datasets).
         input_size: eval resolution; scenes are rendered at this size.
         memory_size, aug_epochs, k: as in :class:`HummingbirdConfig`.
-        precision: encoder precision, ``"fp32"`` or ``"bf16"``.
+        precision: encoder precision (``FeatureExtractor``'s); fp32 by default, so the curve does
+            not depend on the CPU it was measured on.
         batch_size: images per forward.
     """
 

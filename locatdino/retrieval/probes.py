@@ -23,6 +23,7 @@ from torch import nn
 
 from locatdino.retrieval.augment import normalize as normalize_images
 from locatdino.retrieval.features import eval_mode
+from locatdino.retrieval.precision import autocast, int8_encoder, resolve_precision
 
 
 def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray):
@@ -70,12 +71,13 @@ def logistic_accuracy(
 
 
 def class_embeddings(model: nn.Module, images: torch.Tensor, batch_size: int = 32, precision: str = "fp32") -> np.ndarray:
-    """``[N, D]`` float32 image embeddings of uint8 ``images [N, 3, S, S]`` (frozen, eval mode)."""
+    """``[N, D]`` float32 image embeddings of uint8 ``images [N, 3, S, S]`` (frozen, eval mode;
+    ``precision`` as ``FeatureExtractor``'s)."""
     device = next(model.parameters()).device
+    precision = resolve_precision(precision, device)
+    model = int8_encoder(model) if precision == "int8" else model
     out = []
-    with eval_mode(model), torch.inference_mode(), torch.autocast(
-        device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
-    ):
+    with eval_mode(model), torch.inference_mode(), autocast(precision, device):
         for s in range(0, len(images), batch_size):
             out.append(model(normalize_images(images[s : s + batch_size].to(device))).float().cpu())
     return torch.cat(out).numpy()

@@ -17,6 +17,7 @@ from locatdino.models.pos_embed import POS_EMBED_RULES
 from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA
+from locatdino.retrieval.precision import PRECISIONS
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
@@ -48,8 +49,9 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
     p.add_argument("--beta", type=float, default=d.beta, help="softmax temperature of the neighbour weights")
     p.add_argument("--index", default=d.index, metavar="SPEC",
-                   help="FAISS factory string: Flat (exact), IVF1024,Flat, IVF1024,PQ48, HNSW32, ...")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF cells visited per query")
+                   help="auto (exact for small searches, else IVF with its recall reported) or a FAISS "
+                   "factory string: Flat (exact, the reference's), IVF1024,Flat, IVF1024,PQ48, HNSW32, ...")
+    p.add_argument("--nprobe", type=int, default=None, help="IVF cells visited per query (index auto: 64)")
     p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
                    help="auto: a GPU index when faiss-gpu sees a GPU")
@@ -69,9 +71,11 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "for timm models: it takes forward_features)")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
     p.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=d.precision,
-                   help="encoder precision (bf16 autocast: ~2x faster with native bf16 (AVX512-BF16, AMX, "
-                   "GPUs), several times slower on AVX2-only CPUs)")
+    p.add_argument("--precision", choices=PRECISIONS, default=d.precision,
+                   help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 "
+                   "or AMX; int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), "
+                   "bf16 (autocast; several times slower where bf16 is emulated, AVX2-only CPUs), int8 "
+                   "(CPU only)")
     p.add_argument("--hungarian", choices=HUNGARIAN_CRITERIA, default=d.hungarian,
                    help="criterion of the Hungarian-matched mIoU: iou (summed IoU, the reference's) "
                    "or pixels (summed matched pixels)")

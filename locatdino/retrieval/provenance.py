@@ -23,8 +23,8 @@ from typing import Any
 # Distributions whose versions change the numbers or the timings.
 _PACKAGES = ("torch", "torchvision", "timm", "numpy", "scipy", "pillow")
 # Environment variables that select kernels or thread counts.
-_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "FAISS_OPT_LEVEL",
-               "FAISS_SIMD_LEVEL", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS",
+               "FAISS_OPT_LEVEL", "FAISS_SIMD_LEVEL", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # /proc/cpuinfo flags that decide the fast paths: AVX-512, its bf16 dot products, Intel AMX.
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -46,7 +46,7 @@ def checkpoint_record(path: str | os.PathLike | None) -> dict[str, Any] | None:
     return {"path": str(path), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
-def _cpuinfo() -> tuple[str | None, set[str] | None]:
+def cpu_model_and_flags() -> tuple[str | None, set[str] | None]:
     """CPU model name and flags from ``/proc/cpuinfo`` (Linux); ``(None, None)`` elsewhere."""
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -68,7 +68,7 @@ def cpu_info() -> dict[str, Any]:
     and FAISS chose to use)."""
     import torch
 
-    model, flags = _cpuinfo()
+    model, flags = cpu_model_and_flags()
     info: dict[str, Any] = {
         "model": model or platform.processor() or platform.machine(),
         "logical_cores": os.cpu_count(),

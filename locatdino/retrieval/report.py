@@ -46,7 +46,7 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
     """Markdown table, one row per run: scores, memory size, time split."""
     head = "| model | mIoU | mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
         f"{p} s" for p in _PHASES
-    ) + " | total s | peak RSS MB |"
+    ) + " | total s | peak RSS MB | encoder | index (recall@k) |"
     rule = "|" + "---|" * (head.count("|") - 1)
     rows = [head, rule]
     for r in results:
@@ -55,9 +55,20 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
             f"| {run_label(r)} | {_fmt(r['miou'])} | {_fmt(r['miou_matched'])} | "
             f"{_fmt(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(_fmt(t.get(p), 1) for p in _PHASES)
-            + f" | {_fmt(t.get('total'), 1)} | {_fmt(r.get('peak_rss_mb'), 0)} |"
+            + f" | {_fmt(t.get('total'), 1)} | {_fmt(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
         )
     return "\n".join(rows)
+
+
+def _search_cells(search: dict[str, Any] | None) -> str:
+    """``precision | index`` of a run, the index with its nprobe and measured recall if approximate
+    (older results without the record show dashes)."""
+    if not search:
+        return "– | –"
+    index = search["index"] + (f" nprobe {search['nprobe']}" if search.get("nprobe") else "")
+    if search.get("recall_at_k") is not None:
+        index += f" ({search['recall_at_k']:.3f})"
+    return f"{search.get('precision') or '–'} | {index}"
 
 
 def per_class_table(results: Sequence[dict[str, Any]]) -> str:
