@@ -100,13 +100,14 @@ def voc_scenes(n_train: int = 300, n_val: int = 100) -> Path:
     return root
 
 
-def _vit_s():
+def _vit_s(name: str = "vit_small_patch16_224"):
+    """The benchmark's random-init backbone (ViT-S/16 unless ``--model`` names another)."""
     import torch
 
     from locatdino.retrieval import load_backbone
 
     torch.manual_seed(0)
-    return load_backbone("vit_small_patch16_224")
+    return load_backbone(name)
 
 
 # ------------------------------------------------------------------------- reference baseline
@@ -141,7 +142,7 @@ def reference_metric(gt: np.ndarray, pred: np.ndarray, c: int) -> tuple[float, f
     return 100 * float(np.mean(jac)), 100 * float(np.mean(np.array(jac)[present]))
 
 
-def reference_style(size: int, n_train: int, n_val: int, workers: int = 1) -> dict:
+def reference_style(size: int, n_train: int, n_val: int, model: str, workers: int = 1) -> dict:
     """The public reference's data flow (re-written, not copied): see the module docstring."""
     import faiss
     import torch
@@ -179,7 +180,7 @@ def reference_style(size: int, n_train: int, n_val: int, workers: int = 1) -> di
                 x, target = val_image(image), TF.resize(target, [size, size], interpolation=nearest)
             return x, target
 
-    model, c, k, beta, p = _vit_s(), 21, 30, 0.02, 16
+    model, c, k, beta, p = _vit_s(model), 21, 30, 0.02, 16
     times = {"features": 0.0, "search": 0.0, "metric": 0.0}
     start = time.perf_counter()
     with torch.no_grad():
@@ -227,14 +228,14 @@ def reference_style(size: int, n_train: int, n_val: int, workers: int = 1) -> di
 
 
 # ----------------------------------------------------------------------------------- our cases
-def ours(size: int, n_train: int, n_val: int, **settings) -> dict:
+def ours(size: int, n_train: int, n_val: int, model: str, **settings) -> dict:
     from locatdino.data import build_segmentation_dataset
     from locatdino.retrieval import HummingbirdConfig, hummingbird
 
     root = str(voc_scenes(n_train, n_val))
     train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
     cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, **settings)
-    r = hummingbird(_vit_s(), train, val, cfg)
+    r = hummingbird(_vit_s(model), train, val, cfg)
     return {"miou": r.miou, "miou_matched": r.miou_matched, "timings": r.timings, "memory_patches": r.memory_patches,
             "search": r.search}
 
@@ -286,7 +287,8 @@ OUR_CASES = {
 }
 
 
-def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str]) -> list[dict]:
+def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str],
+              model: str) -> list[dict]:
     """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
     runs vary with the load of other jobs; compare medians)."""
     voc_scenes(n_train, n_val)
@@ -294,7 +296,7 @@ def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dic
     print(json.dumps(machine), flush=True)
     rows = []
     for rep, size in ((r, s) for r in range(repeats) for s in sizes):
-        common = {"size": size, "n_train": n_train, "n_val": n_val}
+        common = {"size": size, "n_train": n_train, "n_val": n_val, "model": model}
         runs = [{"kind": "reference-style", "label": "reference data flow (re-written)", **common}]
         runs += [{"kind": "ours", "label": OUR_CASES[c][0], **common, **OUR_CASES[c][1]} for c in cases]
         for case in runs:
@@ -439,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--num-train", type=int, default=300, help="memory images (first N of 300)")
     p.add_argument("--num-val", type=int, default=100, help="query images (first N of 100)")
+    p.add_argument("--model", default="vit_small_patch16_224", help="random-init backbone of the reference part")
     p.add_argument("--cases", nargs="+", choices=tuple(OUR_CASES), default=["defaults", "fp32", "reference-settings"],
                    help="our cases to run beside the baseline")
     p.add_argument("--isa", choices=("native", "avx2"), default="native",
@@ -449,8 +452,9 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     env = AVX2_ENV if args.isa == "avx2" else {}
     if args.part == "reference":
-        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases)
-        name = f"reference-{args.num_train}x{args.num_val}-{args.isa}.json"
+        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases,
+                         args.model)
+        name = f"reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json"
     elif args.part == "index-sweep":
         size = (args.sizes or [448])[0]
         rows = run_case({"kind": "index-sweep", "size": size, "n_train": args.num_train, "n_val": args.num_val})["rows"]
