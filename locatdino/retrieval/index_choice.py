@@ -2,8 +2,8 @@
 of the approximate index measured against exact search on a sample of real query patches.
 
 Exact search costs ``memory × queries`` inner products: negligible at 224 px, but at 448 px on
-300 + 100 images (235k × 78k patches) it takes as long as the encoder forward on a 2-core CPU
-(``benchmarks/RESULTS.md``). An ``IVF{nlist},Flat`` index with ``nlist ≈ 4√M`` cells and
+300 + 100 images (177k × 78k patches) it took 77–89 s on a 2-core CPU next to 186 s of fp32
+forward (``benchmarks/RESULTS.md``), and IVF 23 s + 10 s to build. An ``IVF{nlist},Flat`` index with ``nlist ≈ 4√M`` cells and
 ``nprobe`` 64 scans ~2–5 % of the memory per query and keeps the vectors uncompressed, so the
 scores it returns are exact and only a neighbour it misses can change a prediction. The recall
 says how often that happens; it is reported with every result that used an approximate index.
@@ -17,7 +17,7 @@ import faiss
 import numpy as np
 
 AUTO = "auto"
-# Below either bound exact search takes seconds on 2 cores and beats training IVF's k-means.
+# Below either bound exact search takes a few seconds on 2 cores, about what IVF's k-means costs.
 AUTO_MIN_MEMORY = 65_536
 AUTO_MIN_PAIRS = 1_000_000_000  # memory patches × query patches (~6 s of exact search on 2 cores)
 AUTO_NPROBE = 64
