@@ -340,10 +340,10 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
 
 
 def _search_cell(search: dict | None) -> str:
-    if not search:
-        return "fp32, Flat"
-    cell = f"{search['precision']}, {search['index']}" + (f" nprobe {search['nprobe']}" if search.get("nprobe") else "")
-    return cell + (f" ({search['recall_at_k']:.4f})" if search.get("recall_at_k") is not None else "")
+    """Encoder precision and index of a case; the baseline (no record) is fp32 exact search."""
+    from locatdino.retrieval.report import search_text
+
+    return f"{search['precision']}, {search_text(search)}" if search else "fp32, Flat"
 
 
 # ------------------------------------------------------------------------------------- scaling

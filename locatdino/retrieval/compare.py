@@ -184,8 +184,10 @@ def evaluate_model(
     outcome.locality = locality_per_block(backbone, shown.images)
     if probes is not None:
         _say(f"{spec.name}: class-token probes ({len(probes.train_labels)} train / {len(probes.test_labels)} test images)")
-        train = class_embeddings(backbone, probes.train_images, cfg.batch_size, cfg.precision)
-        test = class_embeddings(backbone, probes.test_images, cfg.batch_size, cfg.precision)
+        n_train = len(probes.train_images)
+        both = class_embeddings(backbone, torch.cat([probes.train_images, probes.test_images]), cfg.batch_size,
+                                cfg.precision)
+        train, test = both[:n_train], both[n_train:]
         outcome.probes = {
             "knn_top1": 100 * knn_accuracy(train, probes.train_labels, test, probes.test_labels),
             "logistic_top1": 100 * logistic_accuracy(train, probes.train_labels, test, probes.test_labels),

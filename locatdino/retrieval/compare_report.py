@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from locatdino.retrieval.report import _fmt
+from locatdino.retrieval.report import _fmt, search_text
 
 
 def _delta(value: float | None, ref: float | None) -> str:
@@ -87,8 +87,7 @@ def _arithmetic(cfg: dict[str, Any], models: list[dict[str, Any]]) -> str:
     search = next((m["hbird"]["search"] for m in models if (m.get("hbird") or {}).get("search")), None)
     if not search:
         return f"index {cfg['index']}, {cfg['precision']}"
-    nprobe = f" nprobe {search['nprobe']}" if search.get("nprobe") else ""
-    return f"index {search['index']}{nprobe} ({cfg['index']}), {search['precision']} ({cfg['precision']})"
+    return f"index {search_text(search, recall=False)} ({cfg['index']}), {search['precision']} ({cfg['precision']})"
 
 
 def report_markdown(report: dict[str, Any]) -> str:

@@ -37,9 +37,8 @@ from tqdm.auto import tqdm
 from locatdino.retrieval.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.retrieval.features import FeatureExtractor
 from locatdino.retrieval.index import PatchIndex
-from locatdino.retrieval.index_choice import (
-    AUTO, RECALL_SAMPLE, IndexChoice, choose_index, exact_knn, recall_at_k, sample_rows,
-)
+from locatdino.retrieval.torch_knn import TorchExactSearch
+from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
@@ -300,11 +299,12 @@ def hummingbird(
     clock = PhaseClock()
     provenance = run_provenance()
     start = time.perf_counter()
-    if cfg.index != AUTO:  # a bad spec fails before the memory is encoded
-        _patch_index(extractor, cfg, IndexChoice(cfg.index, cfg.nprobe))
+    choice = None if cfg.index == AUTO else IndexChoice(cfg.index, cfg.nprobe)
+    index = None if choice is None else _patch_index(extractor, cfg, choice)  # a bad spec fails before encoding
     bank, skipped_train = build_memory(extractor, train_set, cfg, clock)
-    choice = choose_index(cfg.index, cfg.nprobe, len(bank), len(val_set) * extractor.grid(cfg.input_size) ** 2)
-    index = _patch_index(extractor, cfg, choice)
+    if index is None:  # auto: chosen by the memory's size
+        choice = auto_index(len(bank), len(val_set) * extractor.grid(cfg.input_size) ** 2, cfg.nprobe)
+        index = _patch_index(extractor, cfg, choice)
     with clock("index"):
         index.build(bank.features)
     search = {"precision": getattr(extractor, "precision", None), "index": choice.spec, "nprobe": choice.nprobe}
@@ -355,5 +355,5 @@ def _sampled_recall(extractor: Any, bank: MemoryBank, index: PatchIndex, dataset
     queries = extractor(images).flatten(0, 2).numpy()
     queries = queries[sample_rows(len(queries), RECALL_SAMPLE, cfg.seed)]
     found = index.search(queries, cfg.k)[1]
-    recall = recall_at_k(found, exact_knn(queries, bank.features, cfg.k))
+    recall = recall_at_k(found, TorchExactSearch(bank.features, "cpu").search(queries, cfg.k)[1])
     return {"recall_at_k": round(recall, 4), "recall_queries": len(queries)}

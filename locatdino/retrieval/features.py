@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from locatdino.models import create_backbone, dense_features
 from locatdino.retrieval.augment import normalize
-from locatdino.retrieval.precision import autocast, int8_encoder, resolve_precision
+from locatdino.retrieval.precision import autocast, encoder_for
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
@@ -67,9 +67,8 @@ class FeatureExtractor:
         device: torch.device | str | None = None,
     ):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.precision = resolve_precision(precision, self.device)
+        self.model, self.precision = encoder_for(model, precision, self.device)
         self.layer, self.norm, self.prr = layer, norm, prr
-        self.model = int8_encoder(model) if self.precision == "int8" else model
         patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
         if patch is None:
             raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 
 AUTO = "auto"
@@ -30,13 +29,10 @@ class IndexChoice:
     nprobe: int | None
 
 
-def choose_index(spec: str, nprobe: int | None, memory_patches: int, query_patches: int) -> IndexChoice:
-    """``spec`` / ``nprobe`` as given, or for ``spec == "auto"``: ``Flat`` for a small search
-    (memory below ``AUTO_MIN_MEMORY`` patches or fewer than ``AUTO_MIN_PAIRS`` query–memory
-    pairs), else ``IVF{nlist},Flat`` with ``nlist`` = 4√M rounded down to a multiple of 64 and
-    ``nprobe`` (default ``AUTO_NPROBE``)."""
-    if spec != AUTO:
-        return IndexChoice(spec, nprobe)
+def auto_index(memory_patches: int, query_patches: int, nprobe: int | None = None) -> IndexChoice:
+    """``Flat`` for a small search (memory below ``AUTO_MIN_MEMORY`` patches or fewer than
+    ``AUTO_MIN_PAIRS`` query–memory pairs), else ``IVF{nlist},Flat`` with ``nlist`` = 4√M
+    rounded down to a multiple of 64 and ``nprobe`` (default ``AUTO_NPROBE``)."""
     if memory_patches < AUTO_MIN_MEMORY or memory_patches * query_patches < AUTO_MIN_PAIRS:
         return IndexChoice("Flat", None)
     return IndexChoice(f"IVF{ivf_cells(memory_patches)},Flat", nprobe or AUTO_NPROBE)
@@ -46,23 +42,6 @@ def ivf_cells(memory_patches: int, per_sqrt: float = 4.0) -> int:
     """IVF cells for a memory of M patches: ``per_sqrt``·√M rounded down to a multiple of 64
     (at least 64), the usual FAISS guideline of a few √M cells."""
     return max(64, int(per_sqrt * np.sqrt(memory_patches)) // 64 * 64)
-
-
-def exact_knn(queries: np.ndarray, memory: np.ndarray, k: int, chunk: int = 262_144) -> np.ndarray:
-    """Ids ``[n, k]`` of the exact top-``k`` inner products of ``queries`` in ``memory``, read in
-    chunks of rows (a float16 or memory-mapped bank is never converted whole)."""
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    best_sims = np.full((len(queries), 0), -np.inf, dtype=np.float32)
-    best_ids = np.zeros((len(queries), 0), dtype=np.int64)
-    for start in range(0, len(memory), chunk):
-        block = np.ascontiguousarray(memory[start : start + chunk], dtype=np.float32)
-        sims, ids = faiss.knn(queries, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
-        best_sims = np.concatenate([best_sims, sims], axis=1)
-        best_ids = np.concatenate([best_ids, ids + start], axis=1)
-        keep = np.argsort(-best_sims, axis=1, kind="stable")[:, :k]
-        best_sims = np.take_along_axis(best_sims, keep, axis=1)
-        best_ids = np.take_along_axis(best_ids, keep, axis=1)
-    return best_ids
 
 
 def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import platform
 import warnings
 
 import torch
@@ -51,10 +50,15 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     flags = cpu_flags()
     if flags & {"avx512_bf16", "amx_bf16"} and torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return "bf16"
-    engines = torch.backends.quantized.supported_engines
-    if platform.machine() in ("x86_64", "AMD64") and "avx2" in flags and "fbgemm" in engines:
+    if "avx2" in flags and "fbgemm" in torch.backends.quantized.supported_engines:  # x86 with AVX2
         return "int8"
     return "fp32"
+
+
+def encoder_for(model: nn.Module, precision: str, device: torch.device) -> tuple[nn.Module, str]:
+    """``(the module to run, the resolved precision)``: ``model`` itself, or its int8 copy."""
+    precision = resolve_precision(precision, device)
+    return (int8_encoder(model) if precision == "int8" else model), precision
 
 
 def int8_encoder(model: nn.Module) -> nn.Module:

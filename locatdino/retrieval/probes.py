@@ -23,7 +23,7 @@ from torch import nn
 
 from locatdino.retrieval.augment import normalize as normalize_images
 from locatdino.retrieval.features import eval_mode
-from locatdino.retrieval.precision import autocast, int8_encoder, resolve_precision
+from locatdino.retrieval.precision import autocast, encoder_for
 
 
 def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray):
@@ -74,8 +74,7 @@ def class_embeddings(model: nn.Module, images: torch.Tensor, batch_size: int = 3
     """``[N, D]`` float32 image embeddings of uint8 ``images [N, 3, S, S]`` (frozen, eval mode;
     ``precision`` as ``FeatureExtractor``'s)."""
     device = next(model.parameters()).device
-    precision = resolve_precision(precision, device)
-    model = int8_encoder(model) if precision == "int8" else model
+    model, precision = encoder_for(model, precision, device)
     out = []
     with eval_mode(model), torch.inference_mode(), autocast(precision, device):
         for s in range(0, len(images), batch_size):

@@ -60,15 +60,20 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def search_text(search: dict[str, Any], recall: bool = True) -> str:
+    """The index a run used (a result's ``search`` record), with its nprobe and, if approximate
+    and ``recall``, its measured recall@k: ``IVF1664,Flat nprobe 64 (0.993)``."""
+    text = search["index"] + (f" nprobe {search['nprobe']}" if search.get("nprobe") else "")
+    if recall and search.get("recall_at_k") is not None:
+        text += f" ({search['recall_at_k']:.3f})"
+    return text
+
+
 def _search_cells(search: dict[str, Any] | None) -> str:
-    """``precision | index`` of a run, the index with its nprobe and measured recall if approximate
-    (older results without the record show dashes)."""
+    """``precision | index`` cells of a run (older results without the record show dashes)."""
     if not search:
         return "– | –"
-    index = search["index"] + (f" nprobe {search['nprobe']}" if search.get("nprobe") else "")
-    if search.get("recall_at_k") is not None:
-        index += f" ({search['recall_at_k']:.3f})"
-    return f"{search.get('precision') or '–'} | {index}"
+    return f"{search.get('precision') or '–'} | {search_text(search)}"
 
 
 def per_class_table(results: Sequence[dict[str, Any]]) -> str:

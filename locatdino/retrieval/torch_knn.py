@@ -16,6 +16,8 @@ queries:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -26,9 +28,9 @@ class TorchExactSearch:
     """Exact cosine / inner-product search over ``features [N, D]`` on ``device``.
 
     Args:
-        features: the memory, float32 or float16 (a NumPy array or memory map; copied to
-            ``device`` chunk by chunk, shared without a copy when it is a writable contiguous
-            array and ``device`` is the CPU).
+        features: the memory, float32 or float16 (a NumPy array or memory map; on the CPU a
+            contiguous one is searched in place, read-only memory maps included, so a saved
+            10M-patch bank is never copied; otherwise copied to ``device`` chunk by chunk).
         device: where the memory lives and the search runs.
         search_dtype: precision of the coarse pass; default float16 on CUDA, float32 elsewhere
             (float32: the coarse pass is already exact and keeps ``k`` candidates).
@@ -52,8 +54,10 @@ class TorchExactSearch:
         self.memory = self._upload(features)
 
     def _upload(self, features: np.ndarray) -> torch.Tensor:
-        if self.device.type == "cpu" and features.flags.c_contiguous and features.flags.writeable:
-            return torch.from_numpy(features)
+        if self.device.type == "cpu" and features.flags.c_contiguous:
+            with warnings.catch_warnings():  # read-only arrays: the search never writes to them
+                warnings.filterwarnings("ignore", message=".*not writable.*")
+                return torch.from_numpy(features)
         memory = torch.empty(features.shape, dtype=_STORED[features.dtype], device=self.device)
         for start in range(0, features.shape[0], self.memory_chunk):
             rows = np.array(features[start : start + self.memory_chunk])  # own, writable copy of a memmap slice

@@ -2,25 +2,15 @@ import numpy as np
 import pytest
 
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.index_choice import IndexChoice, choose_index, exact_knn, recall_at_k, sample_rows
+from locatdino.retrieval.index_choice import IndexChoice, auto_index, recall_at_k, sample_rows
 
 
 def test_auto_is_exact_for_small_searches_and_ivf_above():
-    assert choose_index("HNSW32", None, 10**7, 10**7) == IndexChoice("HNSW32", None)  # explicit: kept
-    assert choose_index("auto", None, 50_000, 10**6) == IndexChoice("Flat", None)  # small memory
-    assert choose_index("auto", None, 200_000, 4_000) == IndexChoice("Flat", None)  # 8e8 pairs
+    assert auto_index(50_000, 10**6) == IndexChoice("Flat", None)  # small memory
+    assert auto_index(200_000, 4_000) == IndexChoice("Flat", None)  # 8e8 pairs
     # 448 px, 300 memory / 100 query images: 4 * sqrt(235,200) = 1939.9 -> 1920 cells
-    assert choose_index("auto", None, 235_200, 78_400) == IndexChoice("IVF1920,Flat", 64)
-    assert choose_index("auto", 8, 235_200, 78_400) == IndexChoice("IVF1920,Flat", 8)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_exact_knn_in_chunks_equals_brute_force(dtype):
-    rng = np.random.default_rng(0)
-    memory, queries = rng.standard_normal((1000, 16)).astype(dtype), rng.standard_normal((50, 16)).astype(np.float32)
-    sims = queries @ memory.astype(np.float32).T
-    expected = np.argsort(-sims, axis=1)[:, :7]
-    assert np.array_equal(exact_knn(queries, memory, 7, chunk=37), expected)
+    assert auto_index(235_200, 78_400) == IndexChoice("IVF1920,Flat", 64)
+    assert auto_index(235_200, 78_400, nprobe=8) == IndexChoice("IVF1920,Flat", 8)
 
 
 def test_recall_counts_shared_neighbours():

@@ -1,5 +1,3 @@
-import platform
-
 import pytest
 import torch
 from torch import nn
@@ -26,7 +24,6 @@ def _images(n=2, size=32):
 def test_auto_picks_what_the_cpu_runs_natively(monkeypatch, flags, capability, expected):
     monkeypatch.setattr(precision_module, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert resolve_precision("auto", CPU) == expected
     assert resolve_precision("fp32", CPU) == "fp32"  # an explicit choice is kept
 

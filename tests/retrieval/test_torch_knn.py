@@ -33,13 +33,14 @@ def test_same_neighbours_and_scores_as_faiss_flat(stored, search_dtype, query_ch
     np.testing.assert_allclose(sims, ref_sims, atol=1e-5)
 
 
-def test_memory_map_is_copied_and_searched(tmp_path):
+def test_read_only_memory_map_is_searched_in_place(tmp_path):
     memory = _unit(500, 16, 2).astype(np.float16)
     path = tmp_path / "features.bin"
     memory.tofile(path)
     mapped = np.memmap(path, dtype=np.float16, mode="r", shape=memory.shape)
     search = TorchExactSearch(mapped, "cpu", memory_chunk=64)
     assert search.memory.dtype == torch.float16 and search.ntotal == 500
+    assert search.memory.data_ptr() == mapped.ctypes.data  # not copied
     queries = _unit(10, 16, 3)
     np.testing.assert_array_equal(search.search(queries, 5)[1], _faiss_flat(memory, queries, 5)[1])
 
