@@ -40,10 +40,10 @@ from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.models import create_backbone
 from locatdino.retrieval import HummingbirdMonitor
 from locatdino.retrieval.augment import normalize
-from locatdino.retrieval.compare import ShownImages
+from locatdino.comparison.runner import ShownImages
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.features import FeatureExtractor
-from locatdino.retrieval.probes import knn_accuracy
+from locatdino.probes.class_token import knn_accuracy
 from locatdino.retrieval.splits import CachedSplit, open_split
 from locatdino.ssl import DINOModule
 from locatdino.ssl import cli as fit_cli

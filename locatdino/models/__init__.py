@@ -1,22 +1,25 @@
-"""LocAtViT backbone: GAug attention, PRR pooling, timm registry entries, checkpoint loading.
+"""LocAtViT backbone: the timm registry entries and ``locatify`` (``locatvit``, ``locatify``),
+GAug (``gaug/``), checkpoints (``checkpoints/``: loading, mismatch messages, position embeddings)
+and dense features (``dense_features``). PRR is timm's own ``global_pool='prr'``.
 
 Importing this package registers ``locatvit_{tiny,small,base}_patch16_224`` (and the aliases
 ``locatvit_{tiny,small,base}``) in timm's model registry.
 """
 
 from locatdino.models import locatvit  # noqa: F401  (registers the timm entries)
-from locatdino.models.checkpoint import (
+from locatdino.models.checkpoints import (
+    POS_EMBED_RULES,
     convert_state_dict,
     create_backbone,
+    dino_interpolate_pos_embed,
     extract_backbone,
     load_backbone_state_dict,
     load_checkpoint,
+    set_pos_embed_rule,
 )
 from locatdino.models.dense_features import dense_features
-from locatdino.models.gaug_attention import GAugAttention
-from locatdino.models.locality_bias import GaussianLocalityBias
+from locatdino.models.gaug import GAugAttention, GaussianLocalityBias
 from locatdino.models.locatify import locatify
-from locatdino.models.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 
 __all__ = [
     "POS_EMBED_RULES",

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from timm.layers import AttentionPoolPrr
 from timm.models.vision_transformer import VisionTransformer
 
-from locatdino.models.patch_grid import check_image_size
+from locatdino.models.gaug.patch_grid import check_image_size
 
 
 def dense_features(

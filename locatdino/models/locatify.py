@@ -5,8 +5,8 @@ from __future__ import annotations
 from timm.layers import Attention, AttentionPoolPrr
 from timm.models.vision_transformer import VisionTransformer
 
-from locatdino.models.gaug_attention import GAugAttention
-from locatdino.models.patch_grid import install_patch_grid
+from locatdino.models.gaug.attention import GAugAttention
+from locatdino.models.gaug.patch_grid import install_patch_grid
 
 
 def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> VisionTransformer:

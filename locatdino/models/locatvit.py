@@ -12,7 +12,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-from locatdino.models.gaug_attention import GAugAttention
+from locatdino.models.gaug.attention import GAugAttention
 from locatdino.models.locatify import locatify
 
 

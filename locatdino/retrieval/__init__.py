@@ -1,4 +1,5 @@
-"""Hummingbird in-context segmentation: memory bank, FAISS index, label transfer, mIoU.
+"""Hummingbird in-context segmentation (FAISS nearest-neighbour patch retrieval): memory bank,
+FAISS index, label transfer, mIoU, reports.
 
 Typical use::
 

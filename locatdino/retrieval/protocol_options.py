@@ -13,7 +13,7 @@ from dataclasses import fields
 
 import torch
 
-from locatdino.models.pos_embed import POS_EMBED_RULES
+from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA

@@ -2,7 +2,7 @@ import pytest
 import timm
 import torch
 
-from locatdino.models import locality_bias
+from locatdino.models.gaug import locality_bias
 from tests.models.tiny import TINY
 
 VARIANTS = timm.list_models("locatvit_*")

@@ -29,8 +29,8 @@ from timm.models import get_pretrained_cfg, split_model_name_tag
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from locatdino.models.checkpoint_mismatch import checkpoint_mismatch
-from locatdino.models.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
+from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
+from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 
 _GAUG = ".attn.gaug."
 
@@ -240,7 +240,7 @@ def create_backbone(
     (``vit_small_patch16_224.dino``) without a checkpoint is refused.
 
     ``pos_embed`` is how position embeddings are resampled at inputs of another grid
-    (:mod:`locatdino.models.pos_embed`): ``"timm"``, ``"dino"`` (the reference DINO ViT's rule) or
+    (:mod:`locatdino.models.checkpoints.pos_embed`): ``"timm"``, ``"dino"`` (the reference DINO ViT's rule) or
     ``"auto"``: ``"dino"`` for full DINO training checkpoints and plain state dicts loaded into a
     vanilla ViT (the released DINO formats), ``"timm"`` otherwise and without a checkpoint.
 

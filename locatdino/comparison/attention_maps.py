@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from locatdino.models.gaug_attention import GAugAttention
+from locatdino.models.gaug.attention import GAugAttention
 from locatdino.retrieval.augment import normalize
 from locatdino.retrieval.features import eval_mode
 

@@ -8,7 +8,7 @@ fused kernel through a ``score_mod`` that reads the two small per-query profiles
     S[p, t] = rows[p, i_t] · cols[p, j_t]   for patch query p and patch key t = i_t·w + j_t,
 
 zero on every row and column of a prefix token (class token, registers), exactly as
-:func:`~locatdino.models.bias_mask.write_bias_rows` writes the mask. The profiles are captured
+:func:`~locatdino.models.gaug.bias_mask.write_bias_rows` writes the mask. The profiles are captured
 tensors of the ``score_mod``, so FlexAttention's backward returns their gradients (its kernels
 accumulate ``dS`` into them); no ``N × N`` tensor is formed in forward or backward.
 
@@ -67,7 +67,7 @@ def flex_bias_attention(
 ) -> torch.Tensor:
     """Attention output ``[B, H, N, d]`` with ``S[p, i·w+j] = rows[p, i]·cols[p, j]`` added to the
     logits of patch queries on patch keys; the same result as
-    :func:`~locatdino.models.separable_bias_attention.separable_bias_attention`.
+    :func:`~locatdino.models.gaug.separable_bias_attention.separable_bias_attention`.
 
     ``q, k, v [B, H, N, d]`` of one dtype; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]``
     (fp32: the bias is added to the kernel's scores in their precision); ``scale`` defaults to

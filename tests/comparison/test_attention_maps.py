@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from locatdino.models import create_backbone
-from locatdino.retrieval.attention_maps import class_token_attention, locality_per_block
+from locatdino.comparison.attention_maps import class_token_attention, locality_per_block
 from locatdino.retrieval.augment import normalize
 
 

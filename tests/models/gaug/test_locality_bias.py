@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from locatdino.models.locality_bias import GaussianLocalityBias, distance_table, gaug_constants
+from locatdino.models.gaug.locality_bias import GaussianLocalityBias, distance_table, gaug_constants
 
 
 @torch.no_grad()

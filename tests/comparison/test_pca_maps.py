@@ -1,6 +1,6 @@
 import numpy as np
 
-from locatdino.retrieval.pca_maps import PCAColours, upsample_nearest
+from locatdino.comparison.pca_maps import PCAColours, upsample_nearest
 
 
 def test_features_constant_per_class_give_one_colour_per_class():

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import trunc_normal_
 
-from locatdino.models.bias_mask import outer_product_mask
+from locatdino.models.gaug.bias_mask import outer_product_mask
 
 
 def gaug_constants(build_grid: tuple[int, int]) -> tuple[float, float, float, float]:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.retrieval import compare_cli
-from locatdino.retrieval.compare import ModelSpec, memory_sizes
+from locatdino.comparison import cli as compare_cli
+from locatdino.comparison.runner import ModelSpec, memory_sizes
 from locatdino.retrieval.feature_cache import CachedExtractor
 from locatdino.retrieval.features import FeatureExtractor
 

@@ -1,6 +1,6 @@
 import torch
 
-from locatdino.models.bias_mask import outer_product_mask, write_bias_rows
+from locatdino.models.gaug.bias_mask import outer_product_mask, write_bias_rows
 
 
 def test_mask_layout_and_gradients():

@@ -6,7 +6,7 @@ import timm
 import torch
 
 from locatdino.models import create_backbone, load_backbone_state_dict
-from locatdino.models.checkpoint_mismatch import checkpoint_mismatch
+from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from tests.models.tiny import TINY
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from locatdino.models import separable_bias_attention as sba
+from locatdino.models.gaug import separable_bias_attention as sba
 
 
 def reference(q, k, v, rows, cols, num_prefix):

@@ -29,14 +29,14 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torchvision import tv_tensors
 
-from locatdino.retrieval.attention_maps import class_token_attention, locality_per_block
+from locatdino.comparison.attention_maps import class_token_attention, locality_per_block
 from locatdino.retrieval.augment import NEAREST_EXACT, resize_image
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird, patch_scores
 from locatdino.retrieval.feature_cache import CachedExtractor
 from locatdino.retrieval.features import FeatureExtractor, load_backbone
-from locatdino.retrieval.forward_cost import count_parameters, forward_cost
-from locatdino.retrieval.pca_maps import PCAColours
-from locatdino.retrieval.probes import class_embeddings, knn_accuracy, logistic_accuracy
+from locatdino.comparison.forward_cost import count_parameters, forward_cost
+from locatdino.comparison.pca_maps import PCAColours
+from locatdino.probes.class_token import class_embeddings, knn_accuracy, logistic_accuracy
 from locatdino.retrieval.transfer import predict
 from locatdino.retrieval.views import load_pair
 

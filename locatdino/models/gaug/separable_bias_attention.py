@@ -7,14 +7,14 @@ block kept alive until backward. This Function keeps SDPA's fused CPU kernel for
 writes its own backward, and never holds an ``[B, H, N, N]`` tensor:
 
 - forward: over chunks of query rows, write the chunk's bias rows into one small buffer
-  (:func:`~locatdino.models.bias_mask.write_bias_rows`) and run fused SDPA on that chunk;
+  (:func:`~locatdino.models.gaug.bias_mask.write_bias_rows`) and run fused SDPA on that chunk;
   saved for backward: q, k, v, the output and the two small profiles;
 - backward: per chunk, rebuild the bias rows, recompute the probabilities P in place, then
   ``dV += Pᵀ dO``, ``dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O))``, ``dQ = dS K · scale``,
   ``dK += dSᵀ Q · scale``, and reduce the patch block of dS onto the profiles.
 
 Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES``, and live in
-reused per-thread :func:`~locatdino.models.scratch.scratch` buffers (no fresh page faults).
+reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers (no fresh page faults).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from locatdino.models.bias_mask import profile_grads, write_bias_rows
-from locatdino.models.scratch import scratch
+from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
+from locatdino.models.gaug.scratch import scratch
 
 _CHUNK_BYTES = 8 << 20
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from locatdino.retrieval.compare import ModelSpec, ProbeSet, ShownImages, compare
-from locatdino.retrieval.compare_report import headline_table, report_markdown
+from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
+from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.output_files import atomic_write_text, ensure_writable
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
@@ -172,7 +172,7 @@ def report_classes(dataset: Any) -> list[str]:
 
 def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Path) -> dict[str, str]:
     """Draw every figure into ``out/figures``; ``{title: path relative to out}``."""
-    from locatdino.retrieval import figures
+    from locatdino.comparison import figures
 
     print("[compare] figures", file=sys.stderr, flush=True)
     models = [o.to_dict() for o in outcomes]

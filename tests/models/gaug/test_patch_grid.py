@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from locatdino.models.patch_grid import PatchGrid
+from locatdino.models.gaug.patch_grid import PatchGrid
 from tests.models.tiny import TINY
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.retrieval.probes import class_embeddings, knn_accuracy, logistic_accuracy
+from locatdino.probes.class_token import class_embeddings, knn_accuracy, logistic_accuracy
 
 
 def naive_knn(train, train_labels, test, k, temperature):

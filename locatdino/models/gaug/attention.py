@@ -3,7 +3,7 @@
 A drop-in ``attn_layer`` for timm's ``VisionTransformer``: same constructor and
 ``forward(x, attn_mask=None, is_causal=False)`` contract as ``timm.layers.Attention``, same
 parameter names, plus ``gaug.log_var`` / ``gaug.log_alpha``. The patch grid comes from the
-model's :class:`~locatdino.models.patch_grid.PatchGrid` (see there for why), attached by
+model's :class:`~locatdino.models.gaug.patch_grid.PatchGrid` (see there for why), attached by
 :func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries.
 """
 
@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from timm.layers import Attention
 from timm.layers.attention import resolve_self_attn_mask
 
-from locatdino.models.bias_mask import outer_product_mask
-from locatdino.models.flex_bias_attention import flex_bias_attention
-from locatdino.models.locality_bias import GaussianLocalityBias
-from locatdino.models.patch_grid import PatchGrid
-from locatdino.models.separable_bias_attention import separable_bias_attention
+from locatdino.models.gaug.bias_mask import outer_product_mask
+from locatdino.models.gaug.flex_bias_attention import flex_bias_attention
+from locatdino.models.gaug.locality_bias import GaussianLocalityBias
+from locatdino.models.gaug.patch_grid import PatchGrid
+from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
 
 PATHS = ("auto", "separable", "flex", "mask")
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_api
 
-from locatdino.models.flex_bias_attention import flex_bias_attention
-from locatdino.models.separable_bias_attention import separable_bias_attention
-from tests.models.test_separable_bias_attention import reference
+from locatdino.models.gaug.flex_bias_attention import flex_bias_attention
+from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
+from tests.models.gaug.test_separable_bias_attention import reference
 
 
 def _inputs(num_prefix, h, w, requires_grad=False, seed=0):

@@ -7,7 +7,7 @@ import torch
 from timm.layers import Attention
 
 from locatdino.models import GAugAttention
-from locatdino.models.patch_grid import PatchGrid
+from locatdino.models.gaug.patch_grid import PatchGrid
 
 
 def _layer(**kwargs):

@@ -1,0 +1,22 @@
+"""Backbone checkpoints: every supported container read, converted and loaded (SPEC §2.1), a
+one-line reason when a file does not fit, and position embeddings at another grid (SPEC §2.3)."""
+
+from locatdino.models.checkpoints.loading import (
+    convert_state_dict,
+    create_backbone,
+    extract_backbone,
+    load_backbone_state_dict,
+    load_checkpoint,
+)
+from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
+
+__all__ = [
+    "POS_EMBED_RULES",
+    "convert_state_dict",
+    "create_backbone",
+    "dino_interpolate_pos_embed",
+    "extract_backbone",
+    "load_backbone_state_dict",
+    "load_checkpoint",
+    "set_pos_embed_rule",
+]
