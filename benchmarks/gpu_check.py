@@ -106,6 +106,9 @@ def run_cases(command: list[str], cases: list[str], log: Path, until: float, sec
     remaining = list(cases)
     with log.open("a") as log_file:
         while remaining:
+            if time.monotonic() >= until:
+                yield from timed_out(section, remaining, None, title)
+                return
             proc = subprocess.Popen([*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True, env=env, cwd=ROOT)
             lines: queue.Queue = queue.Queue()
@@ -154,6 +157,9 @@ def run_logged(cmd: list[str], log: Path, until: float, env: dict[str, str]) -> 
     with log.open("w") as log_file:
         log_file.write(f"$ {' '.join(cmd)}\n")
         log_file.flush()
+        if time.monotonic() >= until:
+            log_file.write("gpu_check: not run, the section's deadline was reached\n")
+            return None
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 start_new_session=True)
         try:

@@ -375,17 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes, device = (DRY, torch.device("cpu")) if args.dry_run else (FULL, torch.device("cuda"))
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")  # dry run: eager on purpose
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32
-    equivalence = Equivalence(sizes, device, args.dry_run)
+    if args.section == "equivalence":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32
+        equivalence = Equivalence(sizes, device, args.dry_run)
+        run = equivalence.run
+    else:
+        run = lambda case: speed(case, sizes, device, args.dry_run)  # noqa: E731
     for case in args.cases:
         emit("start", case)
         try:
-            if args.section == "equivalence":
-                rows = list(equivalence.run(case))
-            else:
-                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-                rows = list(speed(case, sizes, device, args.dry_run))
+            rows = list(run(case))
         except Exception as exc:  # noqa: BLE001  (one failed case must not hide the others)
             rows = [error_row(args.section, case_title(case), exc)]
         for row in rows:
