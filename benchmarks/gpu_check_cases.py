@@ -10,13 +10,15 @@ other line is log) and starts a fresh child for the cases after one that killed 
 left CUDA unusable, so a fault fails only its own rows.
 
 Equivalence error (:func:`judge`): per tensor (output, input gradient, every parameter gradient)
-the relative Frobenius error ``‖a − b‖ / ‖b‖`` against the CPU path in fp32. fp32 results must be
-within 1e-4 on every tensor. bf16 results are judged against the error the CPU path itself makes
-in bf16 on the same tensor (``e_ref``): within ``max(2e-2, 3·e_ref)``. Tiny reductions (the
-2-entry gradient of ``log_var.bias`` sums many cancelling terms) have ``e_ref`` of tens of
-percent, and a kernel is judged on them no more harshly than the reference's own rounding; a
-wrong kernel still fails on the tensors whose bf16 error is small (see ``benchmarks/RESULTS.md``,
-"GPU check", for the measured margins).
+the relative Frobenius error ``e = ‖a − b‖ / ‖b‖`` against the CPU path in fp32. fp32 results must
+be within 1e-4 on every tensor. bf16 results are judged against the error the CPU path itself
+makes in bf16 autocast on the same tensor, ``e_ref``: within ``max(1e-3, 1.5·e_ref)``. A right
+kernel's bf16 error is set by bf16 rounding of the activations, so it stays near ``e_ref`` (within
+1.06× on the CPU at full size); a 1 % error in the bias adds a systematic part that roughly
+doubles the error of the GAug gradients (1.7–2.2×). Reductions to a handful of numbers (GAug's
+``log_var.bias`` and ``log_alpha.bias`` gradients: 2 and 1 entries, sums of many cancelling
+terms, ``e_ref`` up to 8e-2) are too noisy to tell either way and only need
+``max(2e-2, 4·e_ref)``. The CPU demonstration: ``benchmarks/bf16_criterion_cpu.py``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from locatdino.models.gaug.flex_bias_attention import flex_failure  # noqa: E402
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher  # noqa: E402
 
 FP32_LIMIT = 1e-4
-BF16_FLOOR, BF16_FACTOR = 2e-2, 3.0
+BF16_FACTOR, BF16_FLOOR = 1.5, 1e-3  # bf16: limit max(floor, factor · e_ref) per tensor ...
+TINY, TINY_FACTOR, TINY_FLOOR = 8, 4.0, 2e-2  # ... and for tensors of at most TINY entries
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PREFIXES = {"cls": (0, "class token"), "reg4": (4, "class + 4 registers")}
 
@@ -182,7 +185,8 @@ def judge(got: list[torch.Tensor], want: list[torch.Tensor], names: list[str],
     if reference_bf16 is None:
         limits = [FP32_LIMIT] * len(errors)
     else:
-        limits = [max(BF16_FLOOR, BF16_FACTOR * e) for e in relative_errors(reference_bf16, want)]
+        limits = [max(TINY_FLOOR, TINY_FACTOR * e) if w.numel() <= TINY else max(BF16_FLOOR, BF16_FACTOR * e)
+                  for e, w in zip(relative_errors(reference_bf16, want), want)]
     worst = max(range(len(errors)), key=lambda i: errors[i] / limits[i])
     return Verdict(errors[worst] <= limits[worst], names[worst], errors[worst], limits[worst])
 
@@ -216,7 +220,7 @@ class Equivalence:
         with cpu_flex_backward(self.dry and path == "flex"):
             got = forward_backward(model, x, grad_out, self.device, dtype, path)
         v = judge(got, want, tensor_names(model), want_bf16 if dtype == torch.bfloat16 else None)
-        target = "<= 1e-04" if dtype == torch.float32 else f"<= max({BF16_FLOOR:.0e}, {BF16_FACTOR:.0f} e_ref)"
+        target = f"<= {FP32_LIMIT:.0e}" if dtype == torch.float32 else f"<= {BF16_FACTOR} e_ref"
         yield Row("equivalence", case_title(case), f"{v.error:.1e} ({v.tensor}; limit {v.limit:.1e})", target, "PASS" if v.ok else "FAIL")
 
 
