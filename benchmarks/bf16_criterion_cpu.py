@@ -24,7 +24,6 @@ import locatdino.models.gaug.flex_bias_attention as flex_module
 SHAPES = ((0, 96), (4, 224), (0, 448))  # (registers, px)
 
 
-@warnings.catch_warnings()
 def main() -> None:
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     attend, mask = flex_module._attend, attention_module.outer_product_mask

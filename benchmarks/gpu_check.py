@@ -47,6 +47,7 @@ import math
 import os
 import platform
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -250,8 +251,10 @@ def e2e(sizes: E2E, out: Path, until: float, dry: bool) -> Iterator[Row]:
             continue
         loss = last_loss(run_dir)
         ips, timed_steps = steady_images_per_s(run_dir, sizes.fit_batch)
+        backend = re.search(r"distributed_backend=(\w+)", (out / f"fit-{name}.log").read_text())
         yield Row("e2e", case, f"loss {loss:.3f}, {ips:.1f} img/s over the last {timed_steps} steps, "
-                  f"wall {wall:.0f} s", "finite loss", "PASS" if math.isfinite(loss) else "FAIL")
+                  f"wall {wall:.0f} s" + (f", {backend[1]} initialised" if backend else ""),
+                  "finite loss", "PASS" if math.isfinite(loss) else "FAIL")
         ckpts.append(str(run_dir / "checkpoints" / "last.ckpt"))
     if len(ckpts) < 2:
         yield Row("e2e", "locatdino hbird", "not run: a fit failed", "both teachers", "FAIL")
