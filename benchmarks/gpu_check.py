@@ -11,7 +11,7 @@ printed on stdout), rewritten after every row; ``equivalence-mask.log``, ``equiv
 ``speed.log`` (the full output of the child processes); ``e2e/`` (each ``locatdino --debug``
 command's log, run folder, ``step_times.json`` and Hummingbird ``results.json``).
 
-Sections, in this order, each with a budget (default 150 / 200 / 130 s, scaled to ``--deadline``;
+Sections, in this order, each with a budget (default 200 / 190 / 90 s, scaled to ``--deadline``;
 time a section leaves unused passes to the next; a case still running at its section's end is
 killed and marked TIMEOUT, the cases after it are listed as not run):
 
@@ -31,8 +31,10 @@ killed and marked TIMEOUT, the cases after it are listed as not run):
   from the median of 10 calls after 3 warm-up calls; peak memory; ratios over ViT-S against the
   targets (step ≤ 1.10×, eval 448 ≤ 1.2×, eval 1024 ≤ 1.3×, peak memory ≤ 1.10×).
 
-Exit status: 1 if a correctness check FAILs or a case hit the deadline (TIMEOUT), 2 if only speed
-/ memory targets are MISSed, 0 otherwise. ``--dry-run`` builds and runs every case with toy
+Exit status: 1 if a correctness check FAILs, 3 if none failed but cases hit the deadline
+(TIMEOUT: rerun them with ``--only``), 2 if only speed / memory targets are MISSed, 0 otherwise.
+The budgets are a plan, not a measurement: compile times of the flex kernels on a GPU are unknown
+until the first run, so the most telling cases go first in each section. ``--dry-run`` builds and runs every case with toy
 models on the CPU (FlexAttention's reference backward, which the CPU API refuses: the guard is
 lifted for the dry run only), so the script cannot rot between GPU runs; its numbers mean nothing.
 """
@@ -67,7 +69,7 @@ from gpu_check_cases import SPEED_CASES, Row, case_title, equivalence_cases  # n
 from locatdino.output_files import atomic_write_text  # noqa: E402
 
 SECTIONS = ("equivalence", "e2e", "speed")
-BUDGET_S = {"equivalence": 150, "e2e": 200, "speed": 130}  # sums to the default deadline, 480 s
+BUDGET_S = {"equivalence": 200, "e2e": 190, "speed": 90}  # sums to the default deadline, 480 s
 HBIRD_MAX_DELTA = 0.1
 FIT_SKIP_STEPS = 5  # steps left out of the fit throughput (compilation, loader start-up)
 
@@ -192,7 +194,7 @@ FULL_E2E = E2E(
     fit_args=["--trainer.devices", "1", "--trainer.precision", "bf16-mixed",
               "--data.init_args.synthetic", "512", "--data.init_args.synthetic_size", "256",
               "--data.init_args.batches_per_epoch", "50", "--data.init_args.num_workers", "12"],
-    hbird_args=["--num-train", "192", "--num-val", "96", "--scene-size", "448", "--input-size", "448",
+    hbird_args=["--num-train", "128", "--num-val", "64", "--scene-size", "448", "--input-size", "448",
                 "--index", "Flat", "--batch-size", "16", "--workers", "8"],  # full batches only: one compile
     hbird_device_args=["--device", "cuda", "--precision", "bf16"],
 )
@@ -356,7 +358,7 @@ class Report:
 
     def exit_status(self) -> int:
         statuses = {r.status for r in self.rows}
-        return 1 if statuses & {"FAIL", "TIMEOUT"} else 2 if "MISS" in statuses else 0
+        return 1 if "FAIL" in statuses else 3 if "TIMEOUT" in statuses else 2 if "MISS" in statuses else 0
 
 
 def section_rows(section: str, out: Path, until: float, dry: bool) -> Iterator[Row]:
