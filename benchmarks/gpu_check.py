@@ -34,14 +34,17 @@ killed and marked TIMEOUT, the cases after it are listed as not run):
 Exit status: 1 if a correctness check FAILs, 3 if none failed but cases hit the deadline
 (TIMEOUT: rerun them with ``--only``), 2 if only speed / memory targets are MISSed, 0 otherwise.
 The budgets are a plan, not a measurement: compile times of the flex kernels on a GPU are unknown
-until the first run, so the most telling cases go first in each section. ``--dry-run`` builds and runs every case with toy
-models on the CPU (FlexAttention's reference backward, which the CPU API refuses: the guard is
-lifted for the dry run only), so the script cannot rot between GPU runs; its numbers mean nothing.
+until the first run, so the most telling cases go first in each section.
+
+``--dry-run`` builds and runs every case with toy models on the CPU (FlexAttention's reference
+backward, which the CPU API refuses: the guard is lifted for the dry run only), so the script
+cannot rot between GPU runs; its numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -94,6 +97,18 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+@contextlib.contextmanager
+def child(cmd: list[str], **popen) -> Iterator[subprocess.Popen]:
+    """A child in its own session (a deadline kills its whole group) that never outlives the
+    check: also killed when the check stops early (Ctrl-C, an error)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, cwd=ROOT, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+
+
 def _pump(stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put(line)
@@ -112,32 +127,32 @@ def run_cases(command: list[str], cases: list[str], log: Path, until: float, sec
             if time.monotonic() >= until:
                 yield from timed_out(section, remaining, None, title)
                 return
-            proc = subprocess.Popen([*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True, env=env, cwd=ROOT)
-            lines: queue.Queue = queue.Queue()
-            threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-            current = None
-            while True:
-                try:
-                    line = lines.get(timeout=max(0.0, until - time.monotonic()))
-                except queue.Empty:
-                    kill_group(proc)
-                    log_file.write(f"gpu_check: killed at the section's deadline, in case {current}\n")
-                    yield from timed_out(section, remaining, current, title)
-                    return
-                if line is None:
-                    break
-                log_file.write(line)
-                log_file.flush()
-                kind, _, payload = line.rstrip("\n").partition(" ")
-                if kind == "@@start":
-                    current = payload
-                elif kind == "@@row":
-                    yield Row(**json.loads(payload))
-                elif kind == "@@done":
-                    remaining.remove(payload)
-                    current = None
-            code = proc.wait()
+            with child([*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=env) as proc:
+                lines: queue.Queue = queue.Queue()
+                threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+                current = None
+                while True:
+                    try:
+                        line = lines.get(timeout=max(0.0, until - time.monotonic()))
+                    except queue.Empty:
+                        kill_group(proc)
+                        log_file.write(f"gpu_check: killed at the section's deadline, in case {current}\n")
+                        yield from timed_out(section, remaining, current, title)
+                        return
+                    if line is None:
+                        break
+                    log_file.write(line)
+                    log_file.flush()
+                    kind, _, payload = line.rstrip("\n").partition(" ")
+                    if kind == "@@start":
+                        current = payload
+                    elif kind == "@@row":
+                        yield Row(**json.loads(payload))
+                    elif kind == "@@done":
+                        remaining.remove(payload)
+                        current = None
+                code = proc.wait()
             if current is not None:  # died inside a case: that case fails, a fresh process goes on
                 yield Row(section, title(current), f"child process died in this case (exit {code}); see {log.name}",
                           "no error", "FAIL")
@@ -163,13 +178,12 @@ def run_logged(cmd: list[str], log: Path, until: float, env: dict[str, str]) -> 
         if time.monotonic() >= until:
             log_file.write("gpu_check: not run, the section's deadline was reached\n")
             return None
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=max(0.0, until - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            return None
+        with child(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env) as proc:
+            try:
+                return proc.wait(timeout=max(0.0, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                return None
 
 
 # -------------------------------------------------------------------------------------------- e2e
