@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import faiss
 import numpy as np
 import pytest
@@ -5,6 +8,9 @@ import torch
 
 import locatdino.retrieval.torch_knn as torch_knn
 from locatdino.retrieval.torch_knn import TorchExactSearch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_torch_knn_recall import clustered  # noqa: E402  (the benchmark's memories, smaller)
 
 
 def _unit(n, d, seed):
@@ -34,21 +40,11 @@ def test_same_neighbours_and_scores_as_faiss_flat(stored, search_dtype, query_ch
     np.testing.assert_allclose(sims, ref_sims, atol=1e-5)
 
 
-def _clustered(n, d, clusters, cosine, seed):
-    """Unit vectors around ``clusters`` centres at cosine ≈ ``cosine`` to their centre: the
-    near-duplicate patches of one region that a real patch memory is made of."""
-    g = torch.Generator().manual_seed(seed)
-    centres = torch.nn.functional.normalize(torch.randn(clusters, d, generator=g), dim=1)
-    sigma = ((1 / cosine**2 - 1) / d) ** 0.5
-    x = centres[torch.randint(clusters, (n,), generator=g)] + sigma * torch.randn(n, d, generator=g)
-    return torch.nn.functional.normalize(x, dim=1).numpy()
-
-
 @pytest.mark.parametrize("search_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("max_width", [4096, 64], ids=["wider passes", "float32 pass past 64 candidates"])
 def test_half_precision_pass_is_exact_on_clustered_memories(monkeypatch, search_dtype, max_width):
     monkeypatch.setattr(torch_knn, "_MAX_WIDTH", max_width)
-    data, k = _clustered(4050, 64, 20, 0.999, 5), 30
+    data, k = clustered(4050, 64, 20, 0.999, 5), 30  # near-duplicate patches of 20 regions
     memory, queries = data[:4000], data[4000:]
     half = torch.from_numpy(queries).to(search_dtype) @ torch.from_numpy(memory).to(search_dtype).T
     ref_sims, ref_ids = _faiss_flat(memory, queries, k)
