@@ -10,6 +10,7 @@ model's :class:`~locatdino.models.gaug.patch_grid.PatchGrid` (see there for why)
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from timm.layers import Attention
 from timm.layers.attention import resolve_self_attn_mask
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
-from locatdino.models.gaug.flex_bias_attention import flex_bias_attention
+from locatdino.models.gaug.flex_bias_attention import FlexAttentionUnavailable, flex_bias_attention, flex_failure
 from locatdino.models.gaug.locality_bias import GaussianLocalityBias
 from locatdino.models.gaug.patch_grid import PatchGrid
 from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
@@ -37,7 +38,9 @@ class GAugAttention(Attention):
       FlexAttention kernel from the two profiles, no ``N × N`` tensor;
     - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto falls back to it
       for attention dropout, extra masks, timm's unfused mode, head sizes under 16 (below
-      FlexAttention's GPU kernel tiles) and other devices.
+      FlexAttention's GPU kernel tiles) and other devices, and for the rest of the process
+      once FlexAttention failed to compile or run (one warning says why; a forced ``"flex"``
+      raises instead).
 
     The class default comes from the environment variable ``LOCATDINO_GAUG_PATH`` (``auto`` when
     unset): ``LOCATDINO_GAUG_PATH=mask locatdino fit ...`` keeps a run off FlexAttention where
@@ -78,7 +81,7 @@ class GAugAttention(Attention):
             return "mask"
         if device.type == "cpu":
             return "separable"
-        return "flex" if device.type == "cuda" and self.head_dim >= 16 else "mask"
+        return "flex" if device.type == "cuda" and self.head_dim >= 16 and flex_failure() is None else "mask"
 
     def forward(
         self,
@@ -101,11 +104,17 @@ class GAugAttention(Attention):
         rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
         path = self._resolve_path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
+        if path == "flex":
+            try:
+                x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
+            except FlexAttentionUnavailable as err:
+                if self.gaug_path != "auto":
+                    raise
+                warnings.warn(f"GAug uses the materialised-mask path from now on: {err}", stacklevel=2)
+                path = "mask"
         if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        elif path == "flex":
-            x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        else:  # the materialised mask: attention dropout, extra masks, timm's unfused mode
+        elif path == "mask":  # attention dropout, extra masks, timm's unfused mode, flex failed
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
             if attn_mask is not None or is_causal:
                 bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
