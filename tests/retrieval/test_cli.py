@@ -277,3 +277,15 @@ def test_a_second_run_into_one_out_is_refused_while_the_first_runs(tmp_path, cap
     assert err == (f"locatdino hbird: --out {out} is in use by another run (pid {os.getpid()} on "
                    f"{err.split(' on ')[1].split(';')[0]}; lock {out / '.locatdino.lock'}): wait for it to end or "
                    "choose another folder")
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_path, capsys, no_evaluation):
+    """Right shapes, NaN/inf weights (a diverged run): once scored an mIoU, now one line naming it."""
+    state = timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict()
+    state["norm.weight"][5] = float("inf")
+    ckpt = tmp_path / "diverged.pth"
+    torch.save(state, ckpt)
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt),
+                                   "--out", str(tmp_path / "out"), *TINY])
+    assert err == (f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
+                   "checkpoint from before it)")
