@@ -92,8 +92,8 @@ class DINOCLI(LightningCLI):
         the run folder locked by rank 0 (a second ``fit`` into it is refused, not raced) and a
         SIGTERM stop turned into :class:`StoppedBySignal`."""
         trainer = self.trainer
-        lock = output_lock(trainer.default_root_dir, "trainer.default_root_dir") if trainer.is_global_zero else (
-            contextlib.nullcontext())
+        local = trainer.is_global_zero and "://" not in str(trainer.default_root_dir)  # not s3:// and the like
+        lock = output_lock(trainer.default_root_dir, "trainer.default_root_dir") if local else contextlib.nullcontext()
         with lock:
             try:
                 super()._run_subcommand(subcommand)

@@ -3,10 +3,11 @@
 LightningCLI parses and type-checks the config, but the values users most often get wrong are
 well-typed: a batch size of 0 (``ZeroDivisionError`` deep in the data module), a crop size the
 patch does not divide, a shard folder that does not exist, a misspelt model name, a checkpoint
-path with a typo, a ``--ckpt_path`` that is not a training checkpoint or was trained with another
-model (Lightning would take the checkpoint's). :func:`check_fit_config` checks them on the merged config, before the model,
-the data or the Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the
-config key and the value. :class:`FitArgumentParser` shortens the parser's own errors (a
+path with a typo, a ``--ckpt_path`` that is not a training checkpoint, names no file to resume
+or was trained with another model (Lightning would silently take the checkpoint's).
+:func:`check_fit_config` checks them on the merged config, before the model, the data or the
+Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the config key and
+the value. :class:`FitArgumentParser` shortens the parser's own errors (a
 100-line usage dump) to one line.
 """
 
@@ -93,8 +94,9 @@ def check_fit_config(config: Namespace) -> None:
                             f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
 
     ckpt_path = config.get("ckpt_path")
-    if ckpt_path == "last":
-        ckpt_path = _last_checkpoint(config.trainer.get("default_root_dir"))
+    root = config.trainer.get("default_root_dir")
+    if ckpt_path == "last" and "://" not in str(root):  # a remote run folder is Lightning's to search
+        ckpt_path = _last_checkpoint(root)
     if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES:
         if not os.path.exists(ckpt_path):
             raise UserError(f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in "
