@@ -6,6 +6,7 @@ Errors escaping a sub-command are printed here, in one style for all of them
 (``locatdino <command>: <message>``, exit status 1; see :mod:`locatdino.errors`): ``--debug``
 anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
 ``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.threads`).
+Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
 """
 
 from __future__ import annotations
@@ -51,12 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"locatdino: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(f"locatdino: unknown command {name!r} (one of {', '.join(COMMANDS)}; locatdino --help)", file=sys.stderr)
         return 2
     set_threads(threads or default_threads())  # before the command imports torch or FAISS
     module = importlib.import_module(COMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        if debug:
+            raise
+        print(f"locatdino {name}: interrupted", file=sys.stderr)
+        return 130
     except Exception as err:  # noqa: BLE001 - every command's errors end here, as one line
         if debug:
             raise

@@ -14,7 +14,8 @@ features than a ViT under the same DINO pretraining? The demo
 
 then prints the headline table and a conclusion computed from the measured numbers. It prints
 every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
-shortens the step budget and the evaluation; everything else is the recipes'.
+shortens the step budget and the evaluation; everything else is the recipes'. Every option is
+checked before the first step (:func:`check_options`), the evaluation's included.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ import torch
 import yaml
 
 from locatdino import cli
+from locatdino.arguments import ArgumentParser, at_least
 from locatdino.configs import CONFIG_DIR, resolve_recipe
+from locatdino.errors import UserError
 from locatdino.models import create_backbone
+from locatdino.output_files import ensure_writable
 
 DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml")
 # what may differ between the two recipes of a like-for-like comparison
@@ -44,7 +48,7 @@ _FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="locatdino demo",
         description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
         "both teachers and both random inits on held-out built-in scenes (no download).",
@@ -55,13 +59,13 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
     p.add_argument("--recipes", nargs=2, default=[str(r) for r in DEFAULT_RECIPES], metavar=("VIT", "LOCATVIT"),
                    help="locatdino fit configs of the vanilla and the LocAtViT backbone")
-    p.add_argument("--max-steps", type=int, default=None, help="training steps (default: the recipes' budget)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
+    p.add_argument("--seed", type=at_least(0), default=None,
                    help="pretraining and random-init seed of both backbones (default: the recipes'); the "
                    "held-out scenes and memory views stay the same")
-    p.add_argument("--num-train", type=int, default=None, help="memory images of the evaluation")
-    p.add_argument("--num-val", type=int, default=None, help="query images of the evaluation")
-    p.add_argument("--input-size", type=int, default=None, help="evaluation input size in px")
+    p.add_argument("--num-train", type=at_least(1), default=None, help="memory images of the evaluation")
+    p.add_argument("--num-val", type=at_least(1), default=None, help="query images of the evaluation")
+    p.add_argument("--input-size", type=at_least(1), default=None, help="evaluation input size in px")
     return p
 
 
@@ -94,6 +98,20 @@ def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
     model = create_backbone(recipe["model"]["backbone"], **(recipe["model"].get("backbone_kwargs") or {}))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
+
+
+def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> None:
+    """What would fail after the pretraining, checked before it: the evaluation input size
+    against each recipe's patch size (backbones built on the meta device), and ``--out``."""
+    for label, recipe in zip(LABELS, recipes):
+        name = recipe["model"]["backbone"]
+        with torch.device("meta"):
+            patch = create_backbone(name, **(recipe["model"].get("backbone_kwargs") or {})).patch_embed.patch_size[0]
+        if input_size % patch:
+            below = input_size // patch * patch
+            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
+                            f"recipe's {name}: use {below or patch} or {below + patch}")
+    ensure_writable(out, "--out")
 
 
 def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
@@ -137,6 +155,7 @@ def main(argv: list[str]) -> int:
     if differences:
         print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
               file=sys.stderr)
+    check_options(recipes, budget["input_size"], out)
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):

@@ -12,26 +12,33 @@ that make a long command fail *before* its work instead of after it.
   ``ENOSPC`` in chained tracebacks); :func:`reserve_space` claims the space of a memory-mapped file
   up front, where a sparse file would die of SIGBUS half-way.
 - :func:`ensure_writable` probes an output folder before the work that will write into it.
+- :func:`output_lock` holds an output folder for one run: a second run into it is refused at
+  once instead of racing the first for the same files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import re
 import secrets
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from locatdino.errors import UserError
 
 log = logging.getLogger(__name__)
 
 _HOST = socket.gethostname().split(".")[0] or "localhost"
 _TEMP = re.compile(r"^\..+\.(?P<pid>\d+)@(?P<host>[^.@]+)\.[0-9a-f]{8}\.tmp$")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+LOCK_NAME = ".locatdino.lock"
 
 
 class DiskFullError(OSError):
@@ -195,3 +202,29 @@ def reserve_space(fd: int, nbytes: int, path: str | os.PathLike) -> None:
 def _too_big(path: str | os.PathLike, nbytes: int, free: int, code: int) -> DiskFullError:
     return DiskFullError(code, f"{path}: {os.strerror(code)}: needs {nbytes / 1e9:.3g} GB, "
                                f"{free / 1e9:.3g} GB free")
+
+
+@contextlib.contextmanager
+def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
+    """Hold ``folder/.locatdino.lock`` for the block; :class:`~locatdino.errors.UserError` at once
+    when another run holds it (its pid and host are in the message).
+
+    ``flock`` locks end with their process, so a killed run never leaves the folder locked; the
+    file itself stays (removing it would let a third run lock a different file).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise UserError(f"{what} {folder} is in use by another run ({holder}; lock {path}): wait for it "
+                            "to end or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {_HOST}\n".encode(), 0)
+        yield folder
+    finally:
+        os.close(fd)  # releases the lock

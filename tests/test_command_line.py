@@ -19,7 +19,32 @@ def test_help_lists_every_command(capsys):
 
 def test_unknown_command_exits_2(capsys):
     assert cli.main(["no-such-command"]) == 2
-    assert "unknown command 'no-such-command'" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("locatdino: unknown command 'no-such-command' (one of demo, fit, export, "
+                                       "shards, hbird, compare; locatdino --help)\n")
+
+
+def test_ctrl_c_is_one_line_with_status_130(monkeypatch, capsys):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    _fake_command(monkeypatch, KeyboardInterrupt())
+    assert cli.main(["boom"]) == 130
+    assert capsys.readouterr().err == "locatdino boom: interrupted\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["hbird", "--model", "m", "--k"], "locatdino hbird: argument --k: expected one argument"),
+    (["hbird"], "locatdino hbird: the following arguments are required: --model"),
+    (["export", "a.ckpt"], "locatdino export: the following arguments are required: out"),
+    (["shards", "--maxcount", "0", "src", "out"], "locatdino shards: argument --maxcount: must be at least 1, got 0"),
+    (["compare", "a=vit_tiny_patch16_224", "--figure-images", "0"],
+     "locatdino compare: argument --figure-images: must be at least 1, got 0"),
+    (["demo", "--input-size", "0"], "locatdino demo: argument --input-size: must be at least 1, got 0"),
+])
+def test_usage_errors_are_one_line_with_status_2(capsys, argv, message):
+    """argparse used to print the whole usage (12–23 lines) before its message."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == f"{message} (locatdino {argv[0]} --help lists the options)\n"
 
 
 def test_module_entry_point_runs():

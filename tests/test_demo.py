@@ -64,3 +64,21 @@ def test_conclusion_states_the_measured_numbers():
     assert "k-NN top-1: vit-dino ahead of locatvit-dino by 10.00 points" in text
     assert "pretraining did not beat random init for vit: -1.00 mIoU points" in text
     assert "pretraining beat random init for locatvit: +4.50 mIoU points" in text
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--input-size", "60"], "locatdino demo: --input-size 60 is not a multiple of the patch size 8 of the vit "
+                             "recipe's vit_tiny_patch16_224: use 56 or 64"),
+    (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs is not writable: Not a directory"),
+])
+def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_path, capsys, monkeypatch, argv,
+                                                                           expected):
+    """``demo --quick --input-size 0`` once pretrained for 7 minutes before failing in 42 lines."""
+    from locatdino import cli
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking the options"))
+    argv = [a.format(file=blocker) for a in argv]
+    assert cli.main(["demo", "--quick", "--out", str(tmp_path / "out"), *argv]) == 1
+    assert capsys.readouterr().err == expected.format(file=blocker) + "\n"

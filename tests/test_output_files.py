@@ -169,3 +169,27 @@ def test_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path):
     assert out["bank"].startswith(f"{disk}/.bank.") and "features.bin: No space left on device: needs 0.00629 GB" \
         in out["bank"]
     assert out["kept"] == [1.0] * 4 and out["left"] == ["last.ckpt"]
+
+
+def test_output_lock_refuses_a_second_holder_and_ends_with_its_holder(tmp_path):
+    from locatdino.errors import UserError
+    from locatdino.output_files import output_lock
+
+    with output_lock(tmp_path / "out"):
+        with pytest.raises(UserError, match=f"output folder {tmp_path / 'out'} is in use by another run \\(pid {os.getpid()} "):
+            with output_lock(tmp_path / "out"):
+                pass
+    script = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+              "f.write(f'pid {os.getpid()} on elsewhere'); f.flush(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out" / ".locatdino.lock")],
+                              stdout=subprocess.PIPE, text=True)  # another run, holding the lock as output_lock does
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(UserError, match=f"\\(pid {holder.pid} on elsewhere; lock "):
+            with output_lock(tmp_path / "out"):
+                pass
+    finally:
+        holder.kill()  # a killed run leaves the folder free
+        holder.wait()
+    with output_lock(tmp_path / "out") as folder:
+        assert (folder / ".locatdino.lock").read_text().startswith(f"pid {os.getpid()} on ")

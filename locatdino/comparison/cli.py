@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from locatdino.arguments import ArgumentParser, at_least
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
-from locatdino.output_files import atomic_write_text, ensure_writable
+from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
@@ -44,7 +45,7 @@ def _fraction(text: str) -> Fraction:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="locatdino compare",
         description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
         "per-class IoU, class-token probes, speed, and figures, in one report.",
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     add_protocol_arguments(p)
     p.add_argument("--memory-fractions", type=_fraction, nargs="+", default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
-    p.add_argument("--figure-images", type=int, default=4, help="query images shown in the figures")
+    p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     p.add_argument("--out", default="compare_results", help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     return p
@@ -134,36 +135,37 @@ def main(argv: list[str] | None = None) -> int:
         probes, probe_info = _probe_set(args, train, val)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
-    if train is None:
-        print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
-              f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
-        shown = ShownImages.from_probes(probes, args.figure_images)
-    else:
-        print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
-              f"{args.input_size} px", file=sys.stderr, flush=True)
-        shown = ShownImages.from_split(val, args.figure_images, args.input_size)
-    outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
-                               pos_embed=args.pos_embed, device=device)
-    classes = report_classes(val) if val is not None else []
-    report = {
-        "command": "locatdino compare " + shlex.join(argv),
-        "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
-                    "val_split": args.val_split,
-                    "num_train": len(train) if train is not None else len(probes.train_labels),
-                    "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
-        "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
-                   "memory_fractions": [str(f) for f in args.memory_fractions]},
-        "probes": probe_info,
-        "models": [o.to_dict() for o in outcomes],
-        "failed": failed,
-        "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
-    }
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-    atomic_write_text(out / "report.md", report_markdown(report))
-    if outcomes:
-        print(headline_table(report["models"]))
-    print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
-    return 1 if failed else 0
+    with output_lock(out, "--out"):  # a second compare into --out is refused, not raced
+        if train is None:
+            print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
+                  f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
+            shown = ShownImages.from_probes(probes, args.figure_images)
+        else:
+            print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
+                  f"{args.input_size} px", file=sys.stderr, flush=True)
+            shown = ShownImages.from_split(val, args.figure_images, args.input_size)
+        outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
+                                   pos_embed=args.pos_embed, device=device)
+        classes = report_classes(val) if val is not None else []
+        report = {
+            "command": "locatdino compare " + shlex.join(argv),
+            "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
+                        "val_split": args.val_split,
+                        "num_train": len(train) if train is not None else len(probes.train_labels),
+                        "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
+            "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
+                       "memory_fractions": [str(f) for f in args.memory_fractions]},
+            "probes": probe_info,
+            "models": [o.to_dict() for o in outcomes],
+            "failed": failed,
+            "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
+        }
+        atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+        atomic_write_text(out / "report.md", report_markdown(report))
+        if outcomes:
+            print(headline_table(report["models"]))
+        print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
+        return 1 if failed else 0
 
 
 def report_classes(dataset: Any) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from locatdino.arguments import ArgumentParser, at_least
 from locatdino.data.shard_sources import build_source
 from locatdino.data.shard_writer import write_shards
 
@@ -30,7 +31,7 @@ def _bytes(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="locatdino shards", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="locatdino shards [options] SOURCE OUT_DIR\n       locatdino shards [options] --synthetic N OUT_DIR",
         description="Write WebDataset tar shards (+ index.json) from an image folder tree (optionally one "
@@ -43,12 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default=None,
                    help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
                         "scenes: train/val (train)")
-    p.add_argument("--synthetic", type=int, default=0, metavar="N", help="write N built-in scenes")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in scenes")
-    p.add_argument("--size", type=int, default=224, help="side of the built-in scenes in pixels")
-    p.add_argument("--maxcount", type=int, default=10_000, help="samples per shard (default 10000)")
+    p.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the built-in scenes")
+    p.add_argument("--size", type=at_least(1), default=224, help="side of the built-in scenes in pixels")
+    p.add_argument("--maxcount", type=at_least(1), default=10_000, help="samples per shard (default 10000)")
     p.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
-    p.add_argument("--workers", type=int, default=None, help="writer processes (default: all CPUs)")
+    p.add_argument("--workers", type=at_least(0), default=None, help="writer processes (default: all CPUs)")
     p.add_argument("--prefix", default="shard", help="shard file prefix (default 'shard')")
     p.add_argument("--overwrite", action="store_true", help="replace the shards already in OUT_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -63,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.paths) != 2:
         parser.error("expected SOURCE OUT_DIR (or --synthetic N OUT_DIR)")
     source, out_dir = args.paths
-    if args.maxcount < 1:
-        parser.error("--maxcount must be >= 1")
     try:
         src = build_source(source, args.kind, args.split, args.synthetic, args.seed, args.size)
         index = write_shards(src, out_dir, maxcount=args.maxcount, maxsize=args.maxsize, workers=args.workers,

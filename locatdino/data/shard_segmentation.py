@@ -61,7 +61,11 @@ class ShardSegmentation:
         self.missing_masks = 0
         for url in self.urls:
             if os.path.isfile(url):
-                for key, members in _tar_members(url).items():
+                try:
+                    members_by_key = _tar_members(url)
+                except (tarfile.TarError, OSError) as exc:
+                    raise ValueError(f"{url}: cannot read the shard ({exc})") from None
+                for key, members in members_by_key.items():
                     self._add(url, key, members)
             else:
                 for sample in wds.tarfile_to_samples()([{"url": url}]):

@@ -69,12 +69,12 @@ def expand_urls(urls: str | Sequence[str]) -> list[str]:
     out: list[str] = []
     for part in parts:
         for url in _expand_braces(os.path.expanduser(str(part))):
-            if os.path.isdir(url):
-                found = sorted(glob.glob(os.path.join(url, "*.tar")))
+            if os.path.isdir(url):  # files only: a folder named x.tar is not a shard
+                found = sorted(filter(os.path.isfile, glob.glob(os.path.join(url, "*.tar"))))
             elif _is_remote(url):
                 found = [url]
             elif _GLOB_CHARS & set(url):
-                found = sorted(glob.glob(url))
+                found = sorted(filter(os.path.isfile, glob.glob(url)))
             else:
                 found = [url] if os.path.isfile(url) else []
             if not found:
@@ -104,22 +104,58 @@ def _count_tar_samples(url: str) -> int:
 
 def shard_sizes(urls: Sequence[str]) -> list[int] | None:
     """Samples per shard from the ``index.json`` written beside the shards, else by listing local
-    tar headers (no data is read); ``None`` when neither is possible (remote shards)."""
-    indexes: dict[str, dict[str, int]] = {}
+    tar headers (no data is read); ``None`` when neither is possible (remote shards).
+
+    The index is checked against the files before it is trusted (:func:`_checked_index`): a
+    shard larger than it recorded was rewritten since, and is counted from its tar; a smaller one
+    is truncated, and keeps the written count, so its lost samples are counted as skipped.
+    """
+    indexes: dict[str, dict[str, dict[str, Any]]] = {}
     sizes = []
     for url in urls:
         folder, name = os.path.split(url)
         if folder not in indexes:
-            path = Path(folder or ".") / INDEX_NAME
-            index = json.loads(path.read_text()) if path.is_file() else {}
-            indexes[folder] = {s["name"]: s["num_samples"] for s in index.get("shards", [])}
-        if name in indexes[folder]:
-            sizes.append(indexes[folder][name])
+            indexes[folder] = _checked_index(folder, url)
+        entry = indexes[folder].get(name)
+        if entry is not None and not _grown(entry, url):
+            sizes.append(entry["num_samples"])
         elif os.path.isfile(url):
             sizes.append(_count_tar_samples(url))
         else:
             return None
     return sizes
+
+
+def _grown(entry: dict[str, Any], url: str) -> bool:
+    """Whether local shard ``url`` holds more bytes than ``index.json`` recorded (warned)."""
+    recorded = entry.get("bytes")
+    if recorded is None or not os.path.isfile(url) or os.path.getsize(url) <= recorded:
+        return False
+    log.warning("%s has %d bytes, index.json recorded %d: counting its samples from the tar", url,
+                os.path.getsize(url), recorded)
+    return True
+
+
+def _checked_index(folder: str, probe: str) -> dict[str, dict[str, Any]]:
+    """``{shard name: entry}`` of ``folder``'s ``index.json``, or ``{}`` (count from the tars) when
+    there is none, it is not valid JSON, or it miscounts ``probe`` (one local shard of its size as
+    recorded, whose tar headers are counted): an index left by other shards is not trusted."""
+    path = Path(folder or ".") / INDEX_NAME
+    if not path.is_file():
+        return {}
+    try:
+        entries = {s["name"]: s for s in json.loads(path.read_text()).get("shards", [])}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("%s is not a shard index (%s): counting samples from the tars", path, exc)
+        return {}
+    entry = entries.get(os.path.basename(probe))
+    if entry is not None and os.path.isfile(probe) and os.path.getsize(probe) >= entry.get("bytes", 0):  # not truncated
+        counted = _count_tar_samples(probe)
+        if counted != entry["num_samples"]:
+            log.warning("%s says %d samples in %s, its tar holds %d: the index does not describe these shards, "
+                        "counting every shard from its tar", path, entry["num_samples"], probe, counted)
+            return {}
+    return entries
 
 
 class _SkipLog:

@@ -20,21 +20,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from locatdino.arguments import ArgumentParser
 from locatdino.errors import UserError
-from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
+from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
+                                    remove_stale_temporaries)
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.features import load_backbone
+from locatdino.retrieval.memory import check_bank_folder
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
-from locatdino.retrieval.splits import open_split
+from locatdino.retrieval.splits import SubsetSplit, open_split
 
 
 def _parser() -> argparse.ArgumentParser:
     d = HummingbirdConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="locatdino hbird",
         description="Hummingbird in-context segmentation: label each query patch from its k nearest "
         "labelled memory patches (frozen encoder, FAISS k-NN), report mIoU. "
@@ -58,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="locatdino hbird report",
+    p = ArgumentParser(prog="locatdino hbird report",
                                 description="Compare finished Hummingbird runs (refused when they scored "
                                 "different query images; differing settings are marked).")
     p.add_argument("results", nargs="+", help="results.json files or directories holding them")
@@ -124,18 +127,47 @@ def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | Non
 
 
 def _check_outputs(args: argparse.Namespace, runs: list[tuple[str, str | None, str]]) -> None:
-    """Fail before any work when an output folder cannot be written: the results come last, and
-    a memory bank is staged next to its folder. Stale temporaries of killed runs go first."""
+    """Fail before any work when an output cannot be written or holds something hbird did not
+    write (a bank replaces its folder whole; reports replace ``results.json`` / ``summary.md``).
+    The results come last, and a memory bank is staged next to its folder; stale temporaries of
+    killed runs go first."""
     single = len(runs) == 1
-    folders = [(Path(args.out) if single else Path(args.out) / label, "--out") for *_, label in runs]
-    if args.memory_dir is not None:
-        folders += [(Path(_memory_dir(args, label, single)).parent, "--memory-dir") for *_, label in runs]
+    out = Path(args.out)
+    folders = [(out if single else out / label, "--out") for *_, label in runs]
+    banks = [] if args.memory_dir is None else [Path(_memory_dir(args, label, single)) for *_, label in runs]
+    folders += [(bank.parent, "--memory-dir") for bank in banks]
     try:
+        for bank in banks:
+            check_bank_folder(bank)
+            if bank.resolve() == out.resolve() or bank.resolve() in out.resolve().parents:
+                raise ValueError(f"--memory-dir {bank} would replace --out {out}: give them different folders")
+        for report in {out / "summary.md", *(folder / name for folder, flag in folders if flag == "--out"
+                                             for name in ("results.json", "summary.md"))}:
+            _check_own_report(report)
         for folder, flag in folders:
             ensure_writable(folder, flag)
             remove_stale_temporaries(folder)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
+
+
+def _is_summary(path: Path) -> bool:
+    return path.is_file() and path.read_text(errors="replace").startswith("# Hummingbird")
+
+
+def _is_results(path: Path) -> bool:
+    try:
+        return path.is_file() and bool(load_results([path]))
+    except ValueError:
+        return False
+
+
+def _check_own_report(path: Path, flag: str = "--out") -> None:
+    """``ValueError`` when ``path`` exists and is not a report hbird wrote (it would be replaced)."""
+    ours = _is_results(path) if path.suffix == ".json" else _is_summary(path)
+    if path.exists() and not ours:
+        raise ValueError(f"{flag}: {path} exists and is not a Hummingbird {path.name}: choose another {flag} "
+                         "(a run replaces the reports it wrote, nothing else)")
 
 
 def report_main(argv: list[str]) -> int:
@@ -156,6 +188,9 @@ def report_main(argv: list[str]) -> int:
         r["label"] = label
     for line in differing_settings(results):
         print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
+    if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
+        raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
+                         "choose another file")
     print(results_table(results))
     if args.out:
         atomic_write_text(args.out, summary_markdown(results))
@@ -180,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"locatdino hbird: {err}") from None
     models = _load_all(runs, args.seed, args.input_size)  # a bad model creates no output folder
     _check_outputs(args, runs)
+    with output_lock(args.out, "--out"):  # a second run into --out is refused, not raced
+        return _evaluate(args, runs, models, train_set, val_set, device)
+
+
+def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, str]], models: list[nn.Module],
+              train_set, val_set, device: torch.device) -> int:
+    """Every model's run, each written as it finishes, then the comparison of them all."""
     out = Path(args.out)
+    picks_queries = args.dataset == "scenes" or isinstance(val_set, SubsetSplit)  # the seed chose the queries
     results = []
     for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
@@ -192,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
             result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
                                     val_split=args.val_split,
-                                    scene_size=args.scene_size if args.dataset == "scenes" else None)
+                                    scene_size=args.scene_size if args.dataset == "scenes" else None,
+                                    query_seed=args.seed if picks_queries else None)
             result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
             write_run(result, out if single else out / label)
         except DiskFullError as err:

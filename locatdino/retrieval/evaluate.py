@@ -86,8 +86,12 @@ class HummingbirdConfig:
     def __post_init__(self) -> None:
         if self.eval_resolution not in ("original", "input"):
             raise ValueError(f"eval_resolution must be 'original' or 'input', got {self.eval_resolution!r}")
-        if self.aug_epochs < 1 or self.k < 1 or self.batch_size < 1:
-            raise ValueError("aug_epochs, k and batch_size must be >= 1")
+        for name in ("input_size", "aug_epochs", "k", "batch_size", "memory_size", "nprobe", "ef_search"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if not self.beta > 0 or not 0 < self.scale[0] <= self.scale[1]:
+            raise ValueError(f"beta must be > 0 and scale (min, max) 0 < min <= max, got {self.beta} and {self.scale}")
         if self.augment not in AUGMENT_MODES:
             raise ValueError(f"augment must be one of {AUGMENT_MODES}, got {self.augment!r}")
         if self.augment == "off" and self.aug_epochs > 1:

@@ -9,6 +9,8 @@ dtypes, provenance) and is published atomically: built under a temporary name, t
 Its files get their full size on disk before the first patch is encoded (``posix_fallocate``):
 a memory-mapped file that outgrows the disk would otherwise kill the process with SIGBUS
 half-way; a disk too small fails at once, in one line, leaving no staging folder.
+A bank folder is replaced only when it is empty or holds an earlier bank (:func:`check_bank_folder`):
+a folder holding anything else, or a file, is refused, never moved aside and deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ from locatdino.output_files import (make_temporary_dir, remove_stale_temporaries
                                     temporary_sibling)
 
 LABEL_DTYPE = np.float16
+BANK_FILES = ("features.bin", "labels.bin", "meta.json")
+
+
+def check_bank_folder(directory: str | os.PathLike) -> None:
+    """``ValueError`` unless ``directory`` is absent, an empty folder or a bank written here: a
+    new bank replaces the folder whole, so anything else in it would be lost."""
+    path = Path(directory)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_dir():
+        raise ValueError(f"memory-bank folder {path} is a file: give a folder name (the bank replaces it whole)")
+    entries = sorted(e.name for e in path.iterdir())
+    foreign = [name for name in entries if name not in BANK_FILES]
+    if foreign or (entries and "meta.json" not in entries):
+        shown = ", ".join((foreign or entries)[:3]) + (", …" if len(foreign or entries) > 3 else "")
+        raise ValueError(f"memory-bank folder {path} holds files that are not a memory bank ({shown}): a bank "
+                         "replaces its folder whole, so choose an empty or new folder")
 
 
 class MemoryBank:
@@ -63,6 +82,7 @@ class MemoryBank:
             labels = np.empty((capacity, num_classes), dtype=LABEL_DTYPE)
             return cls(feats, labels, 0, meta)
         directory = Path(directory)
+        check_bank_folder(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(directory.parent)
         staging = make_temporary_dir(directory)
@@ -193,7 +213,9 @@ def _reserved_memmap(path: Path, dtype: Any, shape: tuple[int, int]) -> np.memma
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename ``src`` onto ``dst``; an existing ``dst`` is moved aside first and deleted last."""
+    """Rename ``src`` onto ``dst``; an existing ``dst`` (an earlier bank, checked again now) is
+    moved aside first and deleted last."""
+    check_bank_folder(dst)
     old = None
     if dst.exists():
         old = temporary_sibling(dst)

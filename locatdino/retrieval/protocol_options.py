@@ -4,6 +4,7 @@
 Both commands run the same engine, so a user who learns ``--augment reference --norm`` on one
 must find it, with the same meaning and default, on the other; defining the options once keeps
 them from drifting apart. Each command adds only what is its own (models, outputs, figures).
+Every number is range-checked as it is parsed (``locatdino.arguments``), before any work.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import fields
 
 import torch
 
+from locatdino.arguments import at_least, positive_float
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig
@@ -33,36 +35,36 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
                    "not needed for the built-in scenes")
     p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
     p.add_argument("--val-split", default="val", help="query split")
-    p.add_argument("--num-train", type=int, default=None,
+    p.add_argument("--num-train", type=at_least(1), default=None,
                    help="memory images: a seeded random subset (scenes: how many to render, default 300)")
-    p.add_argument("--num-val", type=int, default=None, help="query images (scenes default 100)")
-    p.add_argument("--scene-size", type=int, default=224, help="side of the built-in scenes in px")
+    p.add_argument("--num-val", type=at_least(1), default=None, help="query images (scenes default 100)")
+    p.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")
 
 
 def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     """Memory, search, features, scoring and devices: every :class:`HummingbirdConfig` setting
     a user may change, with its default."""
     d = HummingbirdConfig()
-    p.add_argument("--memory-size", type=int, default=None, metavar="M",
+    p.add_argument("--memory-size", type=at_least(1), default=None, metavar="M",
                    help="memory budget in patches (rare-class-first sampling); default: keep all")
-    p.add_argument("--aug-epochs", type=int, default=d.aug_epochs, help="augmented passes over the memory images")
-    p.add_argument("--k", type=int, default=d.k, help="neighbours per query patch")
-    p.add_argument("--beta", type=float, default=d.beta, help="softmax temperature of the neighbour weights")
+    p.add_argument("--aug-epochs", type=at_least(1), default=d.aug_epochs, help="augmented passes over the memory images")
+    p.add_argument("--k", type=at_least(1), default=d.k, help="neighbours per query patch")
+    p.add_argument("--beta", type=positive_float, default=d.beta, help="softmax temperature of the neighbour weights")
     p.add_argument("--index", default=d.index, metavar="SPEC",
                    help="auto (exact for small searches, else IVF with its recall reported) or a FAISS "
                    "factory string: Flat (exact, the reference's), IVF1024,Flat, IVF1024,PQ48, HNSW32, ...")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF cells visited per query (index auto: 64)")
-    p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
+    p.add_argument("--nprobe", type=at_least(1), default=None, help="IVF cells visited per query (index auto: 64)")
+    p.add_argument("--ef-search", type=at_least(1), default=None, help="HNSW search breadth")
     p.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
                    help="auto: a GPU index when faiss-gpu sees a GPU")
     p.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
                    help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
-    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
+    p.add_argument("--input-size", type=at_least(1), default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
     p.add_argument("--augment", choices=AUGMENT_MODES, default=d.augment,
                    help="memory views: zoom-out (crops of --scale, above 1 zooming out, + colour jitter), "
                    "reference (the reference's sampler, torchvision's RandomResizedCrop: draws above 1 "
                    "rejected, whole-image fallback, + colour jitter) or off (whole images, no jitter)")
-    p.add_argument("--scale", type=float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
+    p.add_argument("--scale", type=positive_float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
                    help="memory crop area / image area; above 1 zooms out (the reference's sampler "
                    "rejects those draws: '--scale 0.5 1' matches its effective range)")
     p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
@@ -81,10 +83,10 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "or pixels (summed matched pixels)")
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--batch-size", type=at_least(1), default=d.batch_size, help="images per forward")
+    p.add_argument("--workers", type=at_least(0), default=None,
                    help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
-    p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling, random init")
+    p.add_argument("--seed", type=at_least(0), default=d.seed, help="memory views, subsets, sampling, random init")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

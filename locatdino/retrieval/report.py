@@ -5,7 +5,8 @@ timings in seconds, memory size, the full config, the model). Files are written 
 (``locatdino.output_files``), so an interrupted run never leaves a truncated report.
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,
-split, scene size, number of queries, class list): one table would mix numbers that mean
+split, scene size, number of queries, class list, and the seed where it picks them: it renders the
+built-in scenes and draws a subset of a split): one table would mix numbers that mean
 different things. Protocol settings that differ (input size, memory, seed, k, ...) are allowed
 and marked. Runs loaded from disk are labelled by their run folder.
 """
@@ -94,12 +95,21 @@ def per_class_table(results: Sequence[dict[str, Any]]) -> str:
 
 def _values(results: Sequence[dict[str, Any]], key: str) -> list[str]:
     top = key in ("num_train", "num_val")
-    return sorted({json.dumps(r.get(key) if top else r["config"].get(key)) for r in results})
+    getter = _query_seed if key == "query_seed" else (lambda r: r.get(key) if top else r["config"].get(key))
+    return sorted({json.dumps(getter(r)) for r in results})
+
+
+def _query_seed(result: dict[str, Any]) -> int | None:
+    """The seed that picked a run's query images (``config.query_seed``; runs written before it
+    was recorded: the seed for the built-in scenes, which it renders), ``None`` when it picked
+    none (a whole split)."""
+    config = result["config"]
+    return config.get("query_seed", config.get("seed") if config.get("dataset") == "scenes" else None)
 
 
 def incompatibilities(results: Sequence[dict[str, Any]]) -> list[str]:
     """Why runs cannot share one table (different query images or classes); empty if they can."""
-    problems = [f"{key} {' vs '.join(v)}" for key in (*_QUERY_KEYS, "num_val")
+    problems = [f"{key} {' vs '.join(v)}" for key in (*_QUERY_KEYS, "num_val", "query_seed")
                 if len(v := _values(results, key)) > 1]
     if len({tuple(r["per_class_iou"]) for r in results}) > 1:
         problems.append("class lists differ")

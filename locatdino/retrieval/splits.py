@@ -55,9 +55,12 @@ def open_split(
     """
     from locatdino.data import build_segmentation_dataset
 
+    if count is not None and count < 1:  # 0 is not "the default": it would silently score the default count
+        raise ValueError(f"the number of {split} images must be at least 1, got {count}")
     if name == "scenes":
         return build_segmentation_dataset(
-            "scenes", data_dir, split, num_images=count or default_scenes, size=scene_size, seed=seed
+            "scenes", data_dir, split, num_images=default_scenes if count is None else count, size=scene_size,
+            seed=seed,
         )
     if data_dir is None:
         raise ValueError(f"dataset {name!r} needs a data directory (--data-dir)")

@@ -13,12 +13,15 @@ are config groups of their own, so a recipe changes one key without restating a 
 ``collapse_monitor`` and ``skipped_samples``. Everything a run writes goes under
 ``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
 ``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start), and at
-the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``).
+the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``). The
+folder is locked for the run; SIGTERM saves ``last.ckpt`` and exits with status 143
+(``locatdino.ssl.stop_checkpoint``).
 ``data.init_args.batch_size`` (per rank) feeds ``model.batch_size`` for the lr scaling rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -28,14 +31,17 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UserError
-from locatdino.output_files import disk_full_message, remove_stale_temporaries
+from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config
+from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
+from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
 
 class MissingDefaultConfigError(FileNotFoundError):
@@ -75,9 +81,26 @@ class DINOCLI(LightningCLI):
             )
 
     def before_fit(self) -> None:
-        """Temporaries of checkpoint writes killed in an earlier start of this run are removed."""
+        """Temporaries of checkpoint writes killed in an earlier start of this run are removed; a
+        SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`)."""
         for key in ("step_checkpoint", "epoch_checkpoint"):
             remove_stale_temporaries(self.config.fit[key].dirpath)
+        self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """``before_fit``, ``fit``, ``after_fit`` (LightningCLI's one method around all three) with
+        the run folder locked by rank 0 (a second ``fit`` into it is refused, not raced) and a
+        SIGTERM stop turned into :class:`StoppedBySignal`."""
+        trainer = self.trainer
+        local = trainer.is_global_zero and "://" not in str(trainer.default_root_dir)  # not s3:// and the like
+        lock = output_lock(trainer.default_root_dir, "trainer.default_root_dir") if local else contextlib.nullcontext()
+        with lock:
+            try:
+                super()._run_subcommand(subcommand)
+            except SIGTERMException:
+                saved = [cb.saved for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint) and cb.saved]
+                raise StoppedBySignal(f"stopped by SIGTERM at step {trainer.global_step}: " + (
+                    f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved")) from None
 
     def after_fit(self) -> None:
         """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``."""
@@ -129,6 +152,9 @@ def main(argv: list[str]) -> int:
     except (FloatingPointError, MissingDefaultConfigError, UserError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
         return 1
+    except StoppedBySignal as stop:
+        print(f"locatdino fit: {stop}", file=sys.stderr)
+        return SIGTERM_EXIT_STATUS
     except Exception as err:  # a full disk, however deep torch or Lightning wrapped it
         message = disk_full_message(err)
         if message is None:

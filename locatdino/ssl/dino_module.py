@@ -191,11 +191,12 @@ class DINOModule(LightningModule):
 
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
         if nonfinite:
-            return self._on_nonfinite(loss)
-        if self._skip_update:  # an earlier micro-batch of this step was not finite: its gradients are in
-            return loss
-        self.dino_loss.accumulate_center(teacher_out)  # applied once per optimizer step
-        self.log("train/loss", loss, prog_bar=True)
+            self._on_nonfinite(loss)  # "stop" raises; "skip" marks the whole optimizer step skipped
+        if not self._skip_update:  # (else a micro-batch of this step was not finite: its gradients are in)
+            self.dino_loss.accumulate_center(teacher_out)  # applied once per optimizer step
+        # a skipped step logs NaN as its loss and its own schedule values and entropies: Lightning
+        # would otherwise repeat the previous step's values in its row of metrics.csv
+        self.log("train/loss", torch.full_like(loss, float("nan")) if self._skip_update else loss, prog_bar=True)
         every = self.trainer.log_every_n_steps
         if every and (self.trainer.global_step + 1) % every == 0:
             # only on the steps the logger writes (Lightning's rule; 0: never): its per-call
@@ -207,6 +208,10 @@ class DINOModule(LightningModule):
                 "train/teacher_momentum": values["teacher_momentum"], "train/teacher_temp": values["teacher_temp"],
                 ENTROPY_KEY: entropy, MARGINAL_ENTROPY_KEY: batch_entropy,
             })
+        if self._skip_update:
+            # DDP needs the backward on every rank (Lightning refuses a None loss there); its
+            # gradients are dropped in configure_gradient_clipping.
+            return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         return loss
 
     def _check_batch(self, crops_global: Tensor) -> None:
@@ -220,7 +225,7 @@ class DINOModule(LightningModule):
                     f"first batch has {crops_global.shape[1]} images; set model.batch_size to match."
                 )
 
-    def _on_nonfinite(self, loss: Tensor) -> Tensor:
+    def _on_nonfinite(self, loss: Tensor) -> None:
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
             if not self._skip_update:  # once per optimizer step, however many micro-batches fail
@@ -229,9 +234,7 @@ class DINOModule(LightningModule):
                 self._skipped_steps += 1
                 self._skip_update = True
             self.log("train/skipped_steps", float(self._skipped_steps))
-            # DDP needs the backward on every rank (Lightning refuses a None loss there); its
-            # gradients are dropped in configure_gradient_clipping.
-            return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+            return
         saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
         raise FloatingPointError(
             f"DINO loss is not finite at step {step}, epoch {self.current_epoch} (on some rank; here {loss.item()}): "

@@ -8,12 +8,12 @@ optimizer, no Python objects: ``torch.load(OUT, weights_only=True)`` reads it an
 Lightning checkpoints, and any other container ``locatdino.models`` reads (full DINO training
 checkpoints, …). For Lightning checkpoints the weights are first loaded, ``strict=True``, into
 the backbone their hyper-parameters describe, so a broken export never gets written. The file is
-written atomically.
+written atomically, never over the input checkpoint, and over an existing file only when that is an
+earlier export (a plain state dict of tensors) or ``--overwrite`` says so.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping
@@ -22,14 +22,17 @@ from typing import Any
 
 import torch
 
+from locatdino.arguments import ArgumentParser
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.checkpoint_io import atomic_torch_save
 
 
-def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which: str = "teacher") -> str:
+def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which: str = "teacher",
+                    overwrite: bool = False) -> str:
     """Write the ``which`` backbone of ``checkpoint`` to ``out``; return a one-line summary."""
     source = os.fspath(checkpoint)
+    _check_target(source, os.fspath(out), overwrite)
     if os.path.isdir(source):
         raise ValueError(f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
                          "FSDPStrategy(state_dict_type='full') to get one file")
@@ -41,6 +44,29 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     atomic_torch_save(state, out)
     params = sum(v.numel() for v in state.values())
     return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
+
+
+def _check_target(source: str, out: str, overwrite: bool) -> None:
+    """``ValueError`` when writing ``out`` would lose something export did not write: the input
+    checkpoint itself (always), another file unless ``overwrite``."""
+    if not os.path.lexists(out):
+        return
+    if os.path.isdir(out):
+        raise ValueError(f"the output {out} is a folder: give a file name")
+    if os.path.exists(source) and os.path.samefile(source, out):
+        raise ValueError(f"the output {out} is the input checkpoint: write the export to another file")
+    if not overwrite and not _is_state_dict(out):
+        raise ValueError(f"the output {out} exists and is not a state dict written by export: pass --overwrite "
+                         f"to replace {out}, or choose another file")
+
+
+def _is_state_dict(path: str) -> bool:
+    """Whether ``path`` holds a plain ``{name: tensor}`` dict (what export writes), read lazily."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - anything torch cannot read is not an export
+        return False
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
 def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str, Any], source: str) -> str:
@@ -56,14 +82,16 @@ def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str,
 
 def main(argv: list[str]) -> int:
     """``locatdino export`` with ``argv`` (without the word ``export``); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="Lightning checkpoint (runs/<run>/checkpoints/last.ckpt) or DINO checkpoint")
     parser.add_argument("out", help="output .pth file (plain timm state dict)")
     parser.add_argument("--which", choices=("teacher", "student"), default="teacher",
                         help="network to export (default: the teacher, the one DINO evaluates)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT even when it is not an earlier export (never the input checkpoint)")
     args = parser.parse_args(argv)
     try:
-        print(export_backbone(args.checkpoint, args.out, args.which))
+        print(export_backbone(args.checkpoint, args.out, args.which, args.overwrite))
     except (ValueError, FileNotFoundError, DiskFullError) as err:
         print(f"locatdino export: {err}", file=sys.stderr)
         return 1

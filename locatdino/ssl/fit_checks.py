@@ -3,9 +3,11 @@
 LightningCLI parses and type-checks the config, but the values users most often get wrong are
 well-typed: a batch size of 0 (``ZeroDivisionError`` deep in the data module), a crop size the
 patch does not divide, a shard folder that does not exist, a misspelt model name, a checkpoint
-path with a typo. :func:`check_fit_config` checks them on the merged config, before the model,
-the data or the Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the
-config key and the value. :class:`FitArgumentParser` shortens the parser's own errors (a
+path with a typo, a ``--ckpt_path`` that is not a training checkpoint, names no file to resume
+or was trained with another model (Lightning would silently take the checkpoint's).
+:func:`check_fit_config` checks them on the merged config, before the model, the data or the
+Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the config key and
+the value. :class:`FitArgumentParser` shortens the parser's own errors (a
 100-line usage dump) to one line.
 """
 
@@ -23,7 +25,7 @@ from timm.models import split_model_name_tag
 
 from locatdino.data.shard_stream import expand_urls
 from locatdino.errors import UserError
-from locatdino.models import create_backbone
+from locatdino.models import create_backbone, load_checkpoint
 
 # ckpt_path values Lightning resolves itself
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -92,9 +94,43 @@ def check_fit_config(config: Namespace) -> None:
                             f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
 
     ckpt_path = config.get("ckpt_path")
-    if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES and not os.path.exists(ckpt_path):
-        raise UserError(f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in "
-                        "trainer.default_root_dir)")
+    root = config.trainer.get("default_root_dir")
+    if ckpt_path == "last" and "://" not in str(root):  # a remote run folder is Lightning's to search
+        ckpt_path = _last_checkpoint(root)
+    if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES:
+        if not os.path.exists(ckpt_path):
+            raise UserError(f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in "
+                            "trainer.default_root_dir)")
+        check_resume_checkpoint(ckpt_path, model)
+
+
+def _last_checkpoint(root: str | None) -> str:
+    """The file ``--ckpt_path last`` resumes, as Lightning picks it (the newest ``last*.ckpt`` in
+    ``<default_root_dir>/checkpoints``); :class:`UserError` when there is none, where Lightning
+    would warn and train from scratch."""
+    folder = os.path.join(root or ".", "checkpoints")
+    found = [os.path.join(folder, n) for n in (os.listdir(folder) if os.path.isdir(folder) else ())
+             if re.fullmatch(r"last(-\d+)?\.ckpt", n)]
+    if not found:
+        raise UserError(f"ckpt_path last: no last.ckpt in {folder} to resume (trainer.default_root_dir "
+                        f"{root!r}): leave --ckpt_path out to start a new run")
+    return max(found, key=os.path.getmtime)
+
+
+def check_resume_checkpoint(path: str, model: Namespace) -> None:
+    """:class:`UserError` unless ``path`` is a ``fit`` checkpoint whose model hyper-parameters are
+    the config's: Lightning replaces the config's model arguments with the checkpoint's, so a
+    different backbone (or lr, head, ...) would silently be trained instead of the one asked for."""
+    checkpoint = load_checkpoint(path)  # a file torch cannot read: ValueError, one line
+    if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+        raise UserError(f"ckpt_path {path}: not a locatdino fit checkpoint (no Lightning training state; a plain "
+                        "state dict or an export?): start from its weights with --model.backbone_checkpoint")
+    saved = checkpoint.get("hyper_parameters") or {}
+    differ = [f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config" for k in saved
+              if not k.startswith("_") and k in model and saved[k] != model.get(k)]
+    if differ:
+        raise UserError(f"ckpt_path {path} was trained with other settings ({'; '.join(differ)}): resume with "
+                        "the run's config, or start a new run from its weights with --model.backbone_checkpoint")
 
 
 def _check_backbone(model: Namespace) -> Any:

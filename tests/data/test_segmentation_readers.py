@@ -102,3 +102,9 @@ def test_factory_names(tmp_path):
         build_segmentation_dataset("coco", tmp_path, "val")
     with pytest.raises(ValueError, match="data directory"):
         build_segmentation_dataset("voc", None, "val")
+
+
+def test_a_shard_that_cannot_be_opened_is_named(tmp_path):
+    (tmp_path / "shard-000000.tar").write_text("not a tar")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'shard-000000.tar'}: cannot read the shard"):
+        ShardSegmentation(str(tmp_path), num_classes=3)

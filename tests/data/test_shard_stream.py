@@ -1,4 +1,5 @@
 import json
+import os
 from collections import Counter
 
 import pytest
@@ -66,12 +67,38 @@ def test_expand_urls_forms(id_shards, tmp_path):
         expand_urls(str(folder / "nope-*.tar"))
 
 
+def _index(folder, counts, urls, grow=0):
+    entries = [{"name": os.path.basename(u), "num_samples": n, "bytes": os.path.getsize(u) - grow}
+               for u, n in zip(urls, counts)]
+    (folder / "index.json").write_text(json.dumps({"shards": entries}))
+
+
 def test_shard_sizes_from_index_or_tar_headers(id_shards, tmp_path):
     assert shard_sizes(id_shards) == [7, 3, 9, 5, 6]
-    (tmp_path / "ids" / "index.json").write_text(json.dumps({"shards": [{"name": "part-000000.tar",
-                                                                        "num_samples": 70}]}))
-    assert shard_sizes(id_shards[:2]) == [70, 3]
+    _index(tmp_path / "ids", [7, 30], id_shards[:2])  # the probed first shard agrees: the index is used
+    assert shard_sizes(id_shards[:3]) == [7, 30, 9]
     assert shard_sizes(["https://example.com/a.tar"]) is None
+
+
+@pytest.mark.parametrize("counts, grow", [([2, 1], 0), ([70, 30], 0), ([7, 3], 100)],
+                         ids=["undercount", "overcount", "rewritten shards"])
+def test_an_index_that_does_not_describe_its_shards_is_not_trusted(id_shards, tmp_path, caplog, counts, grow):
+    """index.json undercounting (most samples silently unused), overcounting (blamed on damaged
+    tars) or recording other byte sizes: the samples are counted from the tars, with a warning."""
+    _index(tmp_path / "ids", counts, id_shards[:2], grow)
+    assert shard_sizes(id_shards[:2]) == [7, 3]
+    assert "counting" in caplog.text
+    (tmp_path / "ids" / "index.json").write_text("{not json")
+    assert shard_sizes(id_shards[:2]) == [7, 3]
+
+
+def test_folders_named_like_shards_are_not_shards(id_shards, tmp_path):
+    (tmp_path / "ids" / "extra.tar").mkdir()
+    assert expand_urls(str(tmp_path / "ids")) == id_shards
+    assert expand_urls(str(tmp_path / "ids" / "*.tar")) == id_shards
+    (tmp_path / "only" / "a.tar").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no shards match"):
+        expand_urls(str(tmp_path / "only"))
 
 
 def test_invalid_configurations_are_refused(id_shards):

@@ -198,3 +198,94 @@ def test_augmentation_off_with_several_epochs_is_refused(tmp_path):
         cli.main(["--model", "vit_tiny_patch16_224", "--augment", "off", "--aug-epochs", "2",
                   "--out", str(tmp_path / "o"), *TINY])
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option, value, problem", [
+    ("--num-train", "0", "must be at least 1, got 0"), ("--num-val", "0", "must be at least 1, got 0"),
+    ("--input-size", "0", "must be at least 1, got 0"), ("--input-size", "-64", "must be at least 1, got -64"),
+    ("--k", "0", "must be at least 1, got 0"), ("--memory-size", "-1", "must be at least 1, got -1"),
+    ("--beta", "0", "must be a positive number, got 0"), ("--scale", "nan", "must be a positive number, got nan"),
+    ("--workers", "-1", "must be at least 0, got -1"), ("--num-val", "x", "expected an integer, got 'x'"),
+])
+def test_out_of_range_options_are_one_usage_line_before_any_work(tmp_path, capsys, no_evaluation, option, value,
+                                                                  problem):
+    """``--num-train 0`` once scored the default 300 scenes and ``--input-size 0`` failed in a
+    DataLoader worker: each is now a usage error (exit status 2) naming the option."""
+    argv = ["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, option, value]
+    if option == "--scale":
+        argv.append("1")
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err == (f"locatdino hbird: argument {option}: {problem} "
+                                           "(locatdino hbird --help lists the options)\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_open_split_refuses_zero_images():
+    from locatdino.retrieval.splits import open_split
+
+    with pytest.raises(ValueError, match="number of val images must be at least 1, got 0"):
+        open_split("scenes", None, "val", 0)
+    assert len(open_split("scenes", None, "val", None, scene_size=16, default_scenes=3)) == 3
+
+
+@pytest.mark.parametrize("kind", ["user-folder", "file", "out"])
+def test_memory_dir_holding_user_files_is_refused_before_any_work(tmp_path, capsys, no_evaluation, kind):
+    """A bank replaces its folder whole: a folder of the user's files, a file, or --out itself
+    is refused in one line before anything is evaluated, and left as it was."""
+    out = tmp_path / "out"
+    target = {"user-folder": tmp_path / "mine", "file": tmp_path / "notes.txt", "out": out}[kind]
+    if kind == "file":
+        target.write_text("my notes")
+    else:
+        target.mkdir()
+        (target / "thesis.tex").write_text("my notes")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--model", "vit_tiny_patch16_224", "--memory-dir", str(target), "--out", str(out), *TINY])
+    assert str(done.value).startswith(f"locatdino hbird: memory-bank folder {target} ")
+    assert ("is a file" if kind == "file" else "holds files that are not a memory bank (thesis.tex)") in str(done.value)
+    assert (target if kind == "file" else target / "thesis.tex").read_text() == "my notes"
+    assert "[hbird]" not in capsys.readouterr().err
+
+
+def test_memory_dir_may_not_be_the_out_folder(tmp_path, no_evaluation):
+    with pytest.raises(SystemExit, match=f"--memory-dir {tmp_path / 'out'} would replace --out {tmp_path / 'out'}"):
+        cli.main(["--model", "vit_tiny_patch16_224", "--memory-dir", str(tmp_path / "out"),
+                  "--out", str(tmp_path / "out"), *TINY])
+
+
+@pytest.mark.parametrize("name", ["results.json", "summary.md"])
+def test_out_holding_other_files_of_those_names_is_refused(tmp_path, no_evaluation, name):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / name).write_text("my notes")
+    with pytest.raises(SystemExit, match=f"--out: {tmp_path / 'out' / name} exists and is not a Hummingbird {name}"):
+        cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY])
+    assert (tmp_path / "out" / name).read_text() == "my notes"
+
+
+def test_a_second_run_into_one_out_is_refused_while_the_first_runs(tmp_path, capsys, no_evaluation):
+    """Two runs into one --out used to both say 'results written', one result lost: the second
+    is refused at once, naming the first's lock."""
+    import os
+
+    from locatdino.output_files import output_lock
+
+    out = tmp_path / "out"
+    with output_lock(out, "--out"):  # the first run, still evaluating
+        err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--out", str(out), *TINY])
+    assert err == (f"locatdino hbird: --out {out} is in use by another run (pid {os.getpid()} on "
+                   f"{err.split(' on ')[1].split(';')[0]}; lock {out / '.locatdino.lock'}): wait for it to end or "
+                   "choose another folder")
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_path, capsys, no_evaluation):
+    """Right shapes, NaN/inf weights (a diverged run): once scored an mIoU, now one line naming it."""
+    state = timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict()
+    state["norm.weight"][5] = float("inf")
+    ckpt = tmp_path / "diverged.pth"
+    torch.save(state, ckpt)
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt),
+                                   "--out", str(tmp_path / "out"), *TINY])
+    assert err == (f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
+                   "checkpoint from before it)")

@@ -75,3 +75,31 @@ def test_gather_handles_missing_neighbours():
 def test_load_rejects_non_bank_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no meta.json"):
         MemoryBank.load(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["user-folder", "file", "partial"])
+def test_a_target_that_is_not_a_bank_is_refused_and_kept(tmp_path, kind):
+    """A bank replaces its folder whole: only an absent or empty folder or an earlier bank may be
+    replaced; the user's files (or a file given as the folder) stay as they were."""
+    target = tmp_path / "bank"
+    if kind == "file":
+        target.write_text("my notes")
+    else:
+        target.mkdir()
+        (target / ("features.bin" if kind == "partial" else "thesis.tex")).write_text("my notes")
+    with pytest.raises(ValueError, match="is a file" if kind == "file" else "not a memory bank"):
+        MemoryBank.allocate(4, 8, 3, directory=target)
+    assert (target.read_text() if kind == "file" else
+            next(target.iterdir()).read_text()) == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]  # no staging folder left
+
+
+def test_an_earlier_bank_or_an_empty_folder_is_replaced(tmp_path):
+    target = tmp_path / "bank"
+    target.mkdir()
+    for n in (3, 5):  # empty folder, then the bank of the first run
+        bank = MemoryBank.allocate(n, 8, 3, directory=target)
+        bank.append(*_batch(n))
+        bank.finish()
+        assert len(MemoryBank.load(target)) == n
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]

@@ -50,8 +50,8 @@ def test_incompatible_runs_are_named(tmp_path):
     other_data = {**base, "config": {**base["config"], "dataset": "voc"}}
     fewer = {**base, "num_val": 5}
     classes = _result("x", 40.0, (("a", 1.0), ("c", 2.0)))
-    seed = {**base, "config": {**base["config"], "seed": 1}}
-    assert incompatibilities([base, seed]) == [] and differing_settings([base, seed]) == ["seed 1 vs null"]
+    whole = [{**base, "config": {**base["config"], "dataset": "voc", "seed": s, "query_seed": None}} for s in (0, 1)]
+    assert incompatibilities(whole) == [] and differing_settings(whole) == ["seed 0 vs 1"]  # memory views only
     assert incompatibilities([base, other_data, fewer, classes]) == [
         'dataset "scenes" vs "voc"', "num_val 2 vs 5", "class lists differ"]
 
@@ -60,14 +60,14 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     from locatdino.retrieval import cli
 
     write_run(_result("m", 40.0), tmp_path / "runs" / "base")
-    seeded = _result("m", 41.0)
-    seeded["config"]["seed"] = 7
-    write_run(seeded, tmp_path / "runs" / "seed7")
+    larger = _result("m", 41.0)
+    larger["config"]["input_size"] = 448
+    write_run(larger, tmp_path / "runs" / "seed7")
     assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp.md")]) == 0
     captured = capsys.readouterr()
     assert "| base | 40.00 |" in captured.out and "| seed7 | 41.00 |" in captured.out
-    assert captured.err.strip() == "locatdino hbird report: warning: seed 7 vs null"
-    assert "- seed: 7, null  ⚠ differs between runs" in (tmp_path / "cmp.md").read_text()
+    assert captured.err.strip() == "locatdino hbird report: warning: input_size 224 vs 448"
+    assert "- input_size: 224, 448  ⚠ differs between runs" in (tmp_path / "cmp.md").read_text()
     assert cli.main(["report", str(tmp_path / "runs"), "--label", "A", "--label", "B"]) == 0
     assert "| A | 40.00 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"^locatdino hbird report: 1 --label for 2 runs"):
@@ -95,3 +95,32 @@ def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
     assert '- torch: "2.5.0"' in lines and '- gpus: []' in lines
     old = _result("old", 1.0)  # written before results carried provenance
     assert "- cpu: null" in summary_markdown([old]).splitlines()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_runs_whose_seed_picked_other_queries_are_refused(tmp_path, recorded):
+    """The seed renders the built-in scenes and draws a split's subset: runs of --seed 0 and 1
+    scored different query images (also in results.json files written before query_seed was)."""
+    from locatdino.retrieval import cli
+
+    for seed in (0, 1):
+        run = _result("m", 40.0 + seed)
+        run["config"].update(seed=seed, **({"query_seed": seed} if recorded else {}))
+        write_run(run, tmp_path / "runs" / f"seed{seed}")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(tmp_path / "runs")])
+    assert str(refused.value) == ("locatdino hbird report: the runs scored different query images (query_seed 0 "
+                                  "vs 1); compare like with like, or pass --allow-mixed")
+
+
+def test_report_out_never_replaces_an_input(tmp_path, capsys):
+    from locatdino.retrieval import cli
+
+    results = write_run(_result("m", 40.0), tmp_path / "run")
+    before = results.read_text()
+    for target in (results, tmp_path / "notes.md"):
+        target.write_text(before) if target == results else target.write_text("my notes")
+        with pytest.raises(SystemExit, match=f"--out {target} exists and is not a Hummingbird summary"):
+            cli.main(["report", str(results), "--out", str(target)])
+    assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "my notes"
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")]) == 0  # its own

@@ -39,3 +39,17 @@ class NaNBatch(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             batch["global"].fill_(float("nan"))
+
+
+class SigtermAt(Callback):
+    """Send this process SIGTERM (what a cluster scheduler does before a kill) at optimizer step ``step``."""
+
+    def __init__(self, step: int = 2) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -119,6 +119,30 @@ def test_nonfinite_loss_skip_leaves_every_weight_and_the_center_alone(fp16):
     assert trainer.callback_metrics["train/skipped_steps"] == 1
 
 
+def test_a_skipped_step_logs_nan_never_the_previous_steps_values(tmp_path):
+    """metrics.csv once repeated step 1's loss, lr and entropy in the row of the skipped step 2:
+    the row now holds NaN as its loss and entropy, its own lr, and the skipped-step count."""
+    import csv
+    import math
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    logger = CSVLogger(tmp_path, name="logs")
+    module = tiny_module(on_nonfinite="skip", warmup_epochs=1.0)  # the lr rises every step
+    trainer = tiny_trainer(max_steps=4, logger=logger)
+    with pytest.warns(UserWarning, match="skipping the step"):
+        trainer.fit(module, batches_loader(_nan_batches() + [random_batch(seed=3)]))
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        rows = {int(r["step"]): r for r in csv.DictReader(f) if r["train/loss"]}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert math.isnan(float(rows[2]["train/loss"])) and math.isnan(float(rows[2]["teacher/entropy"]))
+    assert [float(rows[i]["train/lr"]) for i in range(4)] == pytest.approx(module.schedules.lr[:4].tolist())
+    assert len({rows[i]["train/lr"] for i in range(4)}) == 4
+    assert [rows[i]["train/skipped_steps"] for i in range(4)] == ["", "", "1.0", "1.0"]
+    assert all(math.isfinite(float(rows[i]["train/loss"])) for i in (0, 1, 3))
+
+
 def test_16_mixed_clips_unscaled_gradients(monkeypatch):
     """Under a grad scaler (here 2**4) clipping must see the true gradients: those of fp32."""
     import locatdino.ssl.dino_module as dino_module

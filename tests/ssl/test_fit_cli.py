@@ -140,6 +140,22 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_sigterm_saves_last_checkpoint_and_exits_non_zero(tmp_path, capsys):
+    """A scheduler's SIGTERM at step 2 once ended fit with exit status 0 and the step-2 state
+    unsaved: now last.ckpt holds the stop's step (3; the periodic one would be 2), one line says
+    so, exit status 143, and ``--ckpt_path last`` continues from it."""
+    args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "10"]
+    stop = ["--trainer.callbacks+=ddp_helpers.SigtermAt", "--trainer.callbacks.step", "2"]
+    assert cli.main([*args, *stop]) == 143
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"locatdino fit: stopped by SIGTERM at step 3: saved {last} (resume with --ckpt_path last)")
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    assert cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
+    assert [int(r["step"]) for r in _metrics(tmp_path / "run", 1) if r.get("train/loss")] == [3]
+
+
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
     """On a 4 MiB tmpfs the step-2 checkpoint (2.7 MB) fits and the step-4 one does not: one line
     naming the file, exit 1, the step-2 checkpoint intact and no temporary left."""
@@ -265,6 +281,46 @@ def test_fit_missing_shards_and_unreadable_checkpoint(tmp_path, capsys):
     (tmp_path / "shards" / "shard-000000.tar").write_bytes(b"")
     status, err = _fit_error(capsys, [*args, "--model.backbone_checkpoint", str(tmp_path / "teacher.pth")])
     assert status == 1 and err.startswith(f"locatdino fit: {tmp_path / 'teacher.pth'}: is empty (0 bytes)"), err
+
+
+def test_resume_checkpoints_are_checked_before_anything_is_built(tmp_path, capsys):
+    """``--ckpt_path last`` with nothing to resume once trained from scratch; a plain state dict
+    failed after the Trainer started (KeyError 'pytorch-lightning_version'); a checkpoint of
+    another model silently replaced the config's (Lightning takes its hyper-parameters)."""
+    args = tiny_overrides(tmp_path)
+    root, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    status, err = _fit_error(capsys, [*args, "--ckpt_path", "last"])
+    assert status == 1 and err == (f"locatdino fit: ckpt_path last: no last.ckpt in {ckpts} to resume "
+                                   f"(trainer.default_root_dir '{root}'): leave --ckpt_path out to start a new run")
+    plain = tmp_path / "teacher.pth"
+    torch.save({"cls_token": torch.zeros(1, 1, 64)}, plain)
+    status, err = _fit_error(capsys, [*args, "--ckpt_path", str(plain)])
+    assert status == 1 and err == (f"locatdino fit: ckpt_path {plain}: not a locatdino fit checkpoint (no Lightning "
+                                   "training state; a plain state dict or an export?): start from its weights with "
+                                   "--model.backbone_checkpoint")
+    ckpts.mkdir(parents=True)
+    hparams = {"backbone": "locatvit_tiny", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "out_dim": 128,
+               "lr": 0.5, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+    torch.save({"pytorch-lightning_version": "2.6.6", "hyper_parameters": hparams, "state_dict": {}},
+               ckpts / "last.ckpt")
+    status, err = _fit_error(capsys, [*args, "--ckpt_path", "last"])
+    assert status == 1 and err == (f"locatdino fit: ckpt_path {ckpts / 'last.ckpt'} was trained with other settings "
+                                   "(model.backbone: 'locatvit_tiny' in the checkpoint, 'vit_tiny_patch16_224' in the "
+                                   "config; model.lr: 0.5 in the checkpoint, 0.002 in the config): resume with the "
+                                   "run's config, or start a new run from its weights with --model.backbone_checkpoint")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "teacher.pth"]  # no shards, no logs
+    assert [p.name for p in root.iterdir()] == ["checkpoints"]
+
+
+def test_a_second_fit_into_one_run_folder_is_refused(tmp_path, capsys):
+    from locatdino.output_files import output_lock
+
+    with output_lock(tmp_path / "run", "trainer.default_root_dir"):  # a first fit, still training
+        status = cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+    assert status == 1 and err.startswith(f"locatdino fit: trainer.default_root_dir {tmp_path / 'run'} is in use by "
+                                          f"another run (pid {os.getpid()} on ")
 
 
 def test_every_model_option_has_help_text(capsys, monkeypatch):

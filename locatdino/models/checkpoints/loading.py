@@ -87,7 +87,22 @@ def _unreadable(source: str, err: Exception) -> str:
 
 
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """The backbone state dict inside a loaded checkpoint object (see module docstring)."""
+    """The backbone state dict inside a loaded checkpoint object (see module docstring), refused
+    when a weight is NaN or infinite (a diverged run's file has the right shapes but scores noise)."""
+    return _finite(_backbone_entries(checkpoint, which, source), source)
+
+
+def _finite(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    bad = [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        count = sum(int((~torch.isfinite(state_dict[k])).sum()) for k in bad)
+        raise ValueError(f"{source}: {count} NaN/inf weight value(s) in {bad[0]}"
+                         + (f" and {len(bad) - 1} other tensor(s)" if len(bad) > 1 else "")
+                         + " (a diverged run? use a checkpoint from before it)")
+    return state_dict
+
+
+def _backbone_entries(checkpoint: object, which: str, source: str) -> dict[str, torch.Tensor]:
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"{source}: expected a dict checkpoint, found {type(checkpoint).__name__}")
     if "pytorch-lightning_version" in checkpoint:

@@ -1,0 +1,59 @@
+"""``locatdino export`` never writes over its input or over a file it did not write."""
+
+import pytest
+import timm
+import torch
+from ssl_helpers import TINY_MODEL
+
+from locatdino.ssl import export
+
+
+@pytest.fixture
+def dino_checkpoint(tmp_path):
+    """A full DINO training checkpoint (student / teacher) of the tiny ViT."""
+    torch.manual_seed(0)
+    backbone = timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY_MODEL["backbone_kwargs"])
+    nets = {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"student": nets, "teacher": nets, "epoch": 3}, path)
+    return path
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_the_input_checkpoint_is_never_the_output(dino_checkpoint, capsys):
+    before = dino_checkpoint.read_bytes()
+    for overwrite in ([], ["--overwrite"]):
+        assert export.main([str(dino_checkpoint), str(dino_checkpoint), *overwrite]) == 1
+        assert _one_line(capsys) == (f"locatdino export: the output {dino_checkpoint} is the input checkpoint: "
+                                     "write the export to another file")
+    link = dino_checkpoint.with_name("link.pth")
+    link.symlink_to(dino_checkpoint)
+    assert export.main([str(dino_checkpoint), str(link), "--overwrite"]) == 1
+    assert dino_checkpoint.read_bytes() == before
+
+
+def test_an_existing_file_is_replaced_only_if_it_is_an_export_or_with_overwrite(dino_checkpoint, tmp_path, capsys):
+    notes = tmp_path / "notes.pth"
+    notes.write_text("my notes")
+    assert export.main([str(dino_checkpoint), str(notes)]) == 1
+    assert _one_line(capsys) == (f"locatdino export: the output {notes} exists and is not a state dict written by "
+                                 f"export: pass --overwrite to replace {notes}, or choose another file")
+    assert notes.read_text() == "my notes"
+    assert export.main([str(dino_checkpoint), str(notes), "--overwrite"]) == 0
+    assert export.main([str(dino_checkpoint), str(notes), "--which", "student"]) == 0  # an earlier export
+    assert "blocks.1.mlp.fc2.weight" in torch.load(notes, weights_only=True)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused(dino_checkpoint, tmp_path, capsys):
+    ckpt = torch.load(dino_checkpoint, weights_only=True)
+    ckpt["teacher"]["backbone.blocks.0.attn.qkv.weight"][0, :3] = torch.tensor([float("nan"), float("inf"), 1.0])
+    torch.save(ckpt, dino_checkpoint)
+    assert export.main([str(dino_checkpoint), str(tmp_path / "out.pth")]) == 1
+    assert _one_line(capsys) == (f"locatdino export: {dino_checkpoint}: 2 NaN/inf weight value(s) "
+                                 "in blocks.0.attn.qkv.weight (a diverged run? use a checkpoint from before it)")
+    assert not (tmp_path / "out.pth").exists()
