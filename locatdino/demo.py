@@ -32,6 +32,7 @@ import yaml
 
 from locatdino import cli
 from locatdino.configs import CONFIG_DIR, resolve_recipe
+from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
 
 DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml")
@@ -48,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="locatdino demo",
         description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
         "both teachers and both random inits on held-out built-in scenes (no download).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
     p.add_argument("--quick", action="store_true",
