@@ -13,7 +13,7 @@ import os
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, register_notrace_module
 from timm.layers.attention import resolve_self_attn_mask
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
@@ -25,6 +25,7 @@ from locatdino.models.gaug.separable_bias_attention import separable_bias_attent
 PATHS = ("auto", "separable", "flex", "mask")
 
 
+@register_notrace_module  # FX: a leaf (its grid lookup and kernels are Python, not traceable)
 class GAugAttention(Attention):
     """Multi-head self-attention with a learned, query-dependent Gaussian locality bias.
 

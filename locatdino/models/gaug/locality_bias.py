@@ -173,7 +173,9 @@ class GaussianLocalityBias(nn.Module):
         B, H, N, _ = q.shape
         with torch.autocast(q.device.type, enabled=False):
             z, var_scale = self._patch_logits(q, grid)
-            d_rows, d_cols = distance_table(h, w, self.clamp_min, q.device)
+            # traced (torch.compile, export), the table is built in the graph: the cache is Python state
+            table = distance_table.__wrapped__ if torch.compiler.is_compiling() else distance_table
+            d_rows, d_cols = table(h, w, self.clamp_min, q.device)
             fast = self.training and self.fast_min_grid is not None and max(grid) >= self.fast_min_grid \
                 and h % 2 == 0 and w % 2 == 0
             if not fast:
