@@ -24,10 +24,10 @@ def _output_and_grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Ten
     return [out, *torch.autograd.grad(out.square().sum(), list(model.parameters()))]
 
 
-def _assert_all_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+def _assert_all_close(got: list[torch.Tensor], want: list[torch.Tensor], rtol=1e-5, atol=1e-6) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
 
 
 @pytest.fixture(autouse=True)
@@ -60,12 +60,14 @@ def test_compiled_fast_mode_equals_eager():
 
 @pytest.mark.slow
 def test_inductor_compiled_train_and_eval_equal_eager():
+    """To fp32 rounding: inductor fuses and reorders the reductions (LayerNorm, softmax, sums);
+    measured differences ≤ 4e-5 on outputs of size ~1."""
     model = _model()
     compiled = torch.compile(model)  # inductor, C++ kernels
     x = torch.randn(2, 3, 64, 48)
-    _assert_all_close(_output_and_grads(compiled.train(), x), _output_and_grads(model.train(), x))
+    _assert_all_close(_output_and_grads(compiled.train(), x), _output_and_grads(model.train(), x), 1e-4, 1e-4)
     with torch.no_grad():
-        torch.testing.assert_close(compiled.eval()(x), model.eval()(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled.eval()(x), model.eval()(x), rtol=1e-4, atol=1e-4)
 
 
 def test_export_static_shapes_equals_eager():
