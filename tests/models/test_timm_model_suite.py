@@ -1,24 +1,27 @@
 """The kinds of test timm's ``tests/test_models.py`` runs on every ``vit_*`` model, on every
 ``locatvit_*`` registry entry: forward (and with gradient checkpointing), backward, default
-config and head API, ``features_only`` and ``forward_intermediates``, FX tracing forward and
-backward with timm's leaf-module / autowrap registrations.
+config and head API, ``features_only`` and ``forward_intermediates``, TorchScript, FX tracing
+forward and backward with timm's leaf-module / autowrap registrations, FX then TorchScript.
 
 Written for this project (the same checks, not a copy), at tiny sizes: the registered widths,
 ``depth`` overridden to 1-3 blocks and 64 px inputs (a 4×4 grid, not the 14×14 build grid, so
 the variance rescaling runs too).
 """
 
+import io
 import math
 
 import pytest
 import timm
 import torch
+from timm import set_scriptable
 from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 ALL = timm.list_models("locatvit_*")
 WITH_CFG = timm.list_models("locatvit_*", name_matches_cfg=True)  # without the short aliases
 SIZE = 64
+no_jit_deprecation = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")
 
 
 def _create(name: str, depth: int = 1, **kwargs) -> torch.nn.Module:
@@ -121,3 +124,31 @@ def test_fx_traced_backward_reaches_every_parameter(name):
     _assert_every_parameter_has_a_gradient(graph_module)
     assert sum(p.numel() for p in graph_module.parameters()) == sum(p.numel() for p in model.parameters())
     assert out.shape == (2, 42) and not out.isnan().any()
+
+
+@no_jit_deprecation
+@pytest.mark.parametrize("name", WITH_CFG)
+def test_torchscript_forward_equals_eager_and_survives_save_load(name):
+    with set_scriptable(True):
+        model = _create(name, depth=2).eval()
+    scripted = torch.jit.script(model)
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    for x in (_image(), torch.randn(2, 3, 48, 80)):  # the grid of each input reaches every layer
+        with torch.no_grad():
+            want = model(x)
+            torch.testing.assert_close(scripted(x), want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-6)
+
+
+@no_jit_deprecation
+@pytest.mark.parametrize("name", WITH_CFG)
+def test_fx_traced_then_scripted_forward_equals_eager(name):
+    with set_scriptable(True):
+        model = _create(name, depth=2).eval()
+    scripted = torch.jit.script(_fx_graph_module(model))
+    x = torch.randn(1, 3, 48, 80)
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.cat(list(scripted(x).values())), model(x), rtol=1e-5, atol=1e-6)

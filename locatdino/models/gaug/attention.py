@@ -70,16 +70,22 @@ class GAugAttention(Attention):
         """The path of this call; ``plain``: no attention dropout, extra mask or causal flag."""
         if self.gaug_path not in PATHS:
             raise ValueError(f"GAugAttention.gaug_path (LOCATDINO_GAUG_PATH) must be one of {PATHS}, "
-                             f"got {self.gaug_path!r}")
+                             f"got '{self.gaug_path}'")
         if self.gaug_path != "auto":
             if self.gaug_path != "mask" and not plain:
-                raise ValueError(f"GAug path {self.gaug_path!r} has no attention dropout or extra mask: use 'mask'")
+                raise ValueError(f"GAug path '{self.gaug_path}' has no attention dropout or extra mask: use 'mask'")
             return self.gaug_path
         if not (plain and self.fused_attn):
             return "mask"
         if device.type == "cpu":
             return "separable"
         return "flex" if device.type == "cuda" and self.head_dim >= 16 else "mask"
+
+    def _path(self, device: torch.device, plain: bool) -> str:
+        if torch.jit.is_scripting():  # TorchScript: no FlexAttention, no class-wide choice
+            return "separable" if plain and self.fused_attn and device.type == "cpu" else "mask"
+        else:
+            return self._resolve_path(device, plain)
 
     def forward(
         self,
@@ -101,15 +107,16 @@ class GAugAttention(Attention):
         num_prefix = N - grid[0] * grid[1]
         rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        path = self._resolve_path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
+        path = self._path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
         if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
         elif path == "flex":
             x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
         else:  # the materialised mask: attention dropout, extra masks, timm's unfused mode
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
-            if attn_mask is not None or is_causal:
-                bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+            extra = resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+            if extra is not None:
+                bias = bias + extra
             if self.fused_attn:
                 x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
             else:

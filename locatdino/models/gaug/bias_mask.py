@@ -87,4 +87,4 @@ _outer_product_mask.register_autograd(_backward, setup_context=_setup_context)
 def outer_product_mask(rows: Tensor, cols: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:
     """Differentiable ``[..., N, N]`` mask in ``dtype`` holding the separable bias on the patch
     block (N = num_prefix + h·w) and zeros on every prefix row and column."""
-    return _outer_product_mask(rows, cols, num_prefix, dtype)
+    return torch.ops.locatdino.outer_product_mask(rows, cols, num_prefix, dtype)

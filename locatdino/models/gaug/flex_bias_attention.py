@@ -22,8 +22,6 @@ per function and silently fall back to the unfused eager path: the limit is rais
 FlexAttention runs in its eager form, which supports the forward only.
 """
 
-from __future__ import annotations
-
 import functools
 
 import torch
@@ -56,6 +54,7 @@ def _compiled_attend():
     return torch._dynamo.config.patch(recompile_limit=_MAX_VARIANTS)(compiled)
 
 
+@torch.jit.unused  # TorchScript takes the separable or mask path
 def flex_bias_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -52,6 +52,9 @@ class PatchGrid(nn.Module):
         self.patch_size = patch_size
         self.dynamic_img_pad = dynamic_img_pad
         self._grids: dict[int, tuple[int, int]] = {}
+        # TorchScript copies this module into every layer holding it, but shares a tensor: the
+        # scripted model passes the latest (sequence length, h, w) through this one
+        self._scripted_latest = torch.zeros(3, dtype=torch.long)
 
     def extra_repr(self) -> str:
         return f"num_prefix_tokens={self.num_prefix_tokens}, patch_size={self.patch_size}"
@@ -61,9 +64,14 @@ class PatchGrid(nn.Module):
         check_image_size((height, width), self.patch_size, self.dynamic_img_pad)
         ph, pw = self.patch_size
         if self.dynamic_img_pad:
-            self.record((-(-height // ph), -(-width // pw)))
+            grid = (-(-height // ph), -(-width // pw))
         else:
-            self.record((height // ph, width // pw))
+            grid = (height // ph, width // pw)
+        if torch.jit.is_scripting():
+            self._scripted_latest[0] = grid[0] * grid[1] + self.num_prefix_tokens
+            self._scripted_latest[1], self._scripted_latest[2] = grid[0], grid[1]
+        else:
+            self.record(grid)
 
     def record(self, grid: tuple[int, int]) -> None:
         """Remember ``grid`` as the latest one with its sequence length."""
@@ -75,6 +83,11 @@ class PatchGrid(nn.Module):
 
     def lookup(self, seq_len: int) -> tuple[int, int]:
         """The grid ``(h, w)`` of the latest input whose token sequence has ``seq_len`` tokens."""
+        if torch.jit.is_scripting():  # no gradient checkpointing there: the latest input's grid
+            latest: list[int] = self._scripted_latest.tolist()
+            if latest[0] != seq_len:
+                raise RuntimeError("GAug attention got another token count than the input of patch_embed")
+            return latest[1], latest[2]
         grid = self._grids.get(seq_len)
         if grid is None:
             seen = ", ".join(f"{n} tokens → {g[0]}×{g[1]}" for n, g in self._grids.items()) or "none"
@@ -98,7 +111,7 @@ def check_image_size(size: tuple[int, int], patch_size: tuple[int, int], dynamic
         )
 
 
-def _record_patch_grid(patch_embed: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+def _record_patch_grid(patch_embed: nn.Module, args: tuple[torch.Tensor]) -> None:
     """Forward pre-hook of ``patch_embed``: hand the input to its :class:`PatchGrid`."""
     patch_embed.patch_grid(args[0])
 

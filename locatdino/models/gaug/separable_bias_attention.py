@@ -129,4 +129,5 @@ def separable_bias_attention(
     ``q, k, v [B, H, N, d]``; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]`` (fp32 fine under
     autocast: cast on write); ``scale`` defaults to ``d ** -0.5``. Differentiable in all five.
     """
-    return _attention(q, k, v, rows, cols, num_prefix, q.shape[-1] ** -0.5 if scale is None else float(scale))
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale)
