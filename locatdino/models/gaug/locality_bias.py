@@ -9,8 +9,8 @@ with ``d(a, b) = max(-½(a - b)², clamp_min)``, ``var = c · sigmoid(log_var(q)
 product of a per-query *row profile* (length h) and *column profile* (length w): the kernel is
 built from two small ``[B, H, Np, h]`` / ``[B, H, Np, w]`` tensors and one outer product written
 straight into the attention mask, never a ``[B, H, N, N, 2]`` distance intermediate. The profiles
-are one autograd node with an analytic backward (:class:`_GaussianProfiles`): as ~20 elementwise
-nodes on these small tensors they cost 7 % of a ViT-S training step on CPU.
+are one custom operator with an analytic backward (``torch.ops.locatdino.gaussian_profiles``): as
+~20 elementwise nodes on these small tensors they cost 7 % of a ViT-S training step on CPU.
 """
 
 from __future__ import annotations

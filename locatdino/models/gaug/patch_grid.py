@@ -18,7 +18,9 @@ sequence length it produces. Attention layers look the grid up by their own sequ
   attention layers share one object, which deepcopy's memo keeps shared inside the copy;
 - ``torch.compile`` traces the hook and records the grid as Python ints (static shapes);
 - an FX graph (timm's ``create_feature_extractor``) keeps ``patch_embed.patch_grid`` and the GAug
-  layers as leaf modules, so the grid is recorded and read when the graph runs.
+  layers as leaf modules, so the grid is recorded and read when the graph runs;
+- TorchScript copies the shared module into every holder but shares tensors: a scripted model
+  passes the latest grid through one small tensor instead of the Python dict.
 """
 
 from __future__ import annotations
