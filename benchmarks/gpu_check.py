@@ -1,32 +1,42 @@
-"""One prepared check of the CUDA path: GAug paths equal, LocAtViT-S vs ViT-S cost, end-to-end runs.
+"""One prepared check of the CUDA path: GAug paths equal, end-to-end runs, LocAtViT-S vs ViT-S cost.
 
-    python benchmarks/gpu_check.py              # one CUDA GPU, about 8 minutes; table on stdout
-    python benchmarks/gpu_check.py --dry-run    # every case at toy size on the CPU (tests/test_gpu_check.py)
-    python benchmarks/gpu_check.py --only equivalence speed   # a subset of the sections
+    python benchmarks/gpu_check.py                       # one CUDA GPU, at most 8 minutes
+    python benchmarks/gpu_check.py --out DIR --deadline 420 --only equivalence e2e
+    python benchmarks/gpu_check.py --dry-run             # every case at toy size on the CPU (tests/test_gpu_check.py)
 
-Sections (each row of the table: value, target, PASS / FAIL / MISS):
+Everything lands in ``--out`` (default ``gpu_check-<UTC time>``), written as it goes, so a run cut
+short still leaves its evidence: ``results.json`` (machine: GPU model, driver, CUDA, torch, Triton
+versions, git commit; every row; each section's budget and time) and ``table.md`` (the table
+printed on stdout), rewritten after every row; ``equivalence-mask.log``, ``equivalence-flex.log``,
+``speed.log`` (the full output of the child processes); ``e2e/`` (each ``locatdino --debug``
+command's log, run folder, ``step_times.json`` and Hummingbird ``results.json``).
 
-- ``equivalence``: a 2-block LocAtViT-S (real width and heads, GAug weights drawn large so the
-  bias matters), forward and backward (output, input and every parameter gradient) on CUDA
-  through the flex and the materialised-mask paths, fp32 (TF32 off) and bf16 autocast, against
-  the CPU path (fused separable kernel, fp32) on the same weights and inputs, at 224, 96 and
-  448 px, with a class token and with class token + 4 registers. Error: max |a − b| / max |b|
-  per tensor, worst tensor; limits 1e-4 (fp32) and 5e-2 (bf16 against the fp32 reference).
-- ``speed``: ViT-S, LocAtViT-S (auto: flex) and LocAtViT-S with the materialised mask (the
-  comparison row), bf16 autocast, one model resident at a time: a DINO step (teacher forward,
-  student forward, loss, backward, per-tensor clipping, AdamW, EMA; batch 64 = 2 × 224 px +
-  8 × 96 px crops per image, 65 536 prototypes), eval forward at 448 and 1024 px (batch 8).
-  Median time after warm-up (the flex kernels compile in it), peak CUDA memory of each, ratios
-  over ViT-S against the targets (step ≤ 1.10×, eval 448 ≤ 1.2×, eval 1024 ≤ 1.3×, peak
-  memory ≤ 1.10×).
-- ``e2e``: ``locatdino fit`` of configs/dino_vits16.yaml and configs/dino_locatvits16.yaml for 50
-  steps on built-in scenes (bf16-mixed, one GPU), then ``locatdino hbird`` of both teachers at
-  448 px on the GPU (k-NN with torch when faiss-gpu is absent); images/s from wall time (fit,
-  start-up included) and from the run's own phase timings (hbird).
+Sections, in this order, each with a budget (default 200 / 190 / 90 s, scaled to ``--deadline``;
+time a section leaves unused passes to the next; a case still running at its section's end is
+killed and marked TIMEOUT, the cases after it are listed as not run):
 
-Exit status: 1 if a correctness check FAILs (paths differ, a command fails, a loss is not
-finite), 2 if only speed / memory targets are MISSed, 0 otherwise. ``--dry-run`` builds and runs
-every case with toy models on the CPU (the flex backward through FlexAttention's reference dense
+- ``equivalence`` (child processes, see ``gpu_check_cases.py``): a 2-block LocAtViT-S forward
+  and backward through the materialised-mask path, then the flex path, each in its own process
+  (restarted after a case that faults the device), fp32 (TF32 off) and bf16, at 224 / 96 / 448 px
+  with a class token and with class + 4 registers, against the CPU path; per-tensor relative
+  Frobenius error, bf16 judged against the CPU path's own bf16 error.
+- ``e2e``: ``locatdino fit`` of configs/dino_vits16.yaml (``--trainer.strategy ddp
+  --trainer.devices 1``: NCCL initialises) and configs/dino_locatvits16.yaml for 50 steps on
+  built-in scenes (bf16-mixed); images/s from the steps after the fifth. Then ``locatdino
+  hbird`` of both teachers at 448 px on the GPU (bf16; torch k-NN without faiss-gpu), and the
+  same run on the CPU in fp32 with FAISS (same seed: same memory views): Δ mIoU ≤ 0.1.
+- ``speed`` (one child process): ViT-S, LocAtViT-S (auto: flex) and LocAtViT-S with the
+  materialised mask, bf16: a DINO step (batch 64 = 2 × 224 + 8 × 96 px crops, 65 536
+  prototypes), eval forward at 448 and 1024 px (batch 16); the first call (compilation) apart
+  from the median of 10 calls after 3 warm-up calls; peak memory; ratios over ViT-S against the
+  targets (step ≤ 1.10×, eval 448 ≤ 1.2×, eval 1024 ≤ 1.3×, peak memory ≤ 1.10×).
+
+Exit status: 1 if a correctness check FAILs, 3 if none failed but cases hit the deadline
+(TIMEOUT: rerun them with ``--only``), 2 if only speed / memory targets are MISSed, 0 otherwise.
+The budgets are a plan, not a measurement: compile times of the flex kernels on a GPU are unknown
+until the first run, so the most telling cases go first in each section.
+
+``--dry-run`` builds and runs every case with toy models on the CPU (FlexAttention's reference
 backward, which the CPU API refuses: the guard is lifted for the dry run only), so the script
 cannot rot between GPU runs; its numbers mean nothing.
 """
@@ -35,75 +45,174 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
+import csv
+import datetime
 import json
 import math
 import os
-import statistics
+import platform
+import queue
+import re
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-import traceback
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import timm
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-from locatdino.models import GAugAttention, GaussianLocalityBias  # noqa: E402  (registers locatvit_*)
-from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher  # noqa: E402
+from gpu_check_cases import SPEED_CASES, Row, case_title, equivalence_cases  # noqa: E402
+from locatdino.output_files import atomic_write_text  # noqa: E402
 
-SECTIONS = ("equivalence", "speed", "e2e")
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
-COMMAND_TIMEOUT_S = 600
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+SECTIONS = ("equivalence", "e2e", "speed")
+BUDGET_S = {"equivalence": 200, "e2e": 190, "speed": 90}  # sums to the default deadline, 480 s
+HBIRD_MAX_DELTA = 0.1
+FIT_SKIP_STEPS = 5  # steps left out of the fit throughput (compilation, loader start-up)
+
+
+# ------------------------------------------------------------------------------- child processes
+
+
+def child_env(dry: bool) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    if dry:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a child started with ``start_new_session`` and everything it started (loader workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@contextlib.contextmanager
+def child(cmd: list[str], **popen) -> Iterator[subprocess.Popen]:
+    """A child in its own session (a deadline kills its whole group) that never outlives the
+    check: also killed when the check stops early (Ctrl-C, an error)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, cwd=ROOT, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_cases(command: list[str], cases: list[str], log: Path, until: float, section: str,
+              title: Callable[[str], str] = case_title, env: dict[str, str] | None = None) -> Iterator[Row]:
+    """Rows of ``cases`` run by ``command + cases`` (the ``@@`` protocol of ``gpu_check_cases.py``),
+    its output appended to ``log``. A child that dies inside a case fails that case and a fresh
+    one takes the rest; at ``until`` (``time.monotonic()``) the child is killed, the running case
+    is a TIMEOUT row and the others are listed as not run."""
+    remaining = list(cases)
+    with log.open("a") as log_file:
+        while remaining:
+            if time.monotonic() >= until:
+                yield from timed_out(section, remaining, None, title)
+                return
+            with child([*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=env) as proc:
+                lines: queue.Queue = queue.Queue()
+                threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+                current = None
+                while True:
+                    try:
+                        line = lines.get(timeout=max(0.0, until - time.monotonic()))
+                    except queue.Empty:
+                        kill_group(proc)
+                        log_file.write(f"gpu_check: killed at the section's deadline, in case {current}\n")
+                        yield from timed_out(section, remaining, current, title)
+                        return
+                    if line is None:
+                        break
+                    log_file.write(line)
+                    log_file.flush()
+                    kind, _, payload = line.rstrip("\n").partition(" ")
+                    if kind == "@@start":
+                        current = payload
+                    elif kind == "@@row":
+                        yield Row(**json.loads(payload))
+                    elif kind == "@@done":
+                        remaining.remove(payload)
+                        current = None
+                code = proc.wait()
+            if current is not None:  # died inside a case: that case fails, a fresh process goes on
+                yield Row(section, title(current), f"child process died in this case (exit {code}); see {log.name}",
+                          "no error", "FAIL")
+                remaining.remove(current)
+            elif remaining and code != 3:  # died before its first case (3: asked for a fresh process)
+                for case in remaining:
+                    yield Row(section, title(case), f"not run: child process exited {code}; see {log.name}",
+                              "no error", "FAIL")
+                return
+
+
+def timed_out(section: str, remaining: list[str], current: str | None, title: Callable[[str], str]) -> Iterator[Row]:
+    for case in remaining:
+        value = "stopped at the section's deadline" if case == current else "not run: section deadline reached"
+        yield Row(section, title(case), value, "within budget", "TIMEOUT")
+
+
+def run_logged(cmd: list[str], log: Path, until: float, env: dict[str, str]) -> int | None:
+    """Run ``cmd``, all its output into ``log``; its exit status, or None when killed at ``until``."""
+    with log.open("w") as log_file:
+        log_file.write(f"$ {' '.join(cmd)}\n")
+        log_file.flush()
+        if time.monotonic() >= until:
+            log_file.write("gpu_check: not run, the section's deadline was reached\n")
+            return None
+        with child(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env) as proc:
+            try:
+                return proc.wait(timeout=max(0.0, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                return None
+
+
+# -------------------------------------------------------------------------------------------- e2e
 
 
 @dataclass(frozen=True)
-class Sizes:
-    """Everything that differs between the GPU run and the dry run."""
+class E2E:
+    """The end-to-end runs' sizes (GPU run or dry run)."""
 
-    equiv_model: dict  # timm kwargs of the equivalence LocAtViT (depth, width, heads)
-    equiv_px: tuple[int, ...]  # the resolutions, labelled as the full-size ones (224, 96, 448)
-    equiv_batch: int
-    speed_model: dict  # timm kwargs shared by ViT-S and LocAtViT-S
-    head: dict  # DINOHead sizes
-    dino_batch: int
-    crops_px: tuple[int, int]  # global, local
-    local_crops: int
-    eval_px: tuple[int, ...]  # labelled 448, 1024
-    eval_batch: int
-    reps: int
-    fit_configs: tuple[str, str]  # ViT, LocAtViT recipes
+    fit_configs: tuple[str, str]  # ViT (run with DDP), LocAtViT
     fit_steps: int
     fit_batch: int
     hbird_models: tuple[str, str]  # the backbones of those recipes
     fit_args: list[str] = field(default_factory=list)
     hbird_args: list[str] = field(default_factory=list)
+    hbird_device_args: list[str] = field(default_factory=list)  # the run compared with the CPU fp32 one
 
 
-FULL = Sizes(
-    equiv_model=dict(depth=2), equiv_px=(224, 96, 448), equiv_batch=2,
-    speed_model={}, head=dict(out_dim=65536), dino_batch=64, crops_px=(224, 96), local_crops=8,
-    eval_px=(448, 1024), eval_batch=8, reps=10,
+FULL_E2E = E2E(
     fit_configs=("configs/dino_vits16.yaml", "configs/dino_locatvits16.yaml"), fit_steps=50, fit_batch=64,
     hbird_models=("vit_small_patch16_224", "locatvit_small"),
-    fit_args=["--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.precision", "bf16-mixed",
+    fit_args=["--trainer.devices", "1", "--trainer.precision", "bf16-mixed",
               "--data.init_args.synthetic", "512", "--data.init_args.synthetic_size", "256",
               "--data.init_args.batches_per_epoch", "50", "--data.init_args.num_workers", "12"],
-    hbird_args=["--num-train", "300", "--num-val", "100", "--scene-size", "448", "--input-size", "448",
-                "--precision", "bf16", "--index", "Flat", "--batch-size", "16", "--device", "cuda"],
+    hbird_args=["--num-train", "128", "--num-val", "64", "--scene-size", "448", "--input-size", "448",
+                "--index", "Flat", "--batch-size", "16", "--workers", "8"],  # full batches only: one compile
+    hbird_device_args=["--device", "cuda", "--precision", "bf16"],
 )
-DRY = Sizes(
-    equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2), equiv_px=(64, 32, 96), equiv_batch=1,
-    speed_model=dict(img_size=32, depth=1, embed_dim=64, num_heads=2),
-    head=dict(out_dim=64, hidden_dim=32, bottleneck_dim=16), dino_batch=2, crops_px=(32, 16), local_crops=2,
-    eval_px=(48, 64), eval_batch=1, reps=1,
+DRY_E2E = E2E(
     fit_configs=("configs/tiny_vit.yaml", "configs/tiny_locatvit.yaml"), fit_steps=2, fit_batch=2,
     hbird_models=("vit_tiny_patch16_224", "locatvit_tiny"),
     fit_args=["--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed",
@@ -114,331 +223,199 @@ DRY = Sizes(
               "--data.init_args.multicrop", json.dumps({"global_crop_size": 32, "local_crop_size": 16,
                                                         "num_local_crops": 2})],
     hbird_args=["--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32",
-                "--k", "5", "--workers", "0", "--device", "cpu", "--knn-backend", "torch"],
+                "--k", "5", "--workers", "0", "--index", "Flat"],
+    hbird_device_args=["--device", "cpu", "--precision", "fp32", "--knn-backend", "torch"],
 )
-LABELS = {"equiv": (224, 96, 448), "eval": (448, 1024)}
-
-
-@dataclass
-class Row:
-    section: str
-    case: str
-    value: str
-    target: str = ""
-    status: str = "PASS"  # PASS | FAIL (correctness) | MISS (speed / memory target) | n/a (dry run)
-
-
-# ---------------------------------------------------------------------------------------- helpers
-
-
-def set_gaug_path(model: torch.nn.Module, path: str) -> torch.nn.Module:
-    for module in model.modules():
-        if isinstance(module, GAugAttention):
-            module.gaug_path = path
-    return model
-
-
-@contextlib.contextmanager
-def cpu_flex_backward(enabled: bool) -> Iterator[None]:
-    """Dry run only: let FlexAttention's reference dense backward run on the CPU."""
-    import torch.nn.attention.flex_attention as flex_api
-
-    guard = flex_api._validate_device
-    if enabled:
-        flex_api._validate_device = lambda *tensors: None
-    try:
-        yield
-    finally:
-        flex_api._validate_device = guard
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], None], reps: int, device: torch.device) -> tuple[float, float | None]:
-    """Median seconds of ``fn`` over ``reps`` calls after two warm-up calls (compilation), and the
-    peak CUDA memory in MiB of one more call (None on the CPU)."""
-    for _ in range(2):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-    return statistics.median(times), peak
-
-
-def release(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-# ------------------------------------------------------------------------------------ equivalence
-
-
-def equivalence_model(sizes: Sizes, reg_tokens: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = timm.create_model("locatvit_small", num_classes=0, reg_tokens=reg_tokens, **sizes.equiv_model)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, GaussianLocalityBias):
-                for p in module.parameters():
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.train()
-
-
-def forward_backward(model, x, grad_out, device, dtype, path) -> list[torch.Tensor]:
-    """Output, input gradient and every parameter gradient, fp32 on the CPU."""
-    model = set_gaug_path(copy.deepcopy(model).to(device), path)
-    x = x.to(device).requires_grad_(True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        out = model.forward_features(x)
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(out, [x, *params], grad_out.to(device, out.dtype), allow_unused=True)
-    return [t.detach().float().cpu() for t in (out, *grads) if t is not None]
-
-
-def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    assert len(got) == len(want), (len(got), len(want))
-    return max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(got, want))
-
-
-def equivalence(sizes: Sizes, device: torch.device, dry: bool) -> Iterator[Row]:
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32
-    try:
-        for reg_tokens, prefix in ((0, "class token"), (4, "class + 4 registers")):
-            model = equivalence_model(sizes, reg_tokens)
-            for px, label in zip(sizes.equiv_px, LABELS["equiv"]):
-                g = torch.Generator().manual_seed(px)
-                x = torch.randn(sizes.equiv_batch, 3, px, px, generator=g)
-                n = model.num_prefix_tokens + (px // 16) ** 2
-                grad_out = torch.randn(sizes.equiv_batch, n, model.embed_dim, generator=g)
-                want = forward_backward(model, x, grad_out, torch.device("cpu"), torch.float32, "separable")
-                for path in ("flex", "mask"):
-                    for dtype in (torch.float32, torch.bfloat16):
-                        case, limit = f"{path} {DTYPE_NAMES[dtype]} {label} px, {prefix}", TOLERANCE[dtype]
-                        try:
-                            with cpu_flex_backward(dry and path == "flex"):
-                                err = relative_error(forward_backward(model, x, grad_out, device, dtype, path), want)
-                        except Exception as exc:  # noqa: BLE001  (one failed case must not hide the others)
-                            yield error_row("equivalence", case, exc)
-                            continue
-                        yield Row("equivalence", case, f"{err:.1e}", f"<= {limit:.0e}",
-                                  "PASS" if err <= limit else "FAIL")
-            release(device)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-
-
-# ------------------------------------------------------------------------------------------ speed
-
-SPEED_MODELS = {  # label: (timm name, GAug path)
-    "ViT-S": ("vit_small_patch16_224", "auto"),
-    "LocAtViT-S": ("locatvit_small", "auto"),
-    "LocAtViT-S, materialised bias": ("locatvit_small", "mask"),
-}
-
-
-def dino_step(sizes: Sizes, name: str, path: str, device: torch.device) -> Callable[[], None]:
-    torch.manual_seed(0)
-    module = DINOModule(name, dict(sizes.speed_model), batch_size=sizes.dino_batch, **sizes.head).to(device)
-    set_gaug_path(module, path)
-    student, teacher, loss_fn = module.student, module.teacher, module.dino_loss
-    params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    g, local = sizes.crops_px
-    crops = {"global": torch.randn(2, sizes.dino_batch, 3, g, g, device=device),
-             "local": torch.randn(sizes.local_crops, sizes.dino_batch, 3, local, local, device=device)}
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            with torch.no_grad():
-                teacher_out = module.forward_branch(teacher, [crops["global"]])
-                probs = loss_fn.teacher_targets(teacher_out, 0.04)
-            loss = loss_fn(module.forward_branch(student, [crops["global"], crops["local"]]), probs)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip_grad_per_tensor_(params, 3.0)
-        opt.step()
-        update_teacher(student.parameters(), teacher.parameters(), 0.996)
-        loss_fn.update_center(teacher_out)
-
-    return step
-
-
-def eval_forward(sizes: Sizes, name: str, path: str, px: int, device: torch.device) -> Callable[[], None]:
-    torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=0, dynamic_img_size=True, **sizes.speed_model).to(device).eval()
-    set_gaug_path(model, path)
-    x = torch.randn(sizes.eval_batch, 3, px, px, device=device)
-
-    def forward() -> None:
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
-            model(x)
-
-    return forward
-
-
-def speed(sizes: Sizes, device: torch.device, dry: bool) -> Iterator[Row]:
-    cases = {"DINO step": lambda name, path: dino_step(sizes, name, path, device)}
-    for px, label in zip(sizes.eval_px, LABELS["eval"]):
-        cases[f"eval {label} px"] = lambda name, path, px=px: eval_forward(sizes, name, path, px, device)
-    targets = {"DINO step": 1.10, "eval 448 px": 1.2, "eval 1024 px": 1.3}
-
-    def judged(ratio: float, limit: float) -> str:  # toy CPU timings of a dry run prove nothing
-        return "n/a" if dry else "MISS" if ratio > limit else "PASS"
-
-    for case, make in cases.items():
-        base_time = base_peak = None
-        for label, (name, path) in SPEED_MODELS.items():
-            try:
-                seconds, peak = timed(make(name, path), sizes.reps, device)
-            except Exception as exc:  # noqa: BLE001  (e.g. out of memory: report, go on)
-                yield error_row("speed", f"{case}: {label}", exc)
-                continue
-            finally:
-                release(device)
-            if label == "ViT-S":
-                base_time, base_peak = seconds, peak
-            if base_time is None:
-                yield Row("speed", f"{case}: {label}", f"{seconds * 1e3:.1f} ms (no ViT-S baseline)")
-                continue
-            ratio = seconds / base_time
-            row = Row("speed", f"{case}: {label}", f"{seconds * 1e3:.1f} ms ({ratio:.2f}x)")
-            if label == "LocAtViT-S":
-                row.target, row.status = f"time <= {targets[case]:.2f}x", judged(ratio, targets[case])
-            elif label != "ViT-S":
-                row.target = "comparison"
-            yield row
-            if peak is not None:
-                mem_ratio = peak / base_peak
-                row = Row("speed", f"{case}: {label}, peak memory", f"{peak:.0f} MiB ({mem_ratio:.2f}x)")
-                if label == "LocAtViT-S":
-                    row.target, row.status = "<= 1.10x", judged(mem_ratio, 1.10)
-                yield row
-
-
-# -------------------------------------------------------------------------------------------- e2e
-
-
-def locatdino(args: list[str], cwd: Path, dry: bool) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    if dry:
-        env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "locatdino", *args]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:  # a hung run (data loader, collective) becomes a FAIL row
-        proc = subprocess.CompletedProcess(cmd, -1, "", f"killed after {COMMAND_TIMEOUT_S} s")
-    return proc, time.perf_counter() - start
-
-
-def failed(proc: subprocess.CompletedProcess) -> str:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return f"exit {proc.returncode}: {tail[0][:80]}"
+HBIRD_CPU_ARGS = ["--device", "cpu", "--precision", "fp32", "--knn-backend", "faiss"]
 
 
 def last_loss(run_dir: Path) -> float:
     """The last logged train/loss of a fit (NaN if none)."""
-    import csv
-
     losses = [float(row["train/loss"]) for path in run_dir.glob("logs/version_*/metrics.csv")
               for row in csv.DictReader(path.open()) if row.get("train/loss")]
     return losses[-1] if losses else math.nan
 
 
-def e2e(sizes: Sizes, dry: bool) -> Iterator[Row]:
-    steps = sizes.fit_steps
-    with tempfile.TemporaryDirectory(prefix="gpu_check.") as tmp:
-        tmp = Path(tmp)
-        ckpts = []
-        for config in sizes.fit_configs:
-            run_dir = tmp / Path(config).stem
-            args = ["fit", "--config", str(ROOT / config), *sizes.fit_args, "--trainer.max_steps", str(steps),
-                    "--data.init_args.batch_size", str(sizes.fit_batch),
-                    "--data.init_args.train_urls", str(tmp / "scenes"), "--trainer.default_root_dir", str(run_dir),
-                    "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
-                    "--step_checkpoint.every_n_train_steps", str(steps)]
-            proc, wall = locatdino(args, ROOT, dry)
-            case = f"locatdino fit {Path(config).stem}, {steps} steps"
-            if proc.returncode != 0:
-                yield Row("e2e", case, failed(proc), "exit 0", "FAIL")
-                continue
-            loss = last_loss(run_dir)
-            images = steps * sizes.fit_batch
-            yield Row("e2e", case, f"loss {loss:.3f}, {images / wall:.1f} img/s incl. start-up ({wall:.0f} s)",
-                      "finite loss", "PASS" if math.isfinite(loss) else "FAIL")
-            ckpts.append(str(run_dir / "checkpoints" / "last.ckpt"))
-        if len(ckpts) == 2:
-            models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts)
-                      for arg in ("--model", name, "--checkpoint", ckpt)]
-            out = tmp / "hbird"
-            proc, wall = locatdino(["hbird", *models, *sizes.hbird_args, "--dataset", "scenes", "--no-progress",
-                                    "--out", str(out)], ROOT, dry)
-            if proc.returncode != 0:
-                yield Row("e2e", "locatdino hbird", failed(proc), "exit 0", "FAIL")
-            for path in sorted(out.glob("*/results.json")):
-                result = json.loads(path.read_text())
-                t = result["timings"]
-                images = result["num_train"] * result["config"]["aug_epochs"] + result["num_val"]
-                ok = 0 <= result["miou"] <= 100
-                yield Row("e2e", f"locatdino hbird {result['model']['name']} {result['config']['input_size']} px",
-                          f"mIoU {result['miou']:.1f}, encoder {images / t['features']:.0f} img/s, "
-                          f"search {t.get('search', 0):.1f} s, total {t['total']:.0f} s",
-                          "mIoU in [0, 100]", "PASS" if ok else "FAIL")
+def steady_images_per_s(run_dir: Path, batch: int) -> tuple[float, int]:
+    """Images/s over the steps after the first ``FIT_SKIP_STEPS`` (fewer in a short run), and how
+    many steps that is."""
+    ends = json.loads((run_dir / "step_times.json").read_text())["step_end_s"]
+    skip = min(FIT_SKIP_STEPS, len(ends) - 2)
+    steps = len(ends) - 1 - skip
+    return batch * steps / (ends[-1] - ends[skip]), steps
+
+
+def e2e(sizes: E2E, out: Path, until: float, dry: bool) -> Iterator[Row]:
+    out.mkdir(exist_ok=True)
+    env, steps = child_env(dry), sizes.fit_steps
+    locatdino = [sys.executable, "-m", "locatdino", "--debug"]
+    ckpts = []
+    for config, strategy in zip(sizes.fit_configs, ("ddp", "auto")):
+        name = Path(config).stem
+        run_dir, case = out / f"fit-{name}", f"locatdino fit {name}, {steps} steps, strategy {strategy}"
+        cmd = [*locatdino, "fit", "--config", str(ROOT / config), *sizes.fit_args, "--trainer.strategy", strategy,
+               "--trainer.max_steps", str(steps), "--data.init_args.batch_size", str(sizes.fit_batch),
+               "--data.init_args.train_urls", str(out / "scenes"), "--trainer.default_root_dir", str(run_dir),
+               "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
+               "--step_checkpoint.every_n_train_steps", str(steps),
+               "--trainer.callbacks+=fit_step_times.StepTimes"]
+        start = time.monotonic()
+        code = run_logged(cmd, out / f"fit-{name}.log", until, env)
+        wall = time.monotonic() - start
+        if code != 0:
+            yield command_failed("e2e", case, code, f"fit-{name}.log")
+            continue
+        loss = last_loss(run_dir)
+        ips, timed_steps = steady_images_per_s(run_dir, sizes.fit_batch)
+        backend = re.search(r"distributed_backend=(\w+)", (out / f"fit-{name}.log").read_text())
+        yield Row("e2e", case, f"loss {loss:.3f}, {ips:.1f} img/s over the last {timed_steps} steps, "
+                  f"wall {wall:.0f} s" + (f", {backend[1]} initialised" if backend else ""),
+                  "finite loss", "PASS" if math.isfinite(loss) else "FAIL")
+        ckpts.append(str(run_dir / "checkpoints" / "last.ckpt"))
+    if len(ckpts) < 2:
+        yield Row("e2e", "locatdino hbird", "not run: a fit failed", "both teachers", "FAIL")
+        return
+    models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts) for arg in ("--model", name, "--checkpoint", ckpt)]
+    results = {}
+    for run, device_args in (("device", sizes.hbird_device_args), ("cpu-fp32", HBIRD_CPU_ARGS)):
+        cmd = [*locatdino, "hbird", *models, *sizes.hbird_args, *device_args, "--dataset", "scenes", "--seed", "0",
+               "--no-progress", "--out", str(out / f"hbird-{run}")]
+        code = run_logged(cmd, out / f"hbird-{run}.log", until, env)
+        if code != 0:
+            yield command_failed("e2e", f"locatdino hbird, {run}", code, f"hbird-{run}.log")
+        results[run] = {r["model"]["name"]: r for r in map(json.loads, map(Path.read_text,
+                                                                          (out / f"hbird-{run}").glob("*/results.json")))}
+    for name in sizes.hbird_models:
+        yield hbird_row(name, results["device"].get(name), results["cpu-fp32"].get(name))
+
+
+def hbird_row(name: str, device: dict | None, cpu: dict | None) -> Row:
+    if device is None:
+        return Row("e2e", f"locatdino hbird {name}", "no results.json", "Δ mIoU <= 0.1 vs CPU fp32", "FAIL")
+    t = device["timings"]
+    images = device["num_train"] * device["config"]["aug_epochs"] + device["num_val"]
+    value = (f"mIoU {device['miou']:.2f}, encoder {images / t['features']:.0f} img/s, search {t.get('search', 0):.1f} s"
+             f", total {t['total']:.0f} s")
+    row = Row("e2e", f"locatdino hbird {name} {device['config']['input_size']} px", value,
+              f"Δ mIoU <= {HBIRD_MAX_DELTA} vs CPU fp32", "FAIL")
+    if cpu is not None:
+        delta = abs(device["miou"] - cpu["miou"])
+        row.value += f"; CPU fp32 {cpu['miou']:.2f} (Δ {delta:.2f})"
+        row.status = "PASS" if delta <= HBIRD_MAX_DELTA else "FAIL"
+    else:
+        row.value += "; no CPU fp32 result to compare"
+    return row
+
+
+def command_failed(section: str, case: str, code: int | None, log: str) -> Row:
+    if code is None:
+        return Row(section, case, f"killed at the section's deadline; see e2e/{log}", "within budget", "TIMEOUT")
+    return Row(section, case, f"exit {code}; see e2e/{log}", "exit 0", "FAIL")
 
 
 # ------------------------------------------------------------------------------------------- main
 
 
-def error_row(section: str, case: str, exc: Exception) -> Row:
-    """A FAIL row naming the error; the traceback goes to stderr for the diagnosis."""
-    traceback.print_exception(exc, file=sys.stderr)
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return Row(section, case, f"{type(exc).__name__}: {first}"[:90], "no error", "FAIL")
+def environment(dry: bool) -> dict:
+    """What ran: versions, the GPU and its driver, the checkout."""
+    def command(*cmd: str) -> str | None:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    env = {"utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "dry_run": dry, "python": platform.python_version(), "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "triton": triton_version, "timm": timm.__version__,
+           "cpu_count": os.cpu_count(), "git_commit": command("git", "rev-parse", "HEAD")}
+    if not dry:
+        props = torch.cuda.get_device_properties(0)
+        env |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                "compute_capability": f"{props.major}.{props.minor}", "cudnn": torch.backends.cudnn.version(),
+                "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")}
+    return env
 
 
-def print_row(r: Row) -> None:
-    cells = (r.section.ljust(11), r.case.ljust(46), r.value.ljust(54), r.target.ljust(16), r.status)
-    print("| " + " | ".join(cells) + " |", flush=True)
+class Report:
+    """The rows so far, printed and rewritten to ``results.json`` and ``table.md`` after each one."""
+
+    HEADER = ("section", "case", "value", "target", "status")
+
+    def __init__(self, out: Path, env: dict):
+        self.out, self.env = out, env
+        self.rows: list[Row] = []
+        self.sections: dict[str, dict] = {}
+        print(self.line(self.HEADER), flush=True)
+
+    @staticmethod
+    def line(cells: tuple[str, ...]) -> str:
+        widths = (11, 46, 60, 16, 7)
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print(self.line((row.section, row.case, row.value, row.target, row.status)), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        atomic_write_text(self.out / "results.json", json.dumps(
+            {"environment": self.env, "sections": self.sections, "rows": [asdict(r) for r in self.rows],
+             "exit_status": self.exit_status()}, indent=1))
+        lines = [self.line(self.HEADER), "|" + "---|" * 5]
+        lines += [self.line((r.section, r.case, r.value, r.target, r.status)) for r in self.rows]
+        atomic_write_text(self.out / "table.md", "\n".join(lines) + "\n")
+
+    def exit_status(self) -> int:
+        statuses = {r.status for r in self.rows}
+        return 1 if "FAIL" in statuses else 3 if "TIMEOUT" in statuses else 2 if "MISS" in statuses else 0
+
+
+def section_rows(section: str, out: Path, until: float, dry: bool) -> Iterator[Row]:
+    env = child_env(dry)
+    cases_cmd = [sys.executable, str(HERE / "gpu_check_cases.py"), section, *(["--dry-run"] if dry else [])]
+    if section == "equivalence":
+        for path in ("mask", "flex"):
+            yield from run_cases(cases_cmd, equivalence_cases(path), out / f"equivalence-{path}.log", until,
+                                 section, env=env)
+    elif section == "speed":
+        yield from run_cases(cases_cmd, SPEED_CASES, out / "speed.log", until, section, env=env)
+    else:
+        yield from e2e(DRY_E2E if dry else FULL_E2E, out / "e2e", until, dry)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (no GPU needed)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default gpu_check-<UTC time>)")
+    parser.add_argument("--deadline", type=float, default=sum(BUDGET_S.values()),
+                        help="seconds for the whole check; section budgets are scaled to it")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible (use --dry-run to exercise the script on the CPU)", file=sys.stderr)
         return 1
-    sizes, device = (DRY, torch.device("cpu")) if args.dry_run else (FULL, torch.device("cuda"))
-    if args.dry_run:  # the eager (unfused) FlexAttention is the point of a CPU dry run
-        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
-    where = "CPU dry run" if args.dry_run else torch.cuda.get_device_name(device)
-    print(f"gpu_check: torch {torch.__version__}, timm {timm.__version__}, {where}", flush=True)
-    runs = {"equivalence": lambda: equivalence(sizes, device, args.dry_run),
-            "speed": lambda: speed(sizes, device, args.dry_run), "e2e": lambda: e2e(sizes, args.dry_run)}
-    statuses = set()
+    out = args.out or Path(f"gpu_check-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}")
+    if out.exists() and any(out.iterdir()):
+        print(f"gpu_check: --out {out} is not empty; give a new folder", file=sys.stderr)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, environment(args.dry_run))
+    scale = args.deadline / sum(BUDGET_S[s] for s in args.only)
+    start = end = time.monotonic()
     for section in args.only:
-        start = time.perf_counter()
-        for row in runs[section]():  # printed as they come: a run cut short still shows its rows
-            print_row(row)
-            statuses.add(row.status)
-        print(f"gpu_check: {section} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    return 1 if "FAIL" in statuses else 2 if "MISS" in statuses else 0
+        end += BUDGET_S[section] * scale  # a section's unused time passes to the next
+        began = time.monotonic()
+        for row in section_rows(section, out, end, args.dry_run):
+            report.add(row)
+        report.sections[section] = {"budget_s": round(end - began, 1), "took_s": round(time.monotonic() - began, 1)}
+        report.save()
+    print(f"gpu_check: {time.monotonic() - start:.0f} s; results in {out}", file=sys.stderr)
+    return report.exit_status()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
+import sys
+from pathlib import Path
+
 import faiss
 import numpy as np
 import pytest
 import torch
 
+import locatdino.retrieval.torch_knn as torch_knn
 from locatdino.retrieval.torch_knn import TorchExactSearch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_torch_knn_recall import clustered  # noqa: E402  (the benchmark's memories, smaller)
 
 
 def _unit(n, d, seed):
@@ -31,6 +38,26 @@ def test_same_neighbours_and_scores_as_faiss_flat(stored, search_dtype, query_ch
     assert sims.dtype == np.float32 and ids.dtype == np.int64 and ids.shape == (120, k)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(sims, ref_sims, atol=1e-5)
+
+
+@pytest.mark.parametrize("search_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("max_width", [4096, 64], ids=["wider passes", "float32 pass past 64 candidates"])
+def test_half_precision_pass_is_exact_on_clustered_memories(monkeypatch, search_dtype, max_width):
+    monkeypatch.setattr(torch_knn, "_MAX_WIDTH", max_width)
+    data, k = clustered(4050, 64, 20, 0.999, 5), 30  # near-duplicate patches of 20 regions
+    memory, queries = data[:4000], data[4000:]
+    half = torch.from_numpy(queries).to(search_dtype) @ torch.from_numpy(memory).to(search_dtype).T
+    ref_sims, ref_ids = _faiss_flat(memory, queries, k)
+    half_recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(half.float().topk(k).indices.numpy(), ref_ids)])
+    assert half_recall < 0.8  # near-duplicates: half-precision scores alone lose true neighbours
+
+    sims, ids = TorchExactSearch(memory, "cpu", search_dtype, query_chunk=16, memory_chunk=700).search(queries, k)
+    exact = queries.astype(np.float64) @ memory.astype(np.float64).T
+    for row, (got, want) in enumerate(zip(ids, ref_ids)):  # same neighbours up to ties at fp32 resolution
+        assert len(set(got)) == k
+        np.testing.assert_allclose(np.sort(exact[row, got]), np.sort(exact[row, want]), rtol=0, atol=3e-7)
+    assert np.mean(ids == ref_ids) > 0.9
+    np.testing.assert_allclose(sims, ref_sims, atol=1e-6)
 
 
 def test_read_only_memory_map_is_searched_in_place(tmp_path):

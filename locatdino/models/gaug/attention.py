@@ -7,9 +7,8 @@ model's :class:`~locatdino.models.gaug.patch_grid.PatchGrid` (see there for why)
 :func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries.
 """
 
-from __future__ import annotations
-
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +16,7 @@ from timm.layers import Attention, register_notrace_module
 from timm.layers.attention import resolve_self_attn_mask
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
-from locatdino.models.gaug.flex_bias_attention import flex_bias_attention
+from locatdino.models.gaug.flex_bias_attention import FlexAttentionUnavailable, flex_bias_attention, flex_failure
 from locatdino.models.gaug.locality_bias import GaussianLocalityBias
 from locatdino.models.gaug.patch_grid import PatchGrid
 from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
@@ -38,7 +37,9 @@ class GAugAttention(Attention):
       FlexAttention kernel from the two profiles, no ``N × N`` tensor;
     - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto falls back to it
       for attention dropout, extra masks, timm's unfused mode, head sizes under 16 (below
-      FlexAttention's GPU kernel tiles) and other devices.
+      FlexAttention's GPU kernel tiles) and other devices, and for the rest of the process
+      once FlexAttention failed to compile or run (one warning says why; a forced ``"flex"``
+      raises instead).
 
     The class default comes from the environment variable ``LOCATDINO_GAUG_PATH`` (``auto`` when
     unset): ``LOCATDINO_GAUG_PATH=mask locatdino fit ...`` keeps a run off FlexAttention where
@@ -79,13 +80,25 @@ class GAugAttention(Attention):
             return "mask"
         if device.type == "cpu":
             return "separable"
-        return "flex" if device.type == "cuda" and self.head_dim >= 16 else "mask"
+        return "flex" if device.type == "cuda" and self.head_dim >= 16 and flex_failure() is None else "mask"
 
     def _path(self, device: torch.device, plain: bool) -> str:
         if torch.jit.is_scripting():  # TorchScript: no FlexAttention, no class-wide choice
             return "separable" if plain and self.fused_attn and device.type == "cpu" else "mask"
         else:
             return self._resolve_path(device, plain)
+
+    @torch.jit.unused  # TorchScript never takes the flex path (nor parses try/except)
+    def _flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+              num_prefix: int) -> tuple[torch.Tensor, str]:
+        """``(FlexAttention's output, "flex")``, or ``(q, "mask")`` when it is unavailable (auto path)."""
+        try:
+            return flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale), "flex"
+        except FlexAttentionUnavailable as err:
+            if self.gaug_path != "auto":
+                raise
+            warnings.warn(f"GAug uses the materialised-mask path from now on: {err}", stacklevel=3)
+            return q, "mask"
 
     def forward(
         self,
@@ -108,11 +121,11 @@ class GAugAttention(Attention):
         rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
         path = self._path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
+        if path == "flex":
+            x, path = self._flex(q, k, v, rows, cols, num_prefix)
         if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        elif path == "flex":
-            x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        else:  # the materialised mask: attention dropout, extra masks, timm's unfused mode
+        elif path == "mask":  # attention dropout, extra masks, timm's unfused mode, flex failed
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
             extra = resolve_self_attn_mask(N, bias, attn_mask, is_causal)
             if extra is not None:

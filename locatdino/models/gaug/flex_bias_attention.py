@@ -12,22 +12,46 @@ zero on every row and column of a prefix token (class token, registers), exactly
 tensors of the ``score_mod``, so FlexAttention's backward returns their gradients (its kernels
 accumulate ``dS`` into them); no ``N × N`` tensor is formed in forward or backward.
 
-On CUDA the function is compiled (inductor) once per (grid, prefix count, batch, dtype, grad
-mode): the grid and prefix count are Python constants of the ``score_mod``, every other size is
-static (``dynamic=False``), so each variant gets its own specialised kernel and dynamo's cache
-keeps them. A DINO step alone needs three variants (student at 224 and 96 px, teacher at 224 px)
-and evaluation adds one per resolution, which would exceed dynamo's default limit of 8 graphs
-per function and silently fall back to the unfused eager path: the limit is raised to
-``_MAX_VARIANTS`` for this function only. Elsewhere (CPU: tests, the fused CPU path is faster)
-FlexAttention runs in its eager form, which supports the forward only.
+On CUDA the function is compiled (inductor) once per variant: the grid and prefix count are
+Python constants of the ``score_mod`` and every other size, stride and dtype is static
+(``dynamic=False``), so each (batch, grid, prefix count, dtype, grad mode) gets its own kernels.
+A DINO run costs 3 compiles: teacher at 224 px without gradients, student at 224 px and at 96 px
+with gradients (and their 2 backward kernels, compiled at their first backward); the shard
+loader yields only full batches, so no other shape appears. Hummingbird adds one per batch size
+at its input size (full batches of memory views and queries, the last partial one of each: at
+most 3).
+Past dynamo's default of 8 variants per function a new shape would silently run the unfused
+eager FlexAttention, so the limit is raised to ``_MAX_VARIANTS`` (room for a comparison of
+several models and resolutions in one process) for this function only.
+
+A variant's first call is guarded: compilation errors (no C compiler for Triton's launcher, an
+inductor or Triton failure) and errors of the first run, forward and backward (a gradient-
+carrying call runs its backward once on the same shapes, because the backward kernels compile
+lazily, at the first ``loss.backward()``, where nothing could fall back any more), raise
+:class:`FlexAttentionUnavailable` and switch FlexAttention off for the process (:func:`flex_failure`
+says why); ``GAugAttention``'s ``auto`` path then falls back to the materialised mask. Out of
+memory is not a kernel failure and propagates. Elsewhere (CPU: tests, the fused CPU path is
+faster) FlexAttention runs in its eager form, which supports the forward only.
 """
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 _MAX_VARIANTS = 64
+_failure: str | None = None  # why FlexAttention is off in this process (None: usable)
+_proven: set[tuple] = set()  # variants whose first call (and backward) succeeded
+
+
+class FlexAttentionUnavailable(RuntimeError):
+    """FlexAttention failed to compile or failed its first call on this machine."""
+
+
+def flex_failure() -> str | None:
+    """Why FlexAttention was switched off in this process, or None while it works."""
+    return _failure
 
 
 def _attend(
@@ -48,10 +72,38 @@ def _attend(
 
 
 @functools.cache
-def _compiled_attend():
+def _compiled_attend() -> Callable[..., torch.Tensor]:
     """The compiled :func:`_attend`, made on first CUDA use (importing this module compiles nothing)."""
     compiled = torch.compile(_attend, dynamic=False)
     return torch._dynamo.config.patch(recompile_limit=_MAX_VARIANTS)(compiled)
+
+
+def _kernel(device: torch.device) -> Callable[..., torch.Tensor]:
+    return _compiled_attend() if device.type == "cuda" else _attend
+
+
+def _variant(tensors: tuple[torch.Tensor, ...], num_prefix: int, scale: float) -> tuple:
+    """What a compiled variant is specialised on (a superset of dynamo's guards)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return (num_prefix, scale, grad, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+
+
+def _first_call(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], *args) -> torch.Tensor:
+    """Run a new variant once, its backward too when it carries gradients; any failure but out of
+    memory switches FlexAttention off for the process."""
+    global _failure
+    try:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]  # same strides
+            out = attend(*leaves, *args)
+            torch.autograd.grad(out, [t for t in leaves if t.requires_grad], torch.ones_like(out))
+        return attend(*tensors, *args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (any compile / launch failure: the caller falls back)
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        _failure = f"{type(err).__name__}: {first}"
+        raise FlexAttentionUnavailable(f"FlexAttention failed on {tensors[0].device.type}: {_failure}") from err
 
 
 @torch.jit.unused  # TorchScript takes the separable or mask path
@@ -70,8 +122,17 @@ def flex_bias_attention(
 
     ``q, k, v [B, H, N, d]`` of one dtype; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]``
     (fp32: the bias is added to the kernel's scores in their precision); ``scale`` defaults to
-    ``d ** -0.5``. Differentiable in all five on CUDA (compiled kernels).
+    ``d ** -0.5``. Differentiable in all five on CUDA (compiled kernels). Raises
+    :class:`FlexAttentionUnavailable` when a variant fails to compile or run its first time, and
+    from then on in this process.
     """
+    if _failure is not None:
+        raise FlexAttentionUnavailable(f"FlexAttention is off in this process: {_failure}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    attend = _compiled_attend() if q.device.type == "cuda" else _attend
-    return attend(q, k, v, rows, cols, num_prefix, scale)
+    tensors, attend = (q, k, v, rows, cols), _kernel(q.device)
+    key = _variant(tensors, num_prefix, scale)
+    if key in _proven:
+        return attend(*tensors, num_prefix, scale)
+    out = _first_call(attend, tensors, num_prefix, scale)
+    _proven.add(key)
+    return out

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_api
 
+import locatdino.models.gaug.flex_bias_attention as flex_module
 from locatdino.models.gaug.flex_bias_attention import flex_bias_attention
 from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
 from tests.models.gaug.test_separable_bias_attention import reference
@@ -49,3 +50,37 @@ def test_gradients_reach_the_profiles(monkeypatch):
     for name, a, b in zip(("q", "k", "v", "rows", "cols"), got, want):
         assert b.abs().max() > 1e-3, name
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_dino_step_compiles_three_variants(monkeypatch):
+    """The module docstring's count, through dynamo on the CPU (``aot_eager`` stands in for
+    inductor): teacher forward at the global size without gradients, student at the global and
+    local sizes with gradients; the first-call probe of a variant adds no compile, a second step none."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from locatdino.models import GAugAttention
+    from locatdino.ssl import DINOModule
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch._dynamo.config.patch(recompile_limit=flex_module._MAX_VARIANTS)(
+        torch.compile(flex_module._attend, backend=counter, dynamic=False))
+    monkeypatch.setattr(flex_module, "_kernel", lambda device: compiled)
+    monkeypatch.setattr(flex_module, "_failure", None)
+    monkeypatch.setattr(flex_module, "_proven", set())
+    monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = DINOModule("locatvit_tiny", dict(img_size=64, depth=1, embed_dim=64, num_heads=2), batch_size=2,
+                        out_dim=32, hidden_dim=32, bottleneck_dim=16)
+    for layer in module.modules():
+        if isinstance(layer, GAugAttention):
+            layer.gaug_path = "flex"
+    crops = {"global": torch.randn(2, 2, 3, 64, 64), "local": torch.randn(3, 2, 3, 32, 32)}
+    for _ in range(2):
+        with torch.no_grad():
+            probs = module.dino_loss.teacher_targets(module.forward_branch(module.teacher, [crops["global"]]), 0.04)
+        module.dino_loss(module.forward_branch(module.student, [crops["global"], crops["local"]]), probs).backward()
+        assert counter.frame_count == 3
+    assert flex_module.flex_failure() is None
