@@ -42,19 +42,29 @@ def _chunk_rows(batch_heads: int, seq_len: int, element_size: int) -> int:
 def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
     B, H, N, _ = q.shape
     chunk = _chunk_rows(B * H, N, q.element_size())
-    out = q.new_empty(q.shape)  # contiguous, as the fake says
+    out = _output_like(q)
     with torch.autocast("cpu", enabled=False):
         for start in range(0, N, chunk):
             stop = min(N, start + chunk)
             mask = scratch("mask", (B, H, stop - start, N), q.dtype, q.device)
             write_bias_rows(mask, rows, cols, num_prefix, start)
-            out[:, :, start:stop] = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
+            chunk_out = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
+            if stop - start == N and chunk_out.stride() == out.stride():
+                return chunk_out  # one chunk, already in the promised layout: no copy
+            out[:, :, start:stop] = chunk_out
     return out
+
+
+def _output_like(q: Tensor) -> Tensor:
+    """``[B, H, N, d]`` laid out as ``[B, N, H, d]`` (SDPA's CPU layout): the caller's
+    ``transpose(1, 2).reshape(B, N, H·d)`` is then free. The fake promises the same strides."""
+    B, H, N, d = q.shape
+    return q.new_empty(B, N, H, d).transpose(1, 2)
 
 
 @_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
-    return q.new_empty(q.shape)
+    return _output_like(q)
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention_backward", mutates_args=())
