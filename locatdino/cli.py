@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from locatdino import __version__
 from locatdino.errors import debug_requested, one_line
 from locatdino.threads import default_threads, pop_threads, set_threads
 
@@ -30,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: locatdino [--debug] [--threads N] <command> [options]", "", "commands:"]
+    lines = ["usage: locatdino [--version] [--debug] [--threads N] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "locatdino <command> --help shows the options of a command; --debug (or LOCATDINO_DEBUG=1)",
               "shows the traceback of an error instead of its one-line message; --threads N (default: the cores",
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"locatdino: {err}", file=sys.stderr)
         return 2
+    if argv[:1] == ["--version"]:
+        print(f"locatdino {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

@@ -34,6 +34,7 @@ import yaml
 from locatdino import cli
 from locatdino.arguments import ArgumentParser, at_least
 from locatdino.configs import CONFIG_DIR, resolve_recipe
+from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.output_files import ensure_writable
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="locatdino demo",
         description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
         "both teachers and both random inits on held-out built-in scenes (no download).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
     p.add_argument("--quick", action="store_true",

@@ -1,10 +1,13 @@
+import importlib
 import os
+import re
 import subprocess
 import sys
 import types
 
 import pytest
 
+import locatdino
 from locatdino import cli
 from locatdino.errors import DEBUG_ENV, UserError
 from locatdino.threads import pop_threads
@@ -138,3 +141,25 @@ def test_bad_threads_value_is_a_usage_error():
     proc = _run_probe("probe", "--threads", "0")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "locatdino: --threads must be a positive whole number of threads, not '0'\n"
+
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"locatdino {locatdino.__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["locatdino.demo", "locatdino.retrieval.cli", "locatdino.comparison.cli"])
+def test_help_shows_each_default_once(command):
+    text = importlib.import_module(command)._parser().format_help()
+    entries = re.split(r"\n  (?=-)", text.split("options:", 1)[1])  # one entry per option
+    assert len(entries) > 5
+    for entry in entries:
+        assert entry.count("(default") <= 1, entry
+        assert "(default: None)" not in entry and "(default: False)" not in entry, entry
+
+
+def test_demo_help_keeps_real_defaults_and_the_words_for_unset_ones():
+    text = " ".join(importlib.import_module("locatdino.demo")._parser().format_help().split())
+    assert "--out OUT everything the demo writes goes here (default: runs/demo)" in text
+    assert "training steps (default: the recipes' budget) --seed" in text

@@ -24,6 +24,7 @@ import numpy as np
 from locatdino.arguments import ArgumentParser, at_least
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="locatdino compare",
         description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
         "per-class IoU, class-token probes, speed, and figures, in one report.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
     )
     p.add_argument("models", nargs="+", metavar="NAME=MODEL[:CHECKPOINT]",
                    help="a display name, a timm / LocAtViT model and its weights (none or omitted: random "

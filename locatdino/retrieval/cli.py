@@ -22,6 +22,7 @@ from torch import nn
 
 from locatdino.arguments import ArgumentParser
 from locatdino.errors import UserError
+from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Hummingbird in-context segmentation: label each query patch from its k nearest "
         "labelled memory patches (frozen encoder, FAISS k-NN), report mIoU. "
         "`locatdino hbird report RESULTS...` compares finished runs.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
     )
     p.add_argument("--model", action="append", required=True, metavar="NAME",
                    help="timm / LocAtViT model name; repeat to compare several models")

@@ -59,15 +59,15 @@ def test_training_step_at_512_px_under_bf16_uses_fast_mode(monkeypatch):
     """A 32×32 grid in training takes the reference's fast path (profiles predicted on the 16×16
     coarse grid); loss and gradients stay finite."""
     profile_grids = []
-    apply = locality_bias._GaussianProfiles.apply
-    monkeypatch.setattr(locality_bias._GaussianProfiles, "apply",
-                        lambda z, *args: profile_grids.append(z.shape[-2]) or apply(z, *args))
+    expand = locality_bias._expand_coarse
+    monkeypatch.setattr(locality_bias, "_expand_coarse",
+                        lambda profile, grid: profile_grids.append(profile.shape[-2]) or expand(profile, grid))
     torch.manual_seed(0)
     model = timm.create_model("locatvit_tiny", num_classes=0, depth=1, embed_dim=32, num_heads=1).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(torch.randn(1, 3, 512, 512)).float().square().mean()
     loss.backward()
-    assert profile_grids == [16 * 16]
+    assert profile_grids == [16 * 16] * 2  # rows and columns, predicted on the coarse grid
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 

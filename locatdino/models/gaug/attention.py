@@ -7,14 +7,12 @@ model's :class:`~locatdino.models.gaug.patch_grid.PatchGrid` (see there for why)
 :func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries.
 """
 
-from __future__ import annotations
-
 import os
 import warnings
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, register_notrace_module
 from timm.layers.attention import resolve_self_attn_mask
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
@@ -26,6 +24,7 @@ from locatdino.models.gaug.separable_bias_attention import separable_bias_attent
 PATHS = ("auto", "separable", "flex", "mask")
 
 
+@register_notrace_module  # FX: a leaf (its grid lookup and kernels are Python, not traceable)
 class GAugAttention(Attention):
     """Multi-head self-attention with a learned, query-dependent Gaussian locality bias.
 
@@ -72,16 +71,34 @@ class GAugAttention(Attention):
         """The path of this call; ``plain``: no attention dropout, extra mask or causal flag."""
         if self.gaug_path not in PATHS:
             raise ValueError(f"GAugAttention.gaug_path (LOCATDINO_GAUG_PATH) must be one of {PATHS}, "
-                             f"got {self.gaug_path!r}")
+                             f"got '{self.gaug_path}'")
         if self.gaug_path != "auto":
             if self.gaug_path != "mask" and not plain:
-                raise ValueError(f"GAug path {self.gaug_path!r} has no attention dropout or extra mask: use 'mask'")
+                raise ValueError(f"GAug path '{self.gaug_path}' has no attention dropout or extra mask: use 'mask'")
             return self.gaug_path
         if not (plain and self.fused_attn):
             return "mask"
         if device.type == "cpu":
             return "separable"
         return "flex" if device.type == "cuda" and self.head_dim >= 16 and flex_failure() is None else "mask"
+
+    def _path(self, device: torch.device, plain: bool) -> str:
+        if torch.jit.is_scripting():  # TorchScript: no FlexAttention, no class-wide choice
+            return "separable" if plain and self.fused_attn and device.type == "cpu" else "mask"
+        else:
+            return self._resolve_path(device, plain)
+
+    @torch.jit.unused  # TorchScript never takes the flex path (nor parses try/except)
+    def _flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+              num_prefix: int) -> tuple[torch.Tensor, str]:
+        """``(FlexAttention's output, "flex")``, or ``(q, "mask")`` when it is unavailable (auto path)."""
+        try:
+            return flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale), "flex"
+        except FlexAttentionUnavailable as err:
+            if self.gaug_path != "auto":
+                raise
+            warnings.warn(f"GAug uses the materialised-mask path from now on: {err}", stacklevel=3)
+            return q, "mask"
 
     def forward(
         self,
@@ -103,21 +120,16 @@ class GAugAttention(Attention):
         num_prefix = N - grid[0] * grid[1]
         rows, cols = self.gaug.profiles(q, grid)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        path = self._resolve_path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
+        path = self._path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
         if path == "flex":
-            try:
-                x = flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-            except FlexAttentionUnavailable as err:
-                if self.gaug_path != "auto":
-                    raise
-                warnings.warn(f"GAug uses the materialised-mask path from now on: {err}", stacklevel=2)
-                path = "mask"
+            x, path = self._flex(q, k, v, rows, cols, num_prefix)
         if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
         elif path == "mask":  # attention dropout, extra masks, timm's unfused mode, flex failed
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
-            if attn_mask is not None or is_causal:
-                bias = bias + resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+            extra = resolve_self_attn_mask(N, bias, attn_mask, is_causal)
+            if extra is not None:
+                bias = bias + extra
             if self.fused_attn:
                 x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
             else:

@@ -4,14 +4,16 @@ The bias of a query patch p on key patch t = i·w + j is ``S[p, t] = rows[p, i] 
 (SPEC §1.1; see :mod:`locatdino.models.gaug.locality_bias`). It lives in the patch block of an
 ``[N, N]`` attention mask whose prefix rows and columns (class token, registers) are zero.
 Each write is one outer product straight into a preallocated mask (or into a chunk of its rows):
-no patch-only bias copied into a padded tensor, no ``[B, H, N, N, 2]`` intermediate. Autograd
-cannot follow an ``out=`` write, so the full-mask version is an autograd Function whose backward
-reduces the mask gradient back onto the two profiles.
+no patch-only bias copied into a padded tensor, no ``[B, H, N, N, 2]`` intermediate. Neither
+autograd nor graph capture (``torch.compile``, ``torch.export``) can follow an ``out=`` write, so
+the full-mask version is a custom operator (``torch.ops.locatdino.outer_product_mask``, opaque to
+graph capture) whose backward reduces the mask gradient back onto the two profiles.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 
 def write_bias_rows(
@@ -52,25 +54,37 @@ def profile_grads(
     return grad_rows, grad_cols
 
 
-class _OuterProductMask(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int, dtype: torch.dtype) -> torch.Tensor:
-        n = rows.shape[-2] + num_prefix
-        mask = torch.empty(*rows.shape[:-2], n, n, device=rows.device, dtype=dtype)
-        write_bias_rows(mask, rows, cols, num_prefix)
-        ctx.save_for_backward(rows, cols)
-        ctx.num_prefix = num_prefix
-        return mask
-
-    @staticmethod
-    def backward(ctx, grad_mask: torch.Tensor):
-        rows, cols = ctx.saved_tensors
-        p = ctx.num_prefix
-        grad_rows, grad_cols = profile_grads(grad_mask[..., p:, p:], rows, cols)
-        return grad_rows, grad_cols, None, None
+@torch.library.custom_op("locatdino::outer_product_mask", mutates_args=())
+def _outer_product_mask(rows: Tensor, cols: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:
+    n = rows.shape[-2] + num_prefix
+    mask = torch.empty(*rows.shape[:-2], n, n, device=rows.device, dtype=dtype)
+    write_bias_rows(mask, rows, cols, num_prefix)
+    return mask
 
 
-def outer_product_mask(rows: torch.Tensor, cols: torch.Tensor, num_prefix: int, dtype: torch.dtype) -> torch.Tensor:
+@_outer_product_mask.register_fake
+def _(rows: Tensor, cols: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:
+    n = rows.shape[-2] + num_prefix
+    return rows.new_empty(*rows.shape[:-2], n, n, dtype=dtype)
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    rows, cols, num_prefix, _ = inputs
+    ctx.save_for_backward(rows, cols)
+    ctx.num_prefix = num_prefix
+
+
+def _backward(ctx, grad_mask: Tensor) -> tuple:
+    rows, cols = ctx.saved_tensors
+    p = ctx.num_prefix
+    grad_rows, grad_cols = profile_grads(grad_mask[..., p:, p:], rows, cols)
+    return grad_rows.to(rows.dtype), grad_cols.to(cols.dtype), None, None
+
+
+_outer_product_mask.register_autograd(_backward, setup_context=_setup_context)
+
+
+def outer_product_mask(rows: Tensor, cols: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:
     """Differentiable ``[..., N, N]`` mask in ``dtype`` holding the separable bias on the patch
     block (N = num_prefix + h·w) and zeros on every prefix row and column."""
-    return _OuterProductMask.apply(rows, cols, num_prefix, dtype)
+    return torch.ops.locatdino.outer_product_mask(rows, cols, num_prefix, dtype)

@@ -34,8 +34,6 @@ memory is not a kernel failure and propagates. Elsewhere (CPU: tests, the fused 
 faster) FlexAttention runs in its eager form, which supports the forward only.
 """
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Callable
 
@@ -108,6 +106,7 @@ def _first_call(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor
         raise FlexAttentionUnavailable(f"FlexAttention failed on {tensors[0].device.type}: {_failure}") from err
 
 
+@torch.jit.unused  # TorchScript takes the separable or mask path
 def flex_bias_attention(
     q: torch.Tensor,
     k: torch.Tensor,

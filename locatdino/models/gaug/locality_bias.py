@@ -9,8 +9,8 @@ with ``d(a, b) = max(-½(a - b)², clamp_min)``, ``var = c · sigmoid(log_var(q)
 product of a per-query *row profile* (length h) and *column profile* (length w): the kernel is
 built from two small ``[B, H, Np, h]`` / ``[B, H, Np, w]`` tensors and one outer product written
 straight into the attention mask, never a ``[B, H, N, N, 2]`` distance intermediate. The profiles
-are one autograd node with an analytic backward (:class:`_GaussianProfiles`): as ~20 elementwise
-nodes on these small tensors they cost 7 % of a ViT-S training step on CPU.
+are one custom operator with an analytic backward (``torch.ops.locatdino.gaussian_profiles``): as
+~20 elementwise nodes on these small tensors they cost 7 % of a ViT-S training step on CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
@@ -43,61 +43,97 @@ def gaug_constants(build_grid: tuple[int, int]) -> tuple[float, float, float, fl
     return c, b, eps, max(-half_span, -6550.0)
 
 
-@functools.lru_cache(maxsize=64)
-def distance_table(h: int, w: int, clamp_min: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clamped ``-½Δ²`` of every query patch to every key row / column, fp32, cached.
+def _axis_distances(n: int, clamp_min: float, device: torch.device) -> Tensor:
+    pos = torch.arange(n, device=device, dtype=torch.float32)
+    return (-0.5 * (pos[:, None] - pos[None, :]) ** 2).clamp_(min=clamp_min)
+
+
+def build_distance_table(h: int, w: int, clamp_min: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Clamped ``-½Δ²`` of every query patch to every key row / column, fp32.
 
     Returns ``rows [h*w, h]`` and ``cols [h*w, w]``: ``rows[p, i] = max(-½(i_p - i)², clamp_min)``
     for query p = i_p·w + j_p (row-major, as timm flattens patches), likewise ``cols``.
-    Built outside inference mode so a table first made under ``torch.inference_mode()`` can
-    still be used by a later training forward.
     """
-    with torch.inference_mode(False):
-        def axis(n: int) -> torch.Tensor:
-            pos = torch.arange(n, device=device, dtype=torch.float32)
-            return (-0.5 * (pos[:, None] - pos[None, :]) ** 2).clamp_(min=clamp_min)
-
-        rows = axis(h).repeat_interleave(w, dim=0)  # query p → its row i_p
-        cols = axis(w).repeat(h, 1)  # query p → its column j_p
+    rows = _axis_distances(h, clamp_min, device).repeat_interleave(w, dim=0)  # query p → its row i_p
+    cols = _axis_distances(w, clamp_min, device).repeat(h, 1)  # query p → its column j_p
     return rows, cols
+
+
+@functools.lru_cache(maxsize=64)
+def distance_table(h: int, w: int, clamp_min: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """:func:`build_distance_table`, cached. Built outside inference mode so a table first made
+    under ``torch.inference_mode()`` can still be used by a later training forward."""
+    with torch.inference_mode(False):
+        return build_distance_table(h, w, clamp_min, device)
 
 
 _LOG_FLOOR = -30.0
 
 
-class _GaussianProfiles(torch.autograd.Function):
+@torch.library.custom_op("locatdino::gaussian_profiles", mutates_args=())
+def _gaussian_profiles(
+    z: Tensor, d_rows: Tensor, d_cols: Tensor, var_scale: float, shift: float, eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``rows = alpha · exp(x_r)``, ``cols = exp(x_c)`` with ``x = max(d / (var + eps), _LOG_FLOOR)``.
 
     Input ``z [..., 3]``: the logits (log-var row, log-var column, log-alpha); ``var = var_scale ·
     sigmoid(z_var - shift)``, ``alpha = softplus(z_alpha)``. The floor keeps every factor ≥ e⁻³⁰
     ≈ 1e-13 (invisible next to fp32 logits) so no product rows·cols is a subnormal float: x86
     arithmetic on subnormals is an order of magnitude slower (2× on the whole mask write).
+    Returns ``rows, cols`` and, for the backward only, ``e_rows = exp(x_r)``, ``sig``, ``inv =
+    1 / (var + eps)`` and ``alpha``. A custom operator with an analytic backward: one node instead
+    of ~20 elementwise autograd nodes, and opaque to graph capture and TorchScript.
     """
+    sig = torch.sigmoid(z[..., :2] - shift)
+    inv = (sig * var_scale + eps).reciprocal_()  # 1 / (var + eps), [..., 2]
+    alpha = F.softplus(z[..., 2:])
+    e_rows = torch.exp((d_rows * inv[..., 0:1]).clamp_(min=_LOG_FLOOR))
+    cols = torch.exp((d_cols * inv[..., 1:2]).clamp_(min=_LOG_FLOOR))
+    return alpha * e_rows, cols, e_rows, sig, inv, alpha
 
-    @staticmethod
-    def forward(ctx, z, d_rows, d_cols, var_scale: float, shift: float, eps: float):
-        sig = torch.sigmoid(z[..., :2] - shift)
-        inv = (sig * var_scale + eps).reciprocal_()  # 1 / (var + eps), [..., 2]
-        alpha = F.softplus(z[..., 2:])
-        e_rows = torch.exp((d_rows * inv[..., 0:1]).clamp_(min=_LOG_FLOOR))
-        cols = torch.exp((d_cols * inv[..., 1:2]).clamp_(min=_LOG_FLOOR))
-        ctx.save_for_backward(z, d_rows, d_cols, sig, inv, alpha, e_rows, cols)
-        ctx.var_scale = var_scale
-        return alpha * e_rows, cols
 
-    @staticmethod
-    def backward(ctx, grad_rows, grad_cols):
-        z, d_rows, d_cols, sig, inv, alpha, e_rows, cols = ctx.saved_tensors
-        grad_alpha = (grad_rows * e_rows).sum(-1, keepdim=True)
-        # through exp and the floor: d/dx of exp(x) is the value itself, 0 where x was floored
-        grad_x_rows = (grad_rows * e_rows * alpha).masked_fill_(d_rows * inv[..., 0:1] < _LOG_FLOOR, 0)
-        grad_x_cols = (grad_cols * cols).masked_fill_(d_cols * inv[..., 1:2] < _LOG_FLOOR, 0)
-        grad_inv = torch.cat([(grad_x_rows * d_rows).sum(-1, keepdim=True),
-                              (grad_x_cols * d_cols).sum(-1, keepdim=True)], dim=-1)
-        # inv = 1/(var + eps): d inv/d var = -inv²; var = scale·σ: d var/d z = scale·σ(1-σ)
-        grad_z_var = -grad_inv * inv * inv * (ctx.var_scale * sig * (1 - sig))
-        grad_z_alpha = grad_alpha * torch.sigmoid(z[..., 2:])
-        return torch.cat([grad_z_var, grad_z_alpha], dim=-1), None, None, None, None, None
+@_gaussian_profiles.register_fake
+def _(z: Tensor, d_rows: Tensor, d_cols: Tensor, var_scale: float, shift: float, eps: float):
+    lead = z.shape[:-1]
+    h, w = d_rows.shape[-1], d_cols.shape[-1]
+    return (z.new_empty(*lead, h), z.new_empty(*lead, w), z.new_empty(*lead, h),
+            z.new_empty(*lead, 2), z.new_empty(*lead, 2), z.new_empty(*lead, 1))
+
+
+def _profiles_setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    z, d_rows, d_cols, var_scale, _, _ = inputs
+    _, cols, e_rows, sig, inv, alpha = output
+    ctx.save_for_backward(z, d_rows, d_cols, sig, inv, alpha, e_rows, cols)
+    ctx.var_scale = var_scale
+
+
+def _profiles_backward(ctx, grad_rows, grad_cols, *unused) -> tuple:
+    z, d_rows, d_cols, sig, inv, alpha, e_rows, cols = ctx.saved_tensors
+    grad_rows = torch.zeros_like(e_rows) if grad_rows is None else grad_rows
+    grad_cols = torch.zeros_like(cols) if grad_cols is None else grad_cols
+    grad_alpha = (grad_rows * e_rows).sum(-1, keepdim=True)
+    # through exp and the floor: d/dx of exp(x) is the value itself, 0 where x was floored
+    grad_x_rows = (grad_rows * e_rows * alpha).masked_fill_(d_rows * inv[..., 0:1] < _LOG_FLOOR, 0)
+    grad_x_cols = (grad_cols * cols).masked_fill_(d_cols * inv[..., 1:2] < _LOG_FLOOR, 0)
+    grad_inv = torch.cat([(grad_x_rows * d_rows).sum(-1, keepdim=True),
+                          (grad_x_cols * d_cols).sum(-1, keepdim=True)], dim=-1)
+    # inv = 1/(var + eps): d inv/d var = -inv²; var = scale·σ: d var/d z = scale·σ(1-σ)
+    grad_z_var = -grad_inv * inv * inv * (ctx.var_scale * sig * (1 - sig))
+    grad_z_alpha = grad_alpha * torch.sigmoid(z[..., 2:])
+    return torch.cat([grad_z_var, grad_z_alpha], dim=-1), None, None, None, None, None
+
+
+_gaussian_profiles.register_autograd(_profiles_backward, setup_context=_profiles_setup_context)
+
+
+def _expand_coarse(profile: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Fast mode: profiles of the coarse (h/2 × w/2) queries over every second key row/column
+    → the fine grid's queries and keys, by repetition."""
+    B, H, _, n = profile.shape
+    h, w = grid
+    hc, wc = h // 2, w // 2
+    fine_queries = profile.view(B, H, hc, 1, wc, 1, n).expand(B, H, hc, 2, wc, 2, n)
+    return fine_queries.reshape(B, H, h * w, n).repeat_interleave(2, dim=-1)
 
 
 class GaussianLocalityBias(nn.Module):
@@ -169,29 +205,36 @@ class GaussianLocalityBias(nn.Module):
         ``h·w`` patch tokens in row-major grid order. Returns ``rows [B, H, h·w, h]`` (alpha
         folded in) and ``cols [B, H, h·w, w]`` in fp32 (fp64 for fp64 queries), autocast or not.
         """
+        if torch.jit.is_scripting():  # TorchScript: autocast needs a constant device there
+            return self._profiles(q, grid)
+        else:
+            with torch.autocast(q.device.type, enabled=False):
+                return self._profiles(q, grid)
+
+    def _profiles(self, q: Tensor, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         h, w = grid
         B, H, N, _ = q.shape
-        with torch.autocast(q.device.type, enabled=False):
-            z, var_scale = self._patch_logits(q, grid)
-            d_rows, d_cols = distance_table(h, w, self.clamp_min, q.device)
-            fast = self.training and self.fast_min_grid is not None and max(grid) >= self.fast_min_grid \
-                and h % 2 == 0 and w % 2 == 0
-            if not fast:
-                return _GaussianProfiles.apply(z, d_rows, d_cols, var_scale, self.b, self.eps)
+        z, var_scale = self._patch_logits(q, grid)
+        # scripted or traced (torch.compile, export), the table is built in the graph: the cache
+        # is Python state
+        if torch.jit.is_scripting():
+            d_rows, d_cols = build_distance_table(h, w, self.clamp_min, q.device)
+        else:
+            table = build_distance_table if torch.compiler.is_compiling() else distance_table
+            d_rows, d_cols = table(h, w, self.clamp_min, q.device)
+        fast = self.training and self.fast_min_grid is not None and max(grid) >= self.fast_min_grid \
+            and h % 2 == 0 and w % 2 == 0
+        if fast:
             # fast mode: average over 2×2 patches (of z: the linear commutes with the mean); coarse
             # query (i', j') sits on fine row 2i', column 2j', keys on every second row/column
             hc, wc = h // 2, w // 2
             z = z.reshape(B, H, hc, 2, wc, 2, 3).mean(dim=(3, 5)).reshape(B, H, hc * wc, 3)
             d_rows = d_rows.view(h, w, h)[0::2, 0::2, 0::2].reshape(hc * wc, hc)
             d_cols = d_cols.view(h, w, w)[0::2, 0::2, 0::2].reshape(hc * wc, wc)
-            rows, cols = _GaussianProfiles.apply(z, d_rows, d_cols, var_scale, self.b, self.eps)
-
-        def expand(profile: torch.Tensor) -> torch.Tensor:
-            n = profile.shape[-1]
-            fine_queries = profile.view(B, H, hc, 1, wc, 1, n).expand(B, H, hc, 2, wc, 2, n)
-            return fine_queries.reshape(B, H, h * w, n).repeat_interleave(2, dim=-1)
-
-        return expand(rows), expand(cols)
+        rows, cols = torch.ops.locatdino.gaussian_profiles(z, d_rows, d_cols, var_scale, self.b, self.eps)[:2]
+        if fast:
+            return _expand_coarse(rows, grid), _expand_coarse(cols, grid)
+        return rows, cols
 
     def forward(self, q: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Additive attention bias ``[B, H, N, N]`` in ``q.dtype`` (the SDPA float mask).

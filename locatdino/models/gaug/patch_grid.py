@@ -6,28 +6,39 @@ DINO mixes 224 px and 96 px crops in one step and segmentation runs at 448-1024 
 count alone does not fix it (14×16 and 16×14 both give 224 patches), and the number of prefix
 tokens (class token, registers) is a property of the model, not of the attention layer.
 
-Design: one :class:`PatchGrid` object per model, registered as a forward pre-hook on
-``model.patch_embed`` (the one module every timm forward path runs first: ``forward``,
-``forward_features``, ``forward_intermediates``) and referenced by every GAug layer. The hook
-reads the image size (Python ints, no host sync), validates it and records the grid under the
+Design: one :class:`PatchGrid` module per model, ``model.patch_embed.patch_grid``, fed by a
+forward pre-hook on ``model.patch_embed`` (the one module every timm forward path runs first:
+``forward``, ``forward_features``, ``forward_intermediates``) and referenced by every GAug layer.
+It reads the image size (Python ints, no host sync), validates it and records the grid under the
 sequence length it produces. Attention layers look the grid up by their own sequence length, so:
 
 - recomputation under gradient checkpointing, which happens during backward after later
   forwards (e.g. student global crops, then local crops), still finds the right grid;
 - ``copy.deepcopy(model)`` (DINO's teacher) gets its own record, because the hook and the
-  attention layers share one object, which deepcopy's memo keeps shared inside the copy.
+  attention layers share one object, which deepcopy's memo keeps shared inside the copy;
+- ``torch.compile`` traces the hook and records the grid as Python ints (static shapes);
+- an FX graph (timm's ``create_feature_extractor``) keeps ``patch_embed.patch_grid`` and the GAug
+  layers as leaf modules, so the grid is recorded and read when the graph runs;
+- TorchScript copies the shared module into every holder but shares tensors: a scripted model
+  passes the latest grid through one small tensor instead of the Python dict.
 """
 
 from __future__ import annotations
 
 import torch
+from timm.layers import register_notrace_module
 from torch import nn
 
 _MAX_GRIDS = 16  # recent grids kept; a training step uses 2-3 resolutions
 
 
-class PatchGrid:
-    """Forward pre-hook for ``patch_embed`` that records the patch grid of each input.
+@register_notrace_module  # an FX leaf: records at run time, in the traced graph, not while tracing
+class PatchGrid(nn.Module):
+    """Records the patch grid of each input of ``patch_embed`` (its forward pre-hook calls it).
+
+    A parameter-free submodule of ``patch_embed`` (``patch_embed.patch_grid``), shared by every
+    GAug layer. An ``nn.Module`` so that FX keeps it as a node of a traced graph (``_is_impure``:
+    dead-code elimination keeps it although nothing reads its output).
 
     Args:
         num_prefix_tokens: class + register tokens the model puts before the patch tokens.
@@ -35,17 +46,34 @@ class PatchGrid:
         dynamic_img_pad: whether the patch embedding pads inputs to a multiple of the patch.
     """
 
+    _is_impure = True
+
     def __init__(self, num_prefix_tokens: int, patch_size: tuple[int, int], dynamic_img_pad: bool) -> None:
+        super().__init__()
         self.num_prefix_tokens = num_prefix_tokens
         self.patch_size = patch_size
         self.dynamic_img_pad = dynamic_img_pad
         self._grids: dict[int, tuple[int, int]] = {}
+        # TorchScript copies this module into every layer holding it, but shares a tensor: the
+        # scripted model passes the latest (sequence length, h, w) through this one
+        self._scripted_latest = torch.zeros(3, dtype=torch.long)
 
-    def __call__(self, patch_embed: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        height, width = args[0].shape[-2:]
+    def extra_repr(self) -> str:
+        return f"num_prefix_tokens={self.num_prefix_tokens}, patch_size={self.patch_size}"
+
+    def forward(self, image: torch.Tensor) -> None:
+        height, width = image.shape[-2:]
         check_image_size((height, width), self.patch_size, self.dynamic_img_pad)
-        grid = patch_embed.dynamic_feat_size((height, width))
-        self.record(grid)
+        ph, pw = self.patch_size
+        if self.dynamic_img_pad:
+            grid = (-(-height // ph), -(-width // pw))
+        else:
+            grid = (height // ph, width // pw)
+        if torch.jit.is_scripting():
+            self._scripted_latest[0] = grid[0] * grid[1] + self.num_prefix_tokens
+            self._scripted_latest[1], self._scripted_latest[2] = grid[0], grid[1]
+        else:
+            self.record(grid)
 
     def record(self, grid: tuple[int, int]) -> None:
         """Remember ``grid`` as the latest one with its sequence length."""
@@ -57,6 +85,11 @@ class PatchGrid:
 
     def lookup(self, seq_len: int) -> tuple[int, int]:
         """The grid ``(h, w)`` of the latest input whose token sequence has ``seq_len`` tokens."""
+        if torch.jit.is_scripting():  # no gradient checkpointing there: the latest input's grid
+            latest: list[int] = self._scripted_latest.tolist()
+            if latest[0] != seq_len:
+                raise RuntimeError("GAug attention got another token count than the input of patch_embed")
+            return latest[1], latest[2]
         grid = self._grids.get(seq_len)
         if grid is None:
             seen = ", ".join(f"{n} tokens → {g[0]}×{g[1]}" for n, g in self._grids.items()) or "none"
@@ -80,15 +113,21 @@ def check_image_size(size: tuple[int, int], patch_size: tuple[int, int], dynamic
         )
 
 
+def _record_patch_grid(patch_embed: nn.Module, args: tuple[torch.Tensor]) -> None:
+    """Forward pre-hook of ``patch_embed``: hand the input to its :class:`PatchGrid`."""
+    patch_embed.patch_grid(args[0])
+
+
 def install_patch_grid(model: nn.Module) -> PatchGrid:
-    """Register a :class:`PatchGrid` on ``model.patch_embed`` (once) and return it.
+    """Give ``model.patch_embed`` a :class:`PatchGrid` and the pre-hook that feeds it (once);
+    return it.
 
     ``model`` is a timm ``VisionTransformer``. Calling it again returns the existing record.
     """
-    for hook in model.patch_embed._forward_pre_hooks.values():
-        if isinstance(hook, PatchGrid):
-            return hook
     patch_embed = model.patch_embed
-    grid = PatchGrid(model.num_prefix_tokens, tuple(patch_embed.patch_size), bool(patch_embed.dynamic_img_pad))
-    patch_embed.register_forward_pre_hook(grid)
-    return grid
+    if isinstance(getattr(patch_embed, "patch_grid", None), PatchGrid):
+        return patch_embed.patch_grid
+    patch_embed.patch_grid = PatchGrid(
+        model.num_prefix_tokens, tuple(patch_embed.patch_size), bool(patch_embed.dynamic_img_pad))
+    patch_embed.register_forward_pre_hook(_record_patch_grid)
+    return patch_embed.patch_grid

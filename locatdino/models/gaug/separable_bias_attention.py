@@ -3,8 +3,8 @@
 Why not ``F.scaled_dot_product_attention(q, k, v, attn_mask=S)`` with an autograd-tracked S: on
 CPU, a mask that requires grad sends SDPA to its unfused math path (several ``[B, H, N, N]``
 temporaries, the softmax saved for backward), about 2× the attention time and one N² tensor per
-block kept alive until backward. This Function keeps SDPA's fused CPU kernel for the forward and
-writes its own backward, and never holds an ``[B, H, N, N]`` tensor:
+block kept alive until backward. This operator keeps SDPA's fused CPU kernel for the forward and
+has its own backward, and never holds an ``[B, H, N, N]`` tensor:
 
 - forward: over chunks of query rows, write the chunk's bias rows into one small buffer
   (:func:`~locatdino.models.gaug.bias_mask.write_bias_rows`) and run fused SDPA on that chunk;
@@ -15,12 +15,18 @@ writes its own backward, and never holds an ``[B, H, N, N]`` tensor:
 
 Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES``, and live in
 reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers (no fresh page faults).
+
+Forward and backward are registered custom operators (``torch.ops.locatdino.separable_bias_attention``
+and ``…_backward``) with fake implementations: ``torch.compile``, ``torch.export`` and TorchScript
+see one opaque node with known output shapes instead of tracing into the scratch buffers and
+``out=`` products (which graph capture cannot follow).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
 from locatdino.models.gaug.scratch import scratch
@@ -32,33 +38,43 @@ def _chunk_rows(batch_heads: int, seq_len: int, element_size: int) -> int:
     return max(16, _CHUNK_BYTES // (batch_heads * seq_len * element_size))
 
 
-class _SeparableBiasAttention(torch.autograd.Function):
-    @staticmethod
-    @torch.autocast("cpu", enabled=False)
-    def forward(ctx, q, k, v, rows, cols, num_prefix: int, scale: float):
-        B, H, N, _ = q.shape
-        chunk = _chunk_rows(B * H, N, q.element_size())
-        out = torch.empty_like(q) if N > chunk else None
+@torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
+def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
+    B, H, N, _ = q.shape
+    chunk = _chunk_rows(B * H, N, q.element_size())
+    out = _output_like(q)
+    with torch.autocast("cpu", enabled=False):
         for start in range(0, N, chunk):
             stop = min(N, start + chunk)
             mask = scratch("mask", (B, H, stop - start, N), q.dtype, q.device)
             write_bias_rows(mask, rows, cols, num_prefix, start)
             chunk_out = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
-            if out is None:
-                out = chunk_out
-            else:
-                out[:, :, start:stop] = chunk_out
-        ctx.save_for_backward(q, k, v, out, rows, cols)
-        ctx.num_prefix, ctx.scale = num_prefix, scale
-        return out
+            if stop - start == N and chunk_out.stride() == out.stride():
+                return chunk_out  # one chunk, already in the promised layout: no copy
+            out[:, :, start:stop] = chunk_out
+    return out
 
-    @staticmethod
-    @torch.autocast("cpu", enabled=False)
-    def backward(ctx, grad_out):
-        q, k, v, out, rows, cols = ctx.saved_tensors
-        num_prefix, scale = ctx.num_prefix, ctx.scale
-        B, H, N, d = q.shape
-        flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
+
+def _output_like(q: Tensor) -> Tensor:
+    """``[B, H, N, d]`` laid out as ``[B, N, H, d]`` (SDPA's CPU layout): the caller's
+    ``transpose(1, 2).reshape(B, N, H·d)`` is then free. The fake promises the same strides."""
+    B, H, N, d = q.shape
+    return q.new_empty(B, N, H, d).transpose(1, 2)
+
+
+@_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
+    return _output_like(q)
+
+
+@torch.library.custom_op("locatdino::separable_bias_attention_backward", mutates_args=())
+def _attention_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
+    num_prefix: int, scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    B, H, N, d = q.shape
+    flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
+    with torch.autocast("cpu", enabled=False):
         grad_out = grad_out.to(q.dtype)
         delta = flat((grad_out * out).sum(-1, keepdim=True))  # rowsum(dO ⊙ O), before flattening copies
         qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out, rows, cols))
@@ -84,8 +100,28 @@ class _SeparableBiasAttention(torch.autograd.Function):
                 d_rows[:, patches], d_cols[:, patches] = profile_grads(block, rf[:, patches], cf[:, patches], work)
         dq.mul_(scale)
         dk.mul_(scale)
-        unflat = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731
-        return unflat(dq), unflat(dk), unflat(dv), unflat(d_rows), unflat(d_cols), None, None
+    unflat = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731
+    return unflat(dq), unflat(dk), unflat(dv), unflat(d_rows), unflat(d_cols)
+
+
+@_attention_backward.register_fake
+def _(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
+      num_prefix: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, rows, cols))
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    q, k, v, rows, cols, num_prefix, scale = inputs
+    ctx.save_for_backward(q, k, v, output, rows, cols)
+    ctx.num_prefix, ctx.scale = num_prefix, scale
+
+
+def _backward(ctx, grad_out: Tensor) -> tuple:
+    grads = _attention_backward(grad_out, *ctx.saved_tensors, ctx.num_prefix, ctx.scale)
+    return *grads, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def separable_bias_attention(
@@ -103,4 +139,5 @@ def separable_bias_attention(
     ``q, k, v [B, H, N, d]``; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]`` (fp32 fine under
     autocast: cast on write); ``scale`` defaults to ``d ** -0.5``. Differentiable in all five.
     """
-    return _SeparableBiasAttention.apply(q, k, v, rows, cols, num_prefix, q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale)
