@@ -5,9 +5,10 @@
     locatdino hbird report runs/a runs/b --out comparison.md
 
 Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are evaluated on
-the same memory views and compared in one report. One model writes ``OUT/results.json`` and
-``OUT/summary.md``; several write ``OUT/<model>/...`` per run plus ``OUT/summary.md`` comparing
-them. ``report`` rebuilds a comparison from existing ``results.json`` files.
+the same memory views and compared in one report. One model writes ``OUT/results.json``,
+``OUT/summary.md`` and ``OUT/per_image_confusion.npz``; several write ``OUT/<model>/...`` per run
+plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval.
+``report`` rebuilds a comparison, intervals included, from existing ``results.json`` files.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_H
                                                   add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
-                                        results_table, summary_markdown, write_run)
+                                        miou_deltas, results_table, run_confusions, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
 
 
@@ -156,9 +157,20 @@ def report_main(argv: list[str]) -> int:
         r["label"] = label
     for line in differing_settings(results):
         print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
-    print(results_table(results))
+    deltas = None
+    if len(results) > 1 and not mixed:  # intervals pair the same query images
+        try:
+            confusions = [run_confusions(r) for r in results]
+        except ValueError as err:
+            raise SystemExit(f"locatdino hbird report: {err}") from None
+        without = [r["label"] for r, c in zip(results, confusions) if c is None]
+        if without:
+            print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
+                  f"confusion matrices (written before they were kept)", file=sys.stderr)
+        deltas = miou_deltas(confusions)
+    print(results_table(results, deltas))
     if args.out:
-        atomic_write_text(args.out, summary_markdown(results))
+        atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
     return 0
 
 
@@ -181,25 +193,28 @@ def main(argv: list[str] | None = None) -> int:
     models = _load_all(runs, args.seed, args.input_size)  # a bad model creates no output folder
     _check_outputs(args, runs)
     out = Path(args.out)
-    results = []
+    results, confusions = [], []
     for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
         cfg = config_from_args(args, _memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
-            result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
+            run = hummingbird(model.to(device), train_set, val_set, cfg)
+            result = run.to_dict()
             result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
             result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
                                     val_split=args.val_split,
                                     scene_size=args.scene_size if args.dataset == "scenes" else None)
             result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
-            write_run(result, out if single else out / label)
+            write_run(result, out if single else out / label, run.image_confusions)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
+        confusions.append(run.image_confusions)
+    deltas = miou_deltas(confusions) if len(results) > 1 else None
     if len(results) > 1:
-        atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison"))
-    print(results_table(results))
+        atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
+    print(results_table(results, deltas))
     print(f"[hbird] results written to {out}", file=sys.stderr)
     return 0
