@@ -33,6 +33,7 @@ class ImageConfusions:
     image: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [nnz] image of each cell
     cell: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [nnz] target * C + prediction
     count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [nnz] pixels
+    _pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def empty(cls, num_classes: int, class_mask: np.ndarray | None = None) -> ImageConfusions:
@@ -50,6 +51,7 @@ class ImageConfusions:
             raise ValueError(f"per-image confusion matrices must be [N, C, C], got {stack.shape}")
         confusions = cls.empty(stack.shape[1], class_mask)
         confusions.append(stack)
+        confusions._merge()
         return confusions
 
     def append(self, matrices: np.ndarray) -> None:
@@ -59,13 +61,21 @@ class ImageConfusions:
         if (flat < 0).any():
             raise ValueError("confusion matrices hold pixel counts: negative entry")
         image, cell = np.nonzero(flat)
-        self.image = np.concatenate([self.image, image + self.num_images])
-        self.cell = np.concatenate([self.cell, cell])
-        self.count = np.concatenate([self.count, flat[image, cell]])
+        self._pending.append((image + self.num_images, cell, flat[image, cell]))
         self.num_images += len(flat)
+
+    def _merge(self) -> None:
+        """Join the cells appended since the last read (one concatenation, not one per image)."""
+        if self._pending:
+            image, cell, count = zip(*self._pending)
+            self.image = np.concatenate([self.image, *image])
+            self.cell = np.concatenate([self.cell, *cell])
+            self.count = np.concatenate([self.count, *count])
+            self._pending = []
 
     def dense(self) -> np.ndarray:
         """All matrices ``[N, C, C]`` (small data and tests: ADE20K's would be 360 MB)."""
+        self._merge()
         c = self.num_classes
         out = np.zeros((self.num_images, c * c), np.int64)
         out[self.image, self.cell] = self.count
@@ -74,6 +84,7 @@ class ImageConfusions:
     def class_counts(self) -> np.ndarray:
         """Per image and class, what IoU needs: ``[N, 3, C]`` true positives, ground-truth pixels
         and predicted pixels (the diagonal, row sums and column sums of each matrix)."""
+        self._merge()
         c, n = self.num_classes, self.num_images
         target, pred = np.divmod(self.cell, c)
         counts = np.zeros((n, 3, c), np.int64)
@@ -85,6 +96,7 @@ class ImageConfusions:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically as a compressed ``.npz``."""
+        self._merge()
         return atomic_write(path, lambda f: np.savez_compressed(
             f, num_classes=self.num_classes, class_mask=self.class_mask, num_images=self.num_images,
             image=self.image, cell=self.cell, count=self.count))
