@@ -2,10 +2,13 @@
 
 Runs ``locatdino demo --seed S`` (a fresh output folder per seed, so every run is cold: shards
 written, both backbones pretrained, four models compared) for each seed, times each run, and
-prints a markdown table for ``benchmarks/RESULTS.md``: Hummingbird mIoU, Hungarian mIoU and the
+prints markdown tables for ``benchmarks/RESULTS.md``: Hummingbird mIoU, Hungarian mIoU and the
 class-token probes of the four models (ViT / LocAtViT, DINO teacher / random init) as mean ±
-std over seeds, plus the paired differences LocAtViT − ViT and teacher − random init. The
-figures of the first seed are copied to ``--figures`` (small PNGs to commit next to the table).
+std over seeds, the paired differences LocAtViT − ViT and teacher − random init as mean ± std,
+and each seed's paired differences with their 95 % paired-bootstrap intervals over the query
+(test) images (SPEC §3.2; ``locatdino.comparison.intervals``), with the time the bootstrap adds
+to each compare. The figures of the first seed are copied to ``--figures`` (small PNGs to commit
+next to the tables).
 
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_compare.py --quick
     flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_compare.py --seeds 0 1 2
@@ -22,6 +25,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from locatdino.comparison.intervals import attach_differences, model_differences
+from locatdino.retrieval.bootstrap import RESAMPLES, SEED
 
 MODELS = ("vit-dino", "locatvit-dino", "vit-random", "locatvit-random")
 METRICS = (("mIoU", lambda m: m["hbird"]["miou"]), ("mIoU Hungarian", lambda m: m["hbird"]["miou_matched"]),
@@ -60,6 +66,34 @@ def table(reports: list[dict]) -> str:
     return "\n".join(rows)
 
 
+INTERVAL_METRICS = (("mIoU", "miou"), ("k-NN top-1", "knn_top1"), ("logistic top-1", "logistic_top1"))
+
+
+def per_seed_table(reports: list[dict], folders: list[Path], seeds: list[int]) -> str:
+    """Markdown: each seed's paired difference and its 95 % interval, per pair and metric."""
+    rows = ["| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+            "|" + "---|" * (len(seeds) + 2)]
+    cells = {}
+    for report, folder in zip(reports, folders):
+        by_name = {m["spec"]["name"]: m for m in report["models"]}
+        for a, b in PAIRS:
+            for metric, interval in model_differences(by_name[a], by_name[b], folder).items():
+                cells.setdefault((a, b, metric), []).append(interval.text(1) + (" ✓" if not interval.covers_zero else ""))
+    for a, b in PAIRS:
+        for name, metric in INTERVAL_METRICS:
+            if (a, b, metric) in cells:
+                rows.append(f"| {a} − {b} | {name} | " + " | ".join(cells[(a, b, metric)]) + " |")
+    return "\n".join(rows)
+
+
+def bootstrap_seconds(report: dict, folder: Path) -> float:
+    """Wall time of the intervals ``locatdino compare`` attaches (every model against the first)."""
+    models = json.loads(json.dumps(report["models"]))
+    start = time.perf_counter()
+    attach_differences(models, folder)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -83,6 +117,12 @@ def main() -> None:
           f"{reports[0]['dataset']['num_train']} memory / {reports[0]['dataset']['num_val']} query scenes at "
           f"{cfg['input_size']} px; wall time per demo run {min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min\n")
     print(table(reports))
+    folders = [Path(args.out) / f"seed{seed}" / "compare" for seed in args.seeds]
+    print(f"\nPer seed, with 95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query / test images, "
+          f"seed {SEED}; ✓: the interval excludes 0):\n")
+    print(per_seed_table(reports, folders, args.seeds))
+    boot = [bootstrap_seconds(r, f) for r, f in zip(reports, folders)]
+    print(f"\nbootstrap of the three Δ of a compare (files read included): {min(boot):.2f}–{max(boot):.2f} s")
     print(f"\nfigures of seed {args.seeds[0]}: {figures}")
 
 

@@ -12,7 +12,8 @@ features than a ViT under the same DINO pretraining? The demo
 3. ``locatdino compare`` — the two teachers and the two random inits on held-out scenes
    (Hummingbird, class-token probes, figures), vanilla DINO first (the reference of every Δ);
 
-then prints the headline table and a conclusion computed from the measured numbers. It prints
+then prints the headline table and a conclusion computed from the measured numbers: each
+difference with its 95 % paired-bootstrap interval, "no measurable difference" when it holds 0. It prints
 every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
 shortens the step budget and the evaluation; everything else is the recipes'. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
@@ -33,6 +34,7 @@ import yaml
 
 from locatdino import cli
 from locatdino.arguments import ArgumentParser, at_least
+from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
@@ -115,33 +117,26 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> 
     ensure_writable(out, "--out")
 
 
-def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
-    gap = va - vb
-    if abs(gap) < 0.005:
-        return f"{a} and {b} tie ({va:.2f} {unit})"
-    winner, loser = (a, b) if gap > 0 else (b, a)
-    return f"{winner} ahead of {loser} by {abs(gap):.2f} {unit} ({max(va, vb):.2f} vs {min(va, vb):.2f})"
-
-
-def conclusion(report: dict[str, Any], steps: str) -> list[str]:
-    """What was measured, in words: teacher vs teacher, and each teacher vs its random init."""
+def conclusion(report: dict[str, Any], steps: str, folder: str | Path) -> list[str]:
+    """What was measured, in words: teacher vs teacher, and each teacher vs its random init, each
+    difference with its 95 % paired-bootstrap interval over the held-out scenes (``folder``: the
+    compare report's, holding the per-image confusion matrices); a winner is named only when the
+    interval excludes 0."""
     models = {m["spec"]["name"]: m for m in report["models"]}
     lines = [f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
-             f"after {steps} of DINO each (one seed; the spread over seeds is in benchmarks/RESULTS.md):"]
+             f"after {steps} of DINO each (one seed; 95 % intervals resample the scenes, not the training: the "
+             "spread over seeds is in benchmarks/RESULTS.md):"]
     vit, locat = models.get("vit-dino"), models.get("locatvit-dino")
     if vit and locat:
-        lines.append("  Hummingbird mIoU: " + _versus("locatvit-dino", locat["hbird"]["miou"],
-                                                     "vit-dino", vit["hbird"]["miou"], "points"))
-        if vit.get("probes") and locat.get("probes"):
-            lines.append("  class-token k-NN top-1: " + _versus(
-                "locatvit-dino", locat["probes"]["knn_top1"], "vit-dino", vit["probes"]["knn_top1"], "points"))
+        differences = model_differences(locat, vit, folder)
+        for metric, label in (("miou", "Hummingbird mIoU"), ("knn_top1", "class-token k-NN top-1")):
+            if metric in differences:
+                lines.append(f"  {label}: {difference_text('locatvit-dino', 'vit-dino', differences[metric])}")
     for label in LABELS:
         t, r = models.get(f"{label}-dino"), models.get(f"{label}-random")
-        if t and r:
-            gain = t["hbird"]["miou"] - r["hbird"]["miou"]
-            verdict = "beat" if gain > 0 else "did not beat"
-            lines.append(f"  pretraining {verdict} random init for {label}: {gain:+.2f} mIoU points "
-                         f"({t['hbird']['miou']:.2f} vs {r['hbird']['miou']:.2f})")
+        if t and r and "miou" in (differences := model_differences(t, r, folder)):
+            lines.append(f"  pretraining vs random init, {label}, Hummingbird mIoU: "
+                         + difference_text(f"{label}-dino", f"{label}-random", differences["miou"]))
     return lines
 
 
@@ -188,7 +183,7 @@ def main(argv: list[str]) -> int:
                    "--out", str(report_dir), "--overwrite"])
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
-    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps)))
+    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir)))
     minutes = (time.perf_counter() - started) / 60
     print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
           f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs")

@@ -3,9 +3,10 @@
     locatdino compare vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
         locat=locatvit_small:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
 
-Writes into ``--out``: ``report.md``, ``report.json`` and ``figures/*.png`` (per-class IoU, mIoU vs
-memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality). The first
-model is the reference of every Δ. Exit status 1 when a model failed (its one-line error is on
+Writes into ``--out``: ``report.md``, ``report.json``, ``figures/*.png`` (per-class IoU, mIoU vs
+memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality) and
+``per_image_confusion/`` (each model's per-image confusion matrices, for intervals between any two
+models). The first model is the reference of every Δ, each with its 95 % interval. Exit status 1 when a model failed (its one-line error is on
 stderr and in the report; the others are still evaluated and written).
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from locatdino.arguments import ArgumentParser, at_least
+from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.help_format import DefaultsOnceHelpFormatter
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
                                    pos_embed=args.pos_embed, device=device)
         classes = report_classes(val) if val is not None else []
+        models = [o.to_dict() for o in outcomes]
+        for i, (outcome, model) in enumerate(zip(outcomes, models)):
+            if outcome.image_confusions is not None:
+                outcome.image_confusions.save(out / confusion_file(i))
+                model["hbird"]["per_image_confusion"] = confusion_file(i)
+        attach_differences(models, out)
         report = {
             "command": "locatdino compare " + shlex.join(argv),
             "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
                        "memory_fractions": [str(f) for f in args.memory_fractions]},
             "probes": probe_info,
-            "models": [o.to_dict() for o in outcomes],
+            "models": models,
             "failed": failed,
             "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
         }

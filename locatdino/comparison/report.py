@@ -1,7 +1,9 @@
 """``report.md`` of ``locatdino compare``, written from the same dict as ``report.json``.
 
 Scores in percent. Δ columns are differences to the first model that ran (the reference of the
-comparison: put the vanilla model first). Timings and memory come from the run that wrote it.
+comparison: put the vanilla model first); Δ mIoU and Δ top-1 carry their 95 % paired-bootstrap
+intervals and each top-1 its binomial (Wilson) interval (``intervals.py``). Timings and memory
+come from the run that wrote it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from locatdino.comparison.intervals import difference_text
+from locatdino.retrieval.bootstrap import RESAMPLES, SEED, PairedInterval
 from locatdino.retrieval.report import _fmt, search_text
+
+_METRICS = {"miou": "Hummingbird mIoU", "knn_top1": "class-token k-NN top-1",
+            "logistic_top1": "class-token logistic top-1"}
 
 
 def _delta(value: float | None, ref: float | None) -> str:
@@ -20,23 +27,45 @@ def _model_cell(m: dict[str, Any]) -> str:
     return f"{m['spec']['name']}"
 
 
+def _difference(m: dict[str, Any], metric: str) -> PairedInterval | None:
+    record = (m.get("differences") or {}).get(metric)
+    return None if record is None else PairedInterval.from_dict(record)
+
+
+def _top1(probes: dict[str, Any], name: str) -> str:
+    """``28.0 [16.5, 42.4]``: top-1 and its Wilson interval (older reports: top-1 alone)."""
+    value, interval = probes.get(f"{name}_top1"), probes.get(f"{name}_top1_interval")
+    return _fmt(value, 1) + ("" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]")
+
+
 def headline_table(models: list[dict[str, Any]]) -> str:
-    """One row per model: mIoU (Δ to the first), Hungarian mIoU, probes, size and speed."""
+    """One row per model: mIoU (Δ to the first, with its interval), Hungarian mIoU, probes (with
+    their intervals), size and speed."""
     ref = models[0]
-    rows = ["| model | backbone | weights | mIoU | Δ mIoU | mIoU (Hungarian) | k-NN top-1 | logistic top-1 | "
-            "parameters | images/s | peak forward MB |", "|" + "---|" * 11]
+    rows = ["| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | k-NN top-1 [95 %] | "
+            "logistic top-1 [95 %] | parameters | images/s | peak forward MB |", "|" + "---|" * 11]
     for m in models:
         probes = m.get("probes") or {}
         fwd = m.get("forward") or {}
         hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
+        interval = _difference(m, "miou")
+        delta = interval.text() if interval is not None else _delta(hbird.get("miou"), ref_hbird.get("miou"))
         rows.append(
             f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
-            f"{_fmt(hbird.get('miou'))} | {_delta(hbird.get('miou'), ref_hbird.get('miou'))} | "
-            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(probes.get('knn_top1'), 1)} | "
-            f"{_fmt(probes.get('logistic_top1'), 1)} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
+            f"{_fmt(hbird.get('miou'))} | {delta} | "
+            f"{_fmt(hbird.get('miou_matched'))} | {_top1(probes, 'knn')} | "
+            f"{_top1(probes, 'logistic')} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
             f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
         )
     return "\n".join(rows)
+
+
+def difference_lines(models: list[dict[str, Any]]) -> list[str]:
+    """One sentence per model after the first and metric: the measured difference to the first
+    model, "no measurable difference" when its interval holds 0."""
+    ref = _model_cell(models[0])
+    return [f"- {label}: {difference_text(_model_cell(m), ref, interval)}" for m in models[1:]
+            for metric, label in _METRICS.items() if (interval := _difference(m, metric)) is not None]
 
 
 def memory_table(models: list[dict[str, Any]]) -> str:
@@ -110,6 +139,12 @@ def report_markdown(report: dict[str, Any]) -> str:
         return "\n".join(lines + ["No model finished.", ""])
     probes = report.get("probes") or {}
     lines += ["## Summary", "", headline_table(models), ""]
+    differences = difference_lines(models)
+    if differences:
+        lines += [f"## Differences to {_model_cell(models[0])}", "",
+                  f"95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query images — of the test "
+                  f"images for the probes —, the same draws for both models, seed {SEED}); a difference is "
+                  "named only when its interval excludes 0.", "", *differences, ""]
     if probes.get("note"):
         majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
         baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""

@@ -8,7 +8,9 @@ For each named model (``NAME=MODEL[:CHECKPOINT]``) on the *same* memory views an
 - what the figures need, read from the full-memory run's bank while it exists: predictions and
   PCA-to-RGB feature maps of a few query images (the same rows for every model), the class
   token's last-block attention and, for LocAtViT, the learned locality per block;
-- class-token probes (k-NN and logistic regression) when the images have labels;
+- class-token probes (k-NN and logistic regression) when the images have labels, with the
+  per-image hits and confusion matrices that the intervals of the comparison need
+  (``intervals.py``);
 - parameters, images/s and peak memory of the forward at the evaluation size.
 
 A model that fails (unreadable checkpoint, wrong input size) is reported in one line and left
@@ -36,7 +38,9 @@ from locatdino.retrieval.feature_cache import CachedExtractor
 from locatdino.retrieval.features import FeatureExtractor, load_backbone
 from locatdino.comparison.forward_cost import count_parameters, forward_cost
 from locatdino.comparison.pca_maps import PCAColours
-from locatdino.probes.class_token import class_embeddings, knn_accuracy, logistic_accuracy
+from locatdino.comparison.intervals import probe_record
+from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
+from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.transfer import predict
 from locatdino.retrieval.views import load_pair
 
@@ -117,9 +121,11 @@ class ModelOutcome:
     probes: dict[str, Any] | None = None
     locality: list[dict[str, float]] | None = None
     visuals: dict[str, np.ndarray] = field(default_factory=dict)
+    image_confusions: ImageConfusions | None = None  # full-memory Hummingbird, one matrix per query image
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "visuals"}
+        kept = replace(self, visuals={}, image_confusions=None)
+        return {k: v for k, v in asdict(kept).items() if k not in ("visuals", "image_confusions")}
 
 
 def memory_sizes(fractions: list[Fraction], full: int, num_views: int, k: int) -> list[tuple[Fraction, int]]:
@@ -171,7 +177,8 @@ def evaluate_model(
     if train_set is not None:  # None: a dataset with image labels only (probes, no masks)
         # the full memory first: it fills the feature cache and sets the size the fractions refer to
         _say(f"{spec.name}: Hummingbird, full memory")
-        outcome.hbird = hummingbird(extractor, train_set, val_set, cfg, inspect=inspect).to_dict()
+        full = hummingbird(extractor, train_set, val_set, cfg, inspect=inspect)
+        outcome.hbird, outcome.image_confusions = full.to_dict(), full.image_confusions
         curve = [{"fraction": "1", "memory_patches": outcome.hbird["memory_patches"], "miou": outcome.hbird["miou"]}]
         for fraction, size in reversed(memory_sizes(fractions, outcome.hbird["memory_patches"],
                                                     len(train_set) * cfg.aug_epochs, cfg.k)):
@@ -189,8 +196,8 @@ def evaluate_model(
                                 cfg.precision)
         train, test = both[:n_train], both[n_train:]
         outcome.probes = {
-            "knn_top1": 100 * knn_accuracy(train, probes.train_labels, test, probes.test_labels),
-            "logistic_top1": 100 * logistic_accuracy(train, probes.train_labels, test, probes.test_labels),
+            **probe_record("knn", knn_hits(train, probes.train_labels, test, probes.test_labels)),
+            **probe_record("logistic", logistic_hits(train, probes.train_labels, test, probes.test_labels)),
             "majority_top1": 100 * float(np.mean(probes.test_labels == np.bincount(probes.train_labels).argmax())),
             "num_train": len(train), "num_test": len(test),
         }

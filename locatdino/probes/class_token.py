@@ -1,7 +1,7 @@
 """Class-token probes on frozen embeddings (SPEC §2.2): DINO's weighted k-NN and a linear probe.
 
-Both take ``[N, D]`` train / test embeddings with integer labels and return top-1 accuracy in
-[0, 1]. The k-NN vote is the reference's: L2-normalised features, the k most cosine-similar train
+Both take ``[N, D]`` train / test embeddings with integer labels and return which test
+embeddings they label right (``*_hits``, for intervals) or the top-1 accuracy in [0, 1]. The k-NN vote is the reference's: L2-normalised features, the k most cosine-similar train
 embeddings of each test embedding (scikit-learn's brute-force ``NearestNeighbors``), each voting
 for its label with weight ``exp(sim / T)``; ties go to the smallest label. The linear probe is
 scikit-learn's ``LogisticRegression`` on standardised features (lbfgs, multinomial).
@@ -38,15 +38,16 @@ def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.nda
     return train_feats, train_labels, test_feats, test_labels
 
 
-def knn_accuracy(
+def knn_hits(
     train_feats: np.ndarray,
     train_labels: np.ndarray,
     test_feats: np.ndarray,
     test_labels: np.ndarray,
     k: int = 20,
     temperature: float = 0.07,
-) -> float:
-    """Top-1 accuracy of DINO's temperature-weighted cosine k-NN classifier (k capped at N train)."""
+) -> np.ndarray:
+    """Per test embedding, whether DINO's temperature-weighted cosine k-NN classifier (k capped at
+    N train) labels it right: booleans ``[N test]``, what an interval on top-1 needs."""
     train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
     classes, train_ids = np.unique(train_labels, return_inverse=True)
     k = min(k, len(train_feats))
@@ -55,19 +56,33 @@ def knn_accuracy(
     weights = np.exp((1.0 - distances) / temperature)  # cosine distance = 1 - similarity
     votes = np.zeros((len(test_feats), len(classes)))
     np.add.at(votes, (np.arange(len(test_feats))[:, None], train_ids[neighbours]), weights)
-    return float(np.mean(classes[votes.argmax(1)] == test_labels))
+    return classes[votes.argmax(1)] == test_labels
+
+
+def knn_accuracy(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray,
+                 test_labels: np.ndarray, k: int = 20, temperature: float = 0.07) -> float:
+    """Top-1 accuracy of :func:`knn_hits`."""
+    return float(np.mean(knn_hits(train_feats, train_labels, test_feats, test_labels, k, temperature)))
+
+
+def logistic_hits(
+    train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray
+) -> np.ndarray:
+    """Per test embedding, whether a logistic-regression probe (standardised features, L2 penalty
+    C = 1) labels it right: booleans ``[N test]``."""
+    train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
+    if len(np.unique(train_labels)) < 2:  # one class: nothing to fit, the probe predicts it
+        return test_labels == train_labels[0]
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    probe.fit(train_feats, train_labels)
+    return probe.predict(test_feats) == test_labels
 
 
 def logistic_accuracy(
     train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray
 ) -> float:
-    """Top-1 accuracy of a logistic-regression probe (standardised features, L2 penalty C = 1)."""
-    train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
-    if len(np.unique(train_labels)) < 2:  # one class: nothing to fit, the probe predicts it
-        return float(np.mean(test_labels == train_labels[0]))
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
-    probe.fit(train_feats, train_labels)
-    return float(probe.score(test_feats, test_labels))
+    """Top-1 accuracy of :func:`logistic_hits`."""
+    return float(np.mean(logistic_hits(train_feats, train_labels, test_feats, test_labels)))
 
 
 def class_embeddings(model: nn.Module, images: torch.Tensor, batch_size: int = 32, precision: str = "fp32") -> np.ndarray:

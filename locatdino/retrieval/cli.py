@@ -5,9 +5,10 @@
     locatdino hbird report runs/a runs/b --out comparison.md
 
 Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are evaluated on
-the same memory views and compared in one report. One model writes ``OUT/results.json`` and
-``OUT/summary.md``; several write ``OUT/<model>/...`` per run plus ``OUT/summary.md`` comparing
-them. ``report`` rebuilds a comparison from existing ``results.json`` files.
+the same memory views and compared in one report. One model writes ``OUT/results.json``,
+``OUT/summary.md`` and ``OUT/per_image_confusion.npz``; several write ``OUT/<model>/...`` per run
+plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval.
+``report`` rebuilds a comparison, intervals included, from existing ``results.json`` files.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_H
                                                   add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
-                                        results_table, summary_markdown, write_run)
+                                        miou_deltas, results_table, run_confusions, summary_markdown, write_run)
 from locatdino.retrieval.splits import SubsetSplit, open_split
 
 
@@ -192,9 +193,20 @@ def report_main(argv: list[str]) -> int:
     if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
         raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
                          "choose another file")
-    print(results_table(results))
+    deltas = None
+    if len(results) > 1 and not mixed:  # intervals pair the same query images
+        try:
+            confusions = [run_confusions(r) for r in results]
+        except ValueError as err:
+            raise SystemExit(f"locatdino hbird report: {err}") from None
+        without = [r["label"] for r, c in zip(results, confusions) if c is None]
+        if without:
+            print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
+                  f"confusion matrices (written before they were kept)", file=sys.stderr)
+        deltas = miou_deltas(confusions)
+    print(results_table(results, deltas))
     if args.out:
-        atomic_write_text(args.out, summary_markdown(results))
+        atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
     return 0
 
 
@@ -225,26 +237,29 @@ def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, s
     """Every model's run, each written as it finishes, then the comparison of them all."""
     out = Path(args.out)
     picks_queries = args.dataset == "scenes" or isinstance(val_set, SubsetSplit)  # the seed chose the queries
-    results = []
+    results, confusions = [], []
     for (name, ckpt, _, label), model in zip(runs, models):
         single = len(runs) == 1
         cfg = config_from_args(args, _memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
-            result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
+            run = hummingbird(model.to(device), train_set, val_set, cfg)
+            result = run.to_dict()
             result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
             result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
                                     val_split=args.val_split,
                                     scene_size=args.scene_size if args.dataset == "scenes" else None,
                                     query_seed=args.seed if picks_queries else None)
             result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
-            write_run(result, out if single else out / label)
+            write_run(result, out if single else out / label, run.image_confusions)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
+        confusions.append(run.image_confusions)
+    deltas = miou_deltas(confusions) if len(results) > 1 else None
     if len(results) > 1:
-        atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison"))
-    print(results_table(results))
+        atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
+    print(results_table(results, deltas))
     print(f"[hbird] results written to {out}", file=sys.stderr)
     return 0

@@ -24,7 +24,7 @@ import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from locatdino.retrieval.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.retrieval.features import FeatureExtractor
+from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.index import PatchIndex
 from locatdino.retrieval.torch_knn import TorchExactSearch
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
@@ -121,9 +122,13 @@ class HummingbirdResult:
     # what ran: the resolved encoder precision, index and nprobe, and for an approximate index
     # its recall@k against exact search on a sample of query patches
     search: dict[str, Any] = field(default_factory=dict)
+    # one confusion matrix per scored query image, for paired intervals (SPEC §3.2); written beside
+    # results.json (report.write_run), not into it
+    image_confusions: ImageConfusions | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON record (without the per-image matrices)."""
+        return {k: v for k, v in asdict(replace(self, image_confusions=None)).items() if k != "image_confusions"}
 
 
 class PhaseClock:
@@ -253,10 +258,11 @@ def evaluate_queries(
     clock: PhaseClock | None = None,
 ) -> tuple[ConfusionMatrix, int]:
     """Segment every image of ``dataset`` by label transfer from ``bank``; returns the confusion
-    matrix and the number of skipped (corrupt) samples."""
+    matrix (with one matrix per scored image, for intervals) and the number of skipped (corrupt)
+    samples."""
     clock = clock or PhaseClock()
     c, size = bank.num_classes, cfg.input_size
-    cm = ConfusionMatrix(c, dataset.ignore_index)
+    cm = ConfusionMatrix(c, dataset.ignore_index, keep_images=True)
     skipped = 0
     loader = _loader(QueryViews(dataset, size), cfg, extractor)
     batches = tqdm(loader, desc="query", disable=not cfg.progress, leave=False)
@@ -339,6 +345,7 @@ def hummingbird(
         config=asdict(cfg),
         provenance=provenance,
         search=search,
+        image_confusions=cm.images,
     )
 
 

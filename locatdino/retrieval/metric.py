@@ -16,7 +16,12 @@ GB at 512 px). Rows are ground truth, columns predictions.
 
 IoU of class c = TP / (TP + FP + FN). A class with an empty union (never present, never
 predicted) has IoU NaN and is left out of the mean; the ignore index, when it is one of the
-label values (ADE20K's 0), is never a class of the mean.
+label values (ADE20K's 0), is never a class of the mean. :func:`class_iou` is that rule on any
+stack of per-class counts, so the paired bootstrap (``bootstrap.py``) scores its resamples by
+exactly the rule of the reported mIoU.
+
+With ``keep_images`` the matrix also keeps one sparse confusion matrix per image
+(:class:`~locatdino.retrieval.image_confusions.ImageConfusions`), what the bootstrap resamples.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
+
+from locatdino.retrieval.image_confusions import ImageConfusions
 
 HUNGARIAN_CRITERIA = ("iou", "pixels")
 
@@ -40,16 +47,39 @@ class IoUResult:
     pixel_accuracy: float
 
 
+def class_iou(tp: np.ndarray, target: np.ndarray, pred: np.ndarray, class_mask: np.ndarray) -> np.ndarray:
+    """IoU per class ``[..., C]`` from pixel counts ``[..., C]``: true positives, ground-truth
+    pixels and predicted pixels of each class. NaN where the union is empty or the class is not
+    in ``class_mask``."""
+    tp = np.asarray(tp, np.float64)
+    union = np.asarray(target, np.float64) + pred - tp
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = np.where(union > 0, tp / union, np.nan)
+    iou[..., ~class_mask] = np.nan
+    return iou
+
+
+def mean_iou(iou: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of the finite IoUs (NaN where there is none)."""
+    finite = np.isfinite(iou)
+    count = finite.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, np.where(finite, iou, 0.0).sum(-1) / count, np.nan)
+
+
 class ConfusionMatrix:
     """Accumulates ``(prediction, target)`` pixel pairs of ``num_classes`` classes.
 
     Target pixels equal to ``ignore_index`` or outside ``[0, num_classes)`` are not counted.
+    ``keep_images``: also keep each image's own matrix (:attr:`images`); an update is then one
+    image (``[H, W]``) or a batch of images (``[B, H, W]``).
     """
 
-    def __init__(self, num_classes: int, ignore_index: int | None = 255):
+    def __init__(self, num_classes: int, ignore_index: int | None = 255, keep_images: bool = False):
         self.num_classes = num_classes
         self.ignore_index = ignore_index
         self.matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+        self.images = ImageConfusions.empty(num_classes, self.class_mask()) if keep_images else None
 
     def update(self, pred: Tensor | np.ndarray, target: Tensor | np.ndarray) -> None:
         """Add pixels of ``pred`` and ``target`` (integer arrays of one shape).
@@ -60,16 +90,23 @@ class ConfusionMatrix:
         pred, target = np.asarray(pred), np.asarray(target)
         if pred.shape != target.shape:
             raise ValueError(f"prediction {pred.shape} and target {target.shape} differ")
+        if self.images is not None and target.ndim not in (2, 3):
+            raise ValueError(f"per-image matrices need [H, W] or [B, H, W] masks, got {target.shape}")
         c = self.num_classes
-        pred = pred.reshape(-1).astype(np.int64, copy=False)
-        target = target.reshape(-1).astype(np.int64, copy=False)
+        n_images = len(target) if self.images is not None and target.ndim == 3 else 1
+        pred = pred.reshape(n_images, -1).astype(np.int64, copy=False)
+        target = target.reshape(n_images, -1).astype(np.int64, copy=False)
         if pred.size and (pred.min() < 0 or pred.max() >= c):
             raise ValueError(f"predictions must lie in [0, {c})")
         valid = (target >= 0) & (target < c)
         if self.ignore_index is not None:
             valid &= target != self.ignore_index
-        keys = (target * c + pred)[valid]
-        self.matrix += torch.from_numpy(np.bincount(keys, minlength=c * c).reshape(c, c))
+        image = np.broadcast_to(np.arange(n_images)[:, None], target.shape)
+        keys = ((image * c + target) * c + pred)[valid]
+        per_image = np.bincount(keys, minlength=n_images * c * c).reshape(n_images, c, c)
+        self.matrix += torch.from_numpy(per_image.sum(0))
+        if self.images is not None:
+            self.images.append(per_image)
 
     def merge(self, other: ConfusionMatrix) -> None:
         """Add another matrix of the same classes (e.g. from another process)."""
@@ -107,12 +144,7 @@ class ConfusionMatrix:
             cm = self.hungarian_matched(criterion)
         else:
             raise ValueError(f"matching must be 'identity' or 'hungarian', got {matching!r}")
-        cm = cm.astype(np.float64)
         tp = np.diag(cm)
-        union = cm.sum(0) + cm.sum(1) - tp
-        with np.errstate(invalid="ignore", divide="ignore"):
-            iou = np.where(union > 0, tp / union, np.nan)
-        iou[~self.class_mask()] = np.nan
-        miou = float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")
+        iou = class_iou(tp, cm.sum(1), cm.sum(0), self.class_mask())
         total = cm.sum()
-        return IoUResult(miou, iou, float(tp.sum() / total) if total else float("nan"))
+        return IoUResult(float(mean_iou(iou)), iou, float(tp.sum() / total) if total else float("nan"))

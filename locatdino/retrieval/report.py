@@ -1,7 +1,9 @@
 """Hummingbird reports: ``results.json`` and markdown summaries, single runs and comparisons.
 
 A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
-timings in seconds, memory size, the full config, the model). Files are written atomically
+timings in seconds, memory size, the full config, the model); its per-image confusion matrices go
+beside it (``per_image_confusion.npz``, named in the JSON), so that a comparison of finished runs
+gives every Δ mIoU its paired-bootstrap interval (SPEC §3.2). Files are written atomically
 (``locatdino.output_files``), so an interrupted run never leaves a truncated report.
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from locatdino.output_files import atomic_write_text
+from locatdino.retrieval.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
+from locatdino.retrieval.image_confusions import ImageConfusions
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
@@ -43,17 +47,37 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or value != value else f"{value:.{digits}f}"
 
 
-def results_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown table, one row per run: scores, memory size, time split."""
-    head = "| model | mIoU | mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
+CONFUSION_FILE = "per_image_confusion.npz"
+INTERVAL_NOTE = (f"Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval over the query "
+                 f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
+                 "difference.")
+
+
+def miou_deltas(confusions: Sequence[ImageConfusions | None]) -> list[PairedInterval | None]:
+    """Δ mIoU of every run to the first, with its interval; None for the first run and for runs
+    without per-image matrices (older ``results.json``) or scored on other images."""
+    first = confusions[0]
+    deltas: list[PairedInterval | None] = [None]
+    for other in confusions[1:]:
+        paired = first is not None and other is not None and other.num_images == first.num_images
+        deltas.append(miou_interval(other, first) if paired else None)
+    return deltas
+
+
+def results_table(results: Sequence[dict[str, Any]], deltas: Sequence[PairedInterval | None] | None = None) -> str:
+    """Markdown table, one row per run: scores, memory size, time split; with ``deltas``
+    (:func:`miou_deltas`), a column of Δ mIoU to the first run and its interval."""
+    delta_head = "Δ mIoU [95 % interval] | " if deltas is not None else ""
+    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
         f"{p} s" for p in _PHASES
     ) + " | total s | peak RSS MB | encoder | index (recall@k) |"
     rule = "|" + "---|" * (head.count("|") - 1)
     rows = [head, rule]
-    for r in results:
+    for i, r in enumerate(results):
         t = r.get("timings", {})
+        delta = "" if deltas is None else f"{'–' if deltas[i] is None else deltas[i].text()} | "
         rows.append(
-            f"| {run_label(r)} | {_fmt(r['miou'])} | {_fmt(r['miou_matched'])} | "
+            f"| {run_label(r)} | {_fmt(r['miou'])} | {delta}{_fmt(r['miou_matched'])} | "
             f"{_fmt(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(_fmt(t.get(p), 1) for p in _PHASES)
             + f" | {_fmt(t.get('total'), 1)} | {_fmt(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
@@ -145,8 +169,10 @@ def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
-def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation") -> str:
-    """The markdown report of one or several runs (a comparison when several)."""
+def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation",
+                     deltas: Sequence[PairedInterval | None] | None = None) -> str:
+    """The markdown report of one or several runs (a comparison when several, with ``deltas``:
+    :func:`miou_deltas`)."""
     def common(key: str) -> str:
         values = _values(results, key)
         return json.loads(values[0]) if len(values) == 1 else "mixed ⚠"
@@ -161,8 +187,9 @@ def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbir
         "",
         *_setting_lines(results),
         "",
-        results_table(results),
+        results_table(results, deltas),
         "",
+        *([INTERVAL_NOTE, ""] if deltas is not None else []),
         "## Per-class IoU",
         "",
         per_class_table(results),
@@ -171,9 +198,13 @@ def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbir
     return "\n".join(lines)
 
 
-def write_run(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
-    """``results.json`` + ``summary.md`` of one run in ``out_dir``; returns the JSON path."""
+def write_run(result: dict[str, Any], out_dir: str | os.PathLike, confusions: ImageConfusions | None = None) -> Path:
+    """``results.json`` + ``summary.md`` of one run in ``out_dir``, and its per-image confusion
+    matrices when given (named in the JSON); returns the JSON path."""
     out_dir = Path(out_dir)
+    if confusions is not None:
+        confusions.save(out_dir / CONFUSION_FILE)
+        result["per_image_confusion"] = CONFUSION_FILE
     path = atomic_write_text(out_dir / "results.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out_dir / "summary.md", summary_markdown([result]))
     return path
@@ -213,3 +244,9 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
             data["source"] = str(f)
             results.append(data)
     return results
+
+
+def run_confusions(result: dict[str, Any]) -> ImageConfusions | None:
+    """The per-image confusion matrices of a loaded run (None for runs written without them)."""
+    name = result.get("per_image_confusion")
+    return None if name is None else ImageConfusions.load(Path(result["source"]).parent / name)

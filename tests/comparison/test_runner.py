@@ -78,6 +78,10 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert probes["num_train"] == 8 and probes["num_test"] == 3 and 0 <= probes["knn_top1"] <= 100
     md = (out / "report.md").read_text()
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
+    # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
+    assert set(locat["differences"]) == {"miou", "knn_top1", "logistic_top1"} and "differences" not in vit
+    assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
+    assert "## Differences to vit" in md and "Hummingbird mIoU: " in md
     for path in report["figures"].values():
         assert (out / path).stat().st_size > 1000 and (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"figures/locality.png", "figures/predictions.png"} <= set(report["figures"].values())

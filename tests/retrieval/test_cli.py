@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import timm
@@ -31,8 +32,13 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
     assert "# Hummingbird comparison" in (out / "summary.md").read_text()
 
+    interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
+    delta, low, high = map(float, re.search(interval, table).groups())
     assert cli.main(["report", str(out), "--out", str(tmp_path / "cmp.md")]) == 0
-    assert "| vit_tiny_patch16_224 |" in capsys.readouterr().out
+    reported = capsys.readouterr().out
+    assert "| vit_tiny_patch16_224 |" in reported
+    # found sorted by folder: the same pair, the other way round, hence the same interval negated
+    assert list(map(float, re.search(interval, reported).groups())) == [-delta, -high, -low]
     assert "| class |" in (tmp_path / "cmp.md").read_text()
 
 
@@ -50,6 +56,8 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
     assert cli.main(argv) == 0
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
     assert len(runs) == 2 and runs[0]["miou"] == runs[1]["miou"]
+    # the same weights on the same queries: Δ 0 with the interval [0, 0] (paired per-image matrices)
+    assert "| +0.00 [+0.00, +0.00] |" in capsys.readouterr().out
 
 
 def test_argument_errors(tmp_path):

@@ -1,8 +1,11 @@
 import json
 
+import numpy as np
 import pytest
 
-from locatdino.retrieval.report import (atomic_write_text, differing_settings, incompatibilities, label_by_folder,
+from locatdino.retrieval.bootstrap import miou_interval
+from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.retrieval.report import (CONFUSION_FILE, atomic_write_text, differing_settings, incompatibilities, label_by_folder,
                                         load_results, per_class_table, results_table, summary_markdown,
                                         write_run)
 
@@ -66,7 +69,11 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp.md")]) == 0
     captured = capsys.readouterr()
     assert "| base | 40.00 |" in captured.out and "| seed7 | 41.00 |" in captured.out
-    assert captured.err.strip() == "locatdino hbird report: warning: input_size 224 vs 448"
+    assert captured.err.strip().splitlines() == [
+        "locatdino hbird report: warning: input_size 224 vs 448",
+        "locatdino hbird report: warning: no Δ mIoU interval for base, seed7: no per-image confusion matrices "
+        "(written before they were kept)"]
+    assert "| seed7 | 41.00 | – |" in captured.out
     assert "- input_size: 224, 448  ⚠ differs between runs" in (tmp_path / "cmp.md").read_text()
     assert cli.main(["report", str(tmp_path / "runs"), "--label", "A", "--label", "B"]) == 0
     assert "| A | 40.00 |" in capsys.readouterr().out
@@ -83,6 +90,29 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "runs"), "--allow-mixed", "--out", str(tmp_path / "mixed.md")]) == 0
     text = (tmp_path / "mixed.md").read_text()
     assert "Dataset: mixed ⚠" in text and '⚠ Not comparable, scored on different query images: dataset "scenes"' in text
+
+
+def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
+    from locatdino.retrieval import cli
+
+    rng = np.random.default_rng(0)
+    target = rng.integers(0, 2, (30, 50))
+    matrices = {}
+    for name, accuracy in (("a", 0.5), ("b", 0.9)):
+        pred = np.where(rng.random(target.shape) < accuracy, target, 1 - target)
+        matrices[name] = np.stack([np.bincount(t * 2 + q, minlength=4).reshape(2, 2) for t, q in zip(target, pred)])
+    for name, m in matrices.items():
+        write_run(_result(name, 40.0), tmp_path / "runs" / name, ImageConfusions.from_matrices(m))
+    write_run(_result("itself", 40.0), tmp_path / "runs" / "itself", ImageConfusions.from_matrices(matrices["a"]))
+    assert json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["per_image_confusion"] == CONFUSION_FILE
+    assert cli.main(["report", *(str(tmp_path / "runs" / n) for n in ("a", "b", "itself")),
+                     "--out", str(tmp_path / "cmp.md")]) == 0
+    out = capsys.readouterr().out
+    loaded = [ImageConfusions.load(tmp_path / "runs" / n / CONFUSION_FILE) for n in ("a", "b")]
+    assert f"| b | 40.00 | {miou_interval(loaded[1], loaded[0]).text()} |" in out
+    assert miou_interval(loaded[1], loaded[0]).low > 0  # 90 % vs 50 % of the pixels right
+    assert "| itself | 40.00 | +0.00 [+0.00, +0.00] |" in out
+    assert "Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
 
 
 def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):

@@ -1,0 +1,69 @@
+"""Intervals of a comparison and what they allow to be said (SPEC §3.2).
+
+Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU with
+its paired bootstrap over the query images (from each model's per-image confusion matrices,
+written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each class-token
+probe with the same bootstrap over the test images (from each model's per-image hits, kept in
+``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
+
+"A beats B" is said only when the interval excludes 0; otherwise the text says "no measurable
+difference". The report, the demo's conclusion and ``benchmarks/bench_compare.py`` all word a
+difference through :func:`difference_text`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from locatdino.probes.accuracy_interval import wilson_interval
+from locatdino.retrieval.bootstrap import PairedInterval, accuracy_interval, miou_interval
+from locatdino.retrieval.image_confusions import ImageConfusions
+
+PROBES = ("knn", "logistic")  # class-token probes whose per-image hits a report keeps
+
+
+def confusion_file(index: int) -> str:
+    """Where the ``index``-th model's per-image matrices go, relative to the report folder (model
+    names are free text, positions are not)."""
+    return f"per_image_confusion/model{index}.npz"
+
+
+def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
+    """``{name}_top1`` (percent), its 95 % Wilson interval and the per-image hits of one probe."""
+    hits = np.asarray(hits, bool)
+    low, high = wilson_interval(int(hits.sum()), len(hits))
+    return {f"{name}_top1": 100 * float(hits.mean()), f"{name}_top1_interval": [100 * low, 100 * high],
+            f"{name}_hits": hits.astype(int).tolist()}
+
+
+def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path) -> dict[str, PairedInterval]:
+    """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
+    with intervals: ``miou`` and ``{probe}_top1``, for whatever both models measured."""
+    out = {}
+    files = [(m.get("hbird") or {}).get("per_image_confusion") for m in (a, b)]
+    if all(files):
+        out["miou"] = miou_interval(*(ImageConfusions.load(Path(folder) / f) for f in files))
+    for probe in PROBES:
+        hits = [(m.get("probes") or {}).get(f"{probe}_hits") for m in (a, b)]
+        if all(h is not None for h in hits) and len(hits[0]) == len(hits[1]):
+            out[f"{probe}_top1"] = accuracy_interval(np.array(hits[0]), np.array(hits[1]))
+    return out
+
+
+def attach_differences(models: list[dict[str, Any]], folder: str | Path) -> None:
+    """Give every model record after the first its ``differences`` to the first (the reference of
+    the comparison): ``{metric: PairedInterval.to_dict()}``."""
+    for m in models[1:]:
+        m["differences"] = {k: v.to_dict() for k, v in model_differences(m, models[0], folder).items()}
+
+
+def difference_text(a: str, b: str, interval: PairedInterval, unit: str = "points") -> str:
+    """``a`` vs ``b`` in words: the leader and its margin only when the interval excludes 0."""
+    bounds = f"95 % interval of {a} − {b}: [{interval.low:+.2f}, {interval.high:+.2f}]"
+    if interval.covers_zero:
+        return f"no measurable difference between {a} and {b} ({a} − {b} = {interval.delta:+.2f} {unit}, {bounds})"
+    winner, loser = (a, b) if interval.low > 0 else (b, a)
+    return f"{winner} ahead of {loser} by {abs(interval.delta):.2f} {unit} ({bounds})"
