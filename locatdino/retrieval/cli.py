@@ -13,19 +13,13 @@ them. ``report`` rebuilds a comparison from existing ``results.json`` files.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from locatdino.errors import UserError
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.features import load_backbone
-from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
-                                                  add_protocol_arguments, config_from_args, encoder_device)
+from locatdino.retrieval.protocol_options import (add_data_arguments, add_model_arguments, add_protocol_arguments,
+                                                  config_from_args, encoder_device, load_backbones, model_runs)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
@@ -41,13 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         "`locatdino hbird report RESULTS...` compares finished runs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", action="append", required=True, metavar="NAME",
-                   help="timm / LocAtViT model name; repeat to compare several models")
-    p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
-                   help="weights for the matching --model ('none': random init); any format of "
-                   "locatdino.models.create_backbone")
-    p.add_argument("--pos-embed", action="append", choices=POS_EMBED_CHOICES, default=[], metavar="RULE",
-                   help=POS_EMBED_HELP + "; once for all models or once per --model")
+    add_model_arguments(p)
     add_data_arguments(p)
     add_protocol_arguments(p)
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
@@ -68,54 +56,6 @@ def _report_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mixed", action="store_true",
                    help="compare runs of different datasets, splits or query counts anyway (marked)")
     return p
-
-
-def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str, str]]:
-    """(model, checkpoint, position-embedding rule, label) per run, labels unique and usable as
-    directory names."""
-    ckpts = args.checkpoint or [None] * len(args.model)
-    if len(ckpts) != len(args.model):
-        raise SystemExit(
-            f"locatdino hbird: {len(args.model)} --model but {len(args.checkpoint)} --checkpoint "
-            "(give one per model, 'none' for random init)"
-        )
-    rules = args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
-    if len(rules) != len(args.model):
-        raise SystemExit(f"locatdino hbird: {len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
-                         "(give one for all models or one per model)")
-    runs, seen = [], set()
-    for name, ckpt, rule in zip(args.model, ckpts, rules):
-        ckpt = None if ckpt in (None, "", "none") else ckpt
-        label = name if ckpt is None else f"{name}-{Path(ckpt).stem}"
-        label = re.sub(r"[^\w.+-]+", "_", label)
-        base, i = label, 1
-        while label in seen:
-            i += 1
-            label = f"{base}-{i}"
-        seen.add(label)
-        runs.append((name, ckpt, rule, label))
-    return runs
-
-
-def _load_all(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int) -> list[nn.Module]:
-    """Every backbone, built and checked before the first evaluation starts: a wrong second
-    checkpoint or an input size the patch does not divide must not cost the first model's run."""
-    models = []
-    for name, ckpt, rule, _ in runs:
-        if ckpt is None:
-            torch.manual_seed(seed)  # a random-init run is reproducible from --seed
-        try:
-            model = load_backbone(name, ckpt, pos_embed=rule)
-        except ValueError as err:
-            named = name in str(err) or (ckpt is not None and ckpt in str(err))
-            raise UserError(str(err) if named else f"--model {name}: {err}") from err
-        patch = model.patch_embed.patch_size[0]
-        if input_size % patch:
-            below = input_size // patch * patch
-            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
-                            f"use {below or patch} or {below + patch}")
-        models.append(model)
-    return models
 
 
 def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | None:
@@ -167,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "report":
         return report_main(argv[1:])
     args = _parser().parse_args(argv)
-    runs = _runs(args)
+    runs = model_runs(args, "hbird")
     device = encoder_device(args.device, "hbird")
     try:
         config_from_args(args, None)  # inconsistent settings fail before any data is read
@@ -178,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-    models = _load_all(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
     _check_outputs(args, runs)
     out = Path(args.out)
     results = []
