@@ -21,18 +21,21 @@ def _model_cell(m: dict[str, Any]) -> str:
 
 
 def headline_table(models: list[dict[str, Any]]) -> str:
-    """One row per model: mIoU (Δ to the first), Hungarian mIoU, probes, size and speed."""
+    """One row per model: Hummingbird mIoU (Δ to the first), Hungarian mIoU, linear-probe mIoU (Δ),
+    class-token probes, size and speed."""
     ref = models[0]
-    rows = ["| model | backbone | weights | mIoU | Δ mIoU | mIoU (Hungarian) | k-NN top-1 | logistic top-1 | "
-            "parameters | images/s | peak forward MB |", "|" + "---|" * 11]
+    rows = ["| model | backbone | weights | mIoU | Δ mIoU | mIoU (Hungarian) | linear probe mIoU | Δ linear probe | "
+            "k-NN top-1 | logistic top-1 | parameters | images/s | peak forward MB |", "|" + "---|" * 13]
     for m in models:
         probes = m.get("probes") or {}
         fwd = m.get("forward") or {}
         hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
+        linear, ref_linear = m.get("linprobe") or {}, ref.get("linprobe") or {}
         rows.append(
             f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
             f"{_fmt(hbird.get('miou'))} | {_delta(hbird.get('miou'), ref_hbird.get('miou'))} | "
-            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(probes.get('knn_top1'), 1)} | "
+            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(linear.get('miou'))} | "
+            f"{_delta(linear.get('miou'), ref_linear.get('miou'))} | {_fmt(probes.get('knn_top1'), 1)} | "
             f"{_fmt(probes.get('logistic_top1'), 1)} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
             f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
         )
@@ -110,6 +113,12 @@ def report_markdown(report: dict[str, Any]) -> str:
         return "\n".join(lines + ["No model finished.", ""])
     probes = report.get("probes") or {}
     lines += ["## Summary", "", headline_table(models), ""]
+    if cfg.get("linprobe"):
+        lp = cfg["linprobe"]
+        lines += [f"Linear probe: the paper's head (1×1 conv → 512, GroupNorm(1, 512), GELU, 1×1 conv) trained on "
+                  f"the frozen patch tokens of the memory images for {lp['iterations']} iterations × batch "
+                  f"{lp['batch_size']} (AdamW, OneCycle), augmentation {lp['augment']}, scored on the query images; "
+                  "Δ = model − first model. `locatdino linprobe` runs the paper's full protocol.", ""]
     if probes.get("note"):
         majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
         baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""
