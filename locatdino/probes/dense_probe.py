@@ -1,7 +1,7 @@
 """The dense linear probe, end to end (SPEC §3.1): the paper's segmentation metric.
 
     train split ─ TrainViews ─ frozen backbone ─ [FeatureStore] ─ LinearSegHead ─ cross-entropy
-    val split ─── TestViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix
+    val split ─── EvalViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix
 
 The backbone is frozen (eval mode, ``requires_grad=False``, inference mode) and gives the last
 block's patch tokens without final norm or PRR (:class:`~locatdino.retrieval.features.
@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from locatdino.probes.feature_store import FeatureStore
 from locatdino.probes.linear_head import LinearSegHead
 from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
-from locatdino.probes.probe_views import TestViews, TrainViews, collate_items, draw_order, stack_pairs
+from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
 from locatdino.retrieval.evaluate import PhaseClock
 from locatdino.retrieval.features import FeatureExtractor
@@ -132,11 +132,12 @@ def _seeded_head(dim: int, num_classes: int, seed: int, device: torch.device) ->
 
 
 def _loss(head: nn.Module, feats: Tensor, targets: Tensor) -> Tensor:
-    """Cross-entropy averaged over the labelled pixels of the batch (0 when there is none, where
-    ``reduction='mean'`` would give NaN)."""
+    """Cross-entropy averaged over *every* pixel of the batch, ignored ones counting 0: the
+    official decoder's (MMSegmentation's ``CrossEntropyLoss`` with its default
+    ``avg_non_ignore=False``), where PyTorch's ``reduction='mean'`` would average over the labelled
+    pixels only (and give NaN for a batch without any)."""
     logits = head(feats, tuple(targets.shape[-2:]))
-    total = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
-    return total / (targets != IGNORE).sum().clamp(min=1)
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / targets.numel()
 
 
 def _store_features(extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int,
@@ -186,7 +187,8 @@ def _batches(extractor: FeatureExtractor, train_set: Any, order: np.ndarray, cfg
         try:
             for row in order:
                 with clock("data"):
-                    batch = store.batch(row, device)
+                    row = row[store.filled[row]]  # images that failed to decode are left out, as below
+                    batch = store.batch(row, device) if len(row) else _empty_batch(extractor, cfg.input_size)
                 yield batch
         finally:
             store.close()
@@ -196,14 +198,21 @@ def _batches(extractor: FeatureExtractor, train_set: Any, order: np.ndarray, cfg
     loader = DataLoader(views, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
     for items, n_bad in clock.iterate(loader, "data"):
         skipped[0] += n_bad
-        images, targets = stack_pairs(items) if items else (None, None)
-        if images is None:  # a batch of corrupt samples only: the iteration still counts
-            targets = torch.full((1, cfg.input_size, cfg.input_size), IGNORE)
-            feats = torch.zeros(1, extractor.dim, *(2 * [extractor.grid(cfg.input_size)]), device=device)
-        else:
-            with clock("features"):
-                feats = _tokens(extractor, images)
+        if not items:
+            yield _empty_batch(extractor, cfg.input_size)
+            continue
+        images, targets = stack_pairs(items)
+        with clock("features"):
+            feats = _tokens(extractor, images)
         yield feats, targets.to(device)
+
+
+def _empty_batch(extractor: FeatureExtractor, size: int) -> tuple[Tensor, Tensor]:
+    """A batch without a labelled pixel (every sample failed to decode): the iteration still
+    counts, so the schedule stays the same, but nothing is learned from it."""
+    grid = extractor.grid(size)
+    return (torch.zeros(1, extractor.dim, grid, grid, device=extractor.device),
+            torch.full((1, size, size), IGNORE, device=extractor.device))
 
 
 def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig,
@@ -262,7 +271,7 @@ def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cf
     clock = clock or PhaseClock()
     c, ignore = dataset.num_classes, dataset.ignore_index
     total, per_image, skipped = ConfusionMatrix(c, ignore), [], 0
-    views = TestViews(dataset, cfg.input_size, extractor.patch_size)
+    views = EvalViews(dataset, cfg.input_size, extractor.patch_size)
     loader = DataLoader(views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device),
                         collate_fn=collate_items)
     for items, n_bad in clock.iterate(tqdm(loader, desc="evaluate", disable=not cfg.progress, leave=False), "data"):

@@ -67,7 +67,7 @@ class FeatureStore:
         order = np.asarray(indices)
         feats = torch.from_numpy(np.ascontiguousarray(self.features[order]))
         targets = torch.from_numpy(self.targets[order].astype(np.int64))
-        targets[torch.from_numpy(~self.filled[order])] = IGNORE  # images that failed to decode
+        targets[torch.from_numpy(~self.filled[order])] = IGNORE  # never stored: nothing to learn
         return feats.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
     def close(self) -> None:

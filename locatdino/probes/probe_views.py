@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from locatdino.probes.seg_transforms import ProbeAugmentation, test_view, training_targets
+from locatdino.probes.seg_transforms import ProbeAugmentation, eval_view, training_targets
 from locatdino.retrieval.augment import NEAREST_EXACT, resize_image
 from locatdino.retrieval.views import load_pair, view_generator
 
@@ -59,9 +59,9 @@ class TrainViews(Dataset):
         return resize_image(image, self.size), target.as_subclass(Tensor)
 
 
-class TestViews(Dataset):
+class EvalViews(Dataset):
     """Evaluation views: ``(padded image uint8 [3, H', W'], scaled size (h, w), mask int32 [H, W]
-    at original resolution)`` (:func:`~locatdino.probes.seg_transforms.test_view`), or None when
+    at original resolution)`` (:func:`~locatdino.probes.seg_transforms.eval_view`), or None when
     the sample is corrupt."""
 
     def __init__(self, dataset: Any, size: int, patch: int):
@@ -75,7 +75,7 @@ class TestViews(Dataset):
         if pair is None:
             return None
         image, mask = pair
-        return (*test_view(image, self.size, self.patch), mask)
+        return (*eval_view(image, self.size, self.patch), mask)
 
 
 def collate_items(batch: list[Any]) -> tuple[list[Any], int]:

@@ -18,7 +18,7 @@ Training (``ProbeAugmentation``, the paper's ADE20K / Pascal Context / COCO-Stuf
 5. pad to ``S × S`` at the bottom / right: image with the ImageNet mean colour (0 after
    normalisation, as MMSegmentation pads normalised images with 0), labels with :data:`IGNORE`.
 
-Evaluation (:func:`test_view`): the whole image scaled to fit ``(4S, S)`` (short side ``S`` for
+Evaluation (:func:`eval_view`): the whole image scaled to fit ``(4S, S)`` (short side ``S`` for
 every aspect ratio up to 4:1), one scale, no flip; padded at the bottom / right to a multiple of
 the patch size (the ViT needs whole patches; the padding is cropped off the logits).
 
@@ -163,7 +163,7 @@ class ProbeAugmentation:
         return pad_to(image.contiguous(), target.contiguous(), self.crop, self.crop)
 
 
-def test_view(image: Tensor, size: int, patch: int) -> tuple[Tensor, tuple[int, int]]:
+def eval_view(image: Tensor, size: int, patch: int) -> tuple[Tensor, tuple[int, int]]:
     """The evaluation input of ``image`` (uint8 ``[3, H, W]``): scaled to fit ``(4·size, size)``,
     padded to whole patches; returns it and the scaled size ``(h, w)`` before padding."""
     h, w = keep_ratio_size(*image.shape[-2:], LONG_TO_SHORT * size, size)
