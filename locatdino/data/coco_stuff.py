@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation
+from locatdino.data.file_pairs import FilePairsSegmentation, folder_pairs
 
 COCO_STUFF_CLASSES: tuple[str, ...] = tuple(n.strip() for n in (
     "person, bicycle, car, motorcycle, airplane, bus, train, truck, boat, traffic light, fire hydrant, stop sign, "
@@ -51,16 +51,7 @@ def coco_stuff_pairs(root: str | Path, split: str = "val2017") -> list[tuple[Pat
     """``(image, mask)`` paths of a split, sorted by file name; every image needs its mask."""
     if split not in _SPLITS:
         raise ValueError(f"COCO-Stuff split must be one of {sorted(_SPLITS)}, got {split!r}")
-    coco, split = find_coco_stuff_root(root), _SPLITS[split]
-    images = sorted((coco / "images" / split).glob("*.jpg"))
-    if not images:
-        raise FileNotFoundError(f"COCO-Stuff split {split!r}: no .jpg files in {coco / 'images' / split}")
-    pairs = [(p, coco / "annotations" / split / f"{p.stem}{MASK_SUFFIX}") for p in images]
-    missing = [str(m) for _, m in pairs if not m.is_file()]
-    if missing:
-        raise FileNotFoundError(f"COCO-Stuff split {split!r}: {len(missing)} mask(s) missing, first: {missing[0]} "
-                                f"(the {MASK_SUFFIX} masks of MMSegmentation's converter)")
-    return pairs
+    return folder_pairs(find_coco_stuff_root(root), _SPLITS[split], MASK_SUFFIX, "COCO-Stuff")
 
 
 class COCOStuffSegmentation(FilePairsSegmentation):

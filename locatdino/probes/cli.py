@@ -19,8 +19,8 @@ from locatdino.data.segmentation import DATASETS
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.probe_report import probe_summary, probe_table, write_probe_run
-from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_model_arguments,
-                                                  encoder_device, load_backbones, model_runs)
+from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
+                                                  add_model_arguments, encoder_device, load_backbones, model_runs)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.splits import CachedSplit, open_split
 
@@ -54,10 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
                    help="largest feature cache kept in RAM; larger ones are memory-mapped files")
     p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
     p.add_argument("--seed", type=int, default=d.seed, help="head init, batch order, augmentation, subsets, random init")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_loader_arguments(p)
     p.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
     return p
 

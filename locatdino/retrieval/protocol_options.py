@@ -89,10 +89,8 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per forward")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
     p.add_argument("--seed", type=int, default=d.seed, help="memory views, subsets, sampling, random init")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_loader_arguments(p)
 
 
 def add_feature_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,6 +107,13 @@ def add_feature_arguments(p: argparse.ArgumentParser) -> None:
                    "or AMX; int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), "
                    "bf16 (autocast; several times slower where bf16 is emulated, AVX2-only CPUs), int8 "
                    "(CPU only)")
+
+
+def add_loader_arguments(p: argparse.ArgumentParser) -> None:
+    """DataLoader workers and progress bars."""
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def config_from_args(args: argparse.Namespace, memory_dir: str | None = None) -> HummingbirdConfig:
