@@ -20,7 +20,8 @@ from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writ
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.probe_report import probe_summary, probe_table, write_probe_run
 from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                                  add_model_arguments, encoder_device, load_backbones, model_runs)
+                                                  add_model_arguments, encoder_device, load_backbones, model_runs,
+                                                  run_record)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.splits import CachedSplit, open_split
 
@@ -109,10 +110,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{' (features cached)' if cfg.cached else ''}", file=sys.stderr, flush=True)
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
         result = probe.to_dict()
-        result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
-        result["dataset"] = {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
-                             "val_split": args.val_split,
-                             "scene_size": args.scene_size if args.dataset == "scenes" else None}
+        result["model"], dataset = run_record(args, name, ckpt, label, model)
+        result["config"].update(dataset)
         result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
         try:
             write_probe_run(result, probe.per_image_confusion, out if len(runs) == 1 else out / label)

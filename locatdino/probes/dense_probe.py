@@ -218,7 +218,8 @@ def _empty_batch(extractor: FeatureExtractor, size: int) -> tuple[Tensor, Tensor
 def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig,
                clock: PhaseClock | None = None) -> tuple[LinearSegHead, list[tuple[int, float]], int]:
     """Train the head on the frozen tokens of ``train_set``; returns it, the loss curve
-    ``[(iteration, mean loss since the previous point)]`` and the number of skipped samples."""
+    ``[(iteration, mean loss since the previous point)]`` and the number of skipped samples
+    (corrupt images: once on the cached path, at every draw on the uncached one)."""
     clock = clock or PhaseClock()
     iterations = cfg.total_iterations(len(train_set))
     order = draw_order(len(train_set), iterations, cfg.batch_size, cfg.seed)

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from locatdino.output_files import reserved_memmap
-from locatdino.probes.seg_transforms import IGNORE
 
 TARGET_DTYPE = np.int16
 
@@ -62,12 +61,11 @@ class FeatureStore:
         self.filled[idx] = True
 
     def batch(self, indices: np.ndarray, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        """Features and int64 targets of the stored images ``indices`` (any order, repeats allowed);
-        an image never stored (it failed to decode) has no labelled pixel."""
+        """Features and int64 targets of the stored images ``indices`` (any order, repeats allowed;
+        ``filled`` says which images were stored: one that failed to decode never is)."""
         order = np.asarray(indices)
         feats = torch.from_numpy(np.ascontiguousarray(self.features[order]))
         targets = torch.from_numpy(self.targets[order].astype(np.int64))
-        targets[torch.from_numpy(~self.filled[order])] = IGNORE  # never stored: nothing to learn
         return feats.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ def probe_summary(results: Sequence[dict[str, Any]], title: str = "Dense linear 
     cfg = first["config"]
     budget = f"{first['iterations']:,} iterations × batch {cfg['batch_size']}"
     lines = [f"# {title}", "",
-             f"Dataset: {first['dataset']['name']} — {first['num_train']} training images, {first['num_val']} query "
+             f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
              f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
              "mIoU in % over every original pixel of the query images, identity class mapping.", "",
              probe_table(results), "", "## Per-class IoU", "",

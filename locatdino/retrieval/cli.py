@@ -19,7 +19,8 @@ from pathlib import Path
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.protocol_options import (add_data_arguments, add_model_arguments, add_protocol_arguments,
-                                                  config_from_args, encoder_device, load_backbones, model_runs)
+                                                  config_from_args, encoder_device, load_backbones, model_runs,
+                                                  run_record)
 from locatdino.retrieval.provenance import checkpoint_record
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
@@ -129,10 +130,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
             result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
-            result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
-            result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
-                                    val_split=args.val_split,
-                                    scene_size=args.scene_size if args.dataset == "scenes" else None)
+            result["model"], dataset = run_record(args, name, ckpt, label, model)
+            result["config"].update(dataset)
             result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
             write_run(result, out if single else out / label)
         except DiskFullError as err:

@@ -183,3 +183,12 @@ def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, inpu
                             f"use {below or patch} or {below + patch}")
         models.append(model)
     return models
+
+
+def run_record(args: argparse.Namespace, name: str, checkpoint: str | None, label: str, model: nn.Module
+               ) -> tuple[dict, dict]:
+    """What a ``results.json`` says was run: ``(model record, dataset keys of its config)``."""
+    model_record = {"name": name, "checkpoint": checkpoint, "label": label, "pos_embed": model.pos_embed_rule}
+    dataset = {"dataset": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
+               "val_split": args.val_split, "scene_size": args.scene_size if args.dataset == "scenes" else None}
+    return model_record, dataset

@@ -24,7 +24,7 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
         assert result["iterations"] == 6 and result["num_train"] == 6 and result["num_val"] == 3
         assert 0 <= result["miou"] <= 100 and len(result["per_class_iou"]) == 10
         assert result["features"]["cached"] is True and result["features"]["precision"] == "fp32"
-        assert result["config"]["augment"] == "off" and result["dataset"]["name"] == "scenes"
+        assert result["config"]["augment"] == "off" and result["config"]["dataset"] == "scenes"
         assert result["provenance"]["software"]["torch"] and result["provenance"]["checkpoint"] is None
         confusion = np.load(out / label / "per_image_confusion.npz")["confusion"]
         assert confusion.shape == (3, 10, 10) and confusion.sum() == 3 * 32 * 32
