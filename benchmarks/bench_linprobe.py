@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3, help="random-init draws")
     p.add_argument("--steps", type=int, default=300, help="supervised training steps (batch 32)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-ranking", action="store_true", help="only the cost rows")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -74,6 +75,8 @@ def main() -> None:
 
     for setting in settings:  # cost, on the demo's architecture
         row(f"random init, patch {args.patch_size}", backbone(0, args.patch_size), setting)
+    if args.no_ranking:
+        return
     randoms = [row(f"random init seed {seed}, patch 16", backbone(seed, 16), "paper batch") for seed in range(args.seeds)]
     start = time.perf_counter()
     trained = supervised(args.model, args.img_size, args.steps, 512, seed=0)

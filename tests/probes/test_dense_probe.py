@@ -71,14 +71,17 @@ def test_budget_and_batch_order():
         LinearProbeConfig(augment="strong")
 
 
-def test_cached_and_uncached_paths_agree(scenes, tiny_vit):
+def test_cached_and_uncached_paths_agree(scenes, tiny_vit, tmp_path):
     train, val = scenes
     results = {}
-    for cache in (True, False):
+    for path, cache, ram_mb in (("cached", True, 4096), ("memory-mapped", True, 0), ("uncached", False, 4096)):
         cfg = LinearProbeConfig(input_size=64, iterations=12, batch_size=4, augment="off", cache=cache,
-                                precision="fp32", num_workers=0, progress=False)
-        results[cache] = linear_probe(tiny_vit, train, val, cfg)
-    cached, uncached = results[True], results[False]
+                                cache_dir=str(tmp_path), max_cache_ram_mb=ram_mb, precision="fp32", num_workers=0,
+                                progress=False)
+        results[path] = linear_probe(tiny_vit, train, val, cfg)
+    cached, uncached, mapped = results["cached"], results["uncached"], results["memory-mapped"]
+    assert mapped.loss_curve == cached.loss_curve and mapped.miou == cached.miou
+    assert list(tmp_path.iterdir()) == []  # the memory-mapped store is deleted after training
     assert cached.features["cached"] and not uncached.features["cached"]
     assert [i for i, _ in cached.loss_curve] == [i for i, _ in uncached.loss_curve] == list(range(1, 13))
     np.testing.assert_allclose([v for _, v in cached.loss_curve], [v for _, v in uncached.loss_curve], rtol=1e-4)
