@@ -21,8 +21,7 @@ from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linea
 from locatdino.probes.probe_report import probe_summary, probe_table, write_probe_run
 from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
                                                   add_model_arguments, encoder_device, load_backbones, model_runs,
-                                                  run_record)
-from locatdino.retrieval.provenance import checkpoint_record
+                                                  record_run)
 from locatdino.retrieval.splits import CachedSplit, open_split
 
 
@@ -109,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
               f"{' (features cached)' if cfg.cached else ''}", file=sys.stderr, flush=True)
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
-        result = probe.to_dict()
-        result["model"], dataset = run_record(args, name, ckpt, label, model)
-        result["config"].update(dataset)
-        result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
+        result = record_run(probe.to_dict(), args, name, ckpt, label, model)
         try:
             write_probe_run(result, probe.per_image_confusion, out if len(runs) == 1 else out / label)
         except DiskFullError as err:

@@ -20,8 +20,7 @@ from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writ
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.protocol_options import (add_data_arguments, add_model_arguments, add_protocol_arguments,
                                                   config_from_args, encoder_device, load_backbones, model_runs,
-                                                  run_record)
-from locatdino.retrieval.provenance import checkpoint_record
+                                                  record_run)
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
 from locatdino.retrieval.splits import open_split
@@ -129,10 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
-            result = hummingbird(model.to(device), train_set, val_set, cfg).to_dict()
-            result["model"], dataset = run_record(args, name, ckpt, label, model)
-            result["config"].update(dataset)
-            result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
+            result = record_run(hummingbird(model.to(device), train_set, val_set, cfg).to_dict(), args, name, ckpt,
+                                label, model)
             write_run(result, out if single else out / label)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None

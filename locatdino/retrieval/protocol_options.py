@@ -24,6 +24,7 @@ from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.features import load_backbone
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA
 from locatdino.retrieval.precision import PRECISIONS
+from locatdino.retrieval.provenance import checkpoint_record
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
@@ -185,10 +186,12 @@ def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, inpu
     return models
 
 
-def run_record(args: argparse.Namespace, name: str, checkpoint: str | None, label: str, model: nn.Module
-               ) -> tuple[dict, dict]:
-    """What a ``results.json`` says was run: ``(model record, dataset keys of its config)``."""
-    model_record = {"name": name, "checkpoint": checkpoint, "label": label, "pos_embed": model.pos_embed_rule}
-    dataset = {"dataset": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
-               "val_split": args.val_split, "scene_size": args.scene_size if args.dataset == "scenes" else None}
-    return model_record, dataset
+def record_run(result: dict, args: argparse.Namespace, name: str, checkpoint: str | None, label: str,
+               model: nn.Module) -> dict:
+    """Add to a run's ``results.json`` dict what was run: the model, the dataset (in its config)
+    and the checkpoint file's record (in its provenance). Returns ``result``."""
+    result["model"] = {"name": name, "checkpoint": checkpoint, "label": label, "pos_embed": model.pos_embed_rule}
+    result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
+                            val_split=args.val_split, scene_size=args.scene_size if args.dataset == "scenes" else None)
+    result["provenance"]["checkpoint"] = checkpoint_record(checkpoint)
+    return result
