@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("locatdino.ssl.export", "write a teacher backbone as a plain timm state dict"),
     "shards": ("locatdino.data.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
+    "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
 }
 

@@ -46,8 +46,10 @@ DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yam
 _BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "trainer.default_root_dir"}
 LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
 # --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
-_QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3}
-_FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, "scene_size": 128, "figure_images": 4}
+_QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3,
+          "linprobe_iters": 40}
+_FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, "scene_size": 128, "figure_images": 4,
+         "linprobe_iters": 320}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -180,7 +182,7 @@ def main(argv: list[str]) -> int:
                    "--dataset", "scenes", "--num-train", str(budget["num_train"]),
                    "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
                    "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),
-                   "--out", str(report_dir), "--overwrite"])
+                   "--linprobe-iters", str(budget["linprobe_iters"]), "--out", str(report_dir), "--overwrite"])
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
     print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir)))

@@ -16,6 +16,7 @@ import argparse
 import json
 import shlex
 import sys
+from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,15 @@ from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compar
 from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
+from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
+from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
 from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
 
+# compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
+# at equal cost, more updates of a smaller batch train the head further than fewer of batch 32
+LINPROBE_DEFAULTS = {"iterations": 320, "batch_size": 8, "augment": "off"}
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -63,9 +69,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-fractions", type=_fraction, nargs="+", default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
     p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
+    p.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
+    p.add_argument("--linprobe-iters", type=at_least(1), default=LINPROBE_DEFAULTS["iterations"],
+                   help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
+                   "protocol: locatdino linprobe)")
+    p.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
+                   help="linear-probe training batch (the paper's: 32)")
+    p.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
+                   help="linear-probe training views: off (whole images, features cached once) or official "
+                   "(the paper's augmentation, backbone every iteration)")
     p.add_argument("--out", default="compare_results", help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     return p
+
+
+def _linprobe_config(args: argparse.Namespace, cfg: Any) -> LinearProbeConfig | None:
+    """The linear probe's settings: compare's budget options, Hummingbird's features and seed."""
+    if args.no_linprobe:
+        return None
+    return LinearProbeConfig(input_size=cfg.input_size, iterations=args.linprobe_iters,
+                             batch_size=args.linprobe_batch_size, augment=args.linprobe_augment, layer=cfg.layer,
+                             norm=cfg.norm, prr=cfg.prr, precision=cfg.precision, num_workers=cfg.num_workers,
+                             seed=cfg.seed, progress=cfg.progress)
 
 
 def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -133,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        linprobe = _linprobe_config(args, cfg)
         ensure_writable(out, "--out")
         train, val = _open_splits(args)
         probes, probe_info = _probe_set(args, train, val)
@@ -148,13 +174,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.input_size} px", file=sys.stderr, flush=True)
             shown = ShownImages.from_split(val, args.figure_images, args.input_size)
         outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
-                                   pos_embed=args.pos_embed, device=device)
+                                   pos_embed=args.pos_embed, device=device,
+                                   linprobe=linprobe if train is not None else None)
         classes = report_classes(val) if val is not None else []
         models = [o.to_dict() for o in outcomes]
         for i, (outcome, model) in enumerate(zip(outcomes, models)):
             if outcome.image_confusions is not None:
                 outcome.image_confusions.save(out / confusion_file(i))
                 model["hbird"]["per_image_confusion"] = confusion_file(i)
+                if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
+                    ImageConfusions.from_matrices(outcome.linprobe_confusion, outcome.image_confusions.class_mask
+                                                  ).save(out / confusion_file(i, "linprobe"))
+                    model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
         attach_differences(models, out)
         report = {
             "command": "locatdino compare " + shlex.join(argv),
@@ -163,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                         "num_train": len(train) if train is not None else len(probes.train_labels),
                         "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
             "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
-                       "memory_fractions": [str(f) for f in args.memory_fractions]},
+                       "memory_fractions": [str(f) for f in args.memory_fractions],
+                       "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None},
             "probes": probe_info,
             "models": models,
             "failed": failed,
@@ -197,11 +229,20 @@ def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Pa
         drawn |= {
             "per-class IoU": figures.per_class_bars(dense, folder / "per_class_iou.png"),
             "mIoU vs memory size": figures.miou_vs_memory(dense, folder / "miou_vs_memory.png"),
-            "predictions": figures.qualitative_grid(images, shown.masks, {o.spec.name: o.visuals["prediction"]
-                                                                          for o in with_masks},
+            "predictions": figures.qualitative_grid(images, shown.masks, _predictions(with_masks),
                                                     class_names, folder / "predictions.png"),
             "PCA of patch features": figures.pca_grid(images, {o.spec.name: o.visuals["pca"] for o in with_masks},
                                                       folder / "pca.png"),
         }
     drawn["LocAtViT locality"] = figures.locality_curves(models, folder / "locality.png")
     return {title: str(path.relative_to(out)) for title, path in drawn.items() if path is not None}
+
+
+def _predictions(outcomes: list) -> dict[str, Any]:
+    """The figure's prediction columns: each model's Hummingbird labels, then its linear probe's."""
+    columns = {}
+    for o in outcomes:
+        columns[o.spec.name] = o.visuals["prediction"]
+        if "probe_prediction" in o.visuals:
+            columns[f"{o.spec.name} (probe)"] = o.visuals["probe_prediction"]
+    return columns

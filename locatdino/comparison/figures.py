@@ -84,7 +84,8 @@ def miou_vs_memory(models: Sequence[dict[str, Any]], path: str | os.PathLike) ->
 
 def qualitative_grid(images: np.ndarray, masks: np.ndarray, predictions: dict[str, np.ndarray],
                      class_names: Sequence[str], path: str | os.PathLike) -> Path:
-    """Rows: query images; columns: image, ground truth, each model's prediction."""
+    """Rows: query images; columns: image, ground truth, each model's prediction (Hummingbird's, and
+    the linear probe's in a column named ``"<model> (probe)"``)."""
     palette = class_palette(len(class_names))
     cols = 2 + len(predictions)
     fig, axes = plt.subplots(len(images), cols, figsize=(1.8 * cols, 1.8 * len(images) + 0.6), squeeze=False)
@@ -99,7 +100,8 @@ def qualitative_grid(images: np.ndarray, masks: np.ndarray, predictions: dict[st
     present = np.unique(np.concatenate([masks.ravel()] + [p.ravel() for p in predictions.values()]))
     handles = [Patch(color=palette[c], label=class_names[c]) for c in present if 0 <= c < len(class_names)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
-    fig.suptitle("Hummingbird predictions on the same query images", fontsize=10)
+    probe = " and linear probe (probe)" if any(name.endswith(" (probe)") for name in predictions) else ""
+    fig.suptitle(f"Hummingbird{probe} predictions on the same query images", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _save(fig, path)
 

@@ -25,10 +25,10 @@ from locatdino.retrieval.image_confusions import ImageConfusions
 PROBES = ("knn", "logistic")  # class-token probes whose per-image hits a report keeps
 
 
-def confusion_file(index: int) -> str:
-    """Where the ``index``-th model's per-image matrices go, relative to the report folder (model
-    names are free text, positions are not)."""
-    return f"per_image_confusion/model{index}.npz"
+def confusion_file(index: int, protocol: str = "hbird") -> str:
+    """Where the ``index``-th model's per-image matrices of ``protocol`` (``hbird`` or ``linprobe``)
+    go, relative to the report folder (model names are free text, positions are not)."""
+    return f"per_image_confusion/model{index}{'' if protocol == 'hbird' else '_' + protocol}.npz"
 
 
 def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
@@ -41,11 +41,13 @@ def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
 
 def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path) -> dict[str, PairedInterval]:
     """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
-    with intervals: ``miou`` and ``{probe}_top1``, for whatever both models measured."""
+    with intervals: ``miou`` (Hummingbird), ``linprobe`` (the dense linear probe's mIoU) and
+    ``{probe}_top1``, for whatever both models measured."""
     out = {}
-    files = [(m.get("hbird") or {}).get("per_image_confusion") for m in (a, b)]
-    if all(files):
-        out["miou"] = miou_interval(*(ImageConfusions.load(Path(folder) / f) for f in files))
+    for protocol, metric in (("hbird", "miou"), ("linprobe", "linprobe")):
+        files = [(m.get(protocol) or {}).get("per_image_confusion") for m in (a, b)]
+        if all(files):
+            out[metric] = miou_interval(*(ImageConfusions.load(Path(folder) / f) for f in files))
     for probe in PROBES:
         hits = [(m.get("probes") or {}).get(f"{probe}_hits") for m in (a, b)]
         if all(h is not None for h in hits) and len(hits[0]) == len(hits[1]):

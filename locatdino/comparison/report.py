@@ -38,22 +38,29 @@ def _top1(probes: dict[str, Any], name: str) -> str:
     return _fmt(value, 1) + ("" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]")
 
 
+def _delta_cell(m: dict[str, Any], metric: str, value: float | None, ref: float | None) -> str:
+    """Δ to the first model with its paired interval where one was computed, else the bare Δ."""
+    interval = _difference(m, metric)
+    return interval.text() if interval is not None else _delta(value, ref)
+
+
 def headline_table(models: list[dict[str, Any]]) -> str:
-    """One row per model: mIoU (Δ to the first, with its interval), Hungarian mIoU, probes (with
-    their intervals), size and speed."""
+    """One row per model: Hummingbird mIoU (Δ to the first, with its interval), Hungarian mIoU,
+    linear-probe mIoU (Δ, with its interval), class-token probes (with their intervals), size and speed."""
     ref = models[0]
-    rows = ["| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | k-NN top-1 [95 %] | "
-            "logistic top-1 [95 %] | parameters | images/s | peak forward MB |", "|" + "---|" * 11]
+    rows = ["| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | linear probe mIoU | "
+            "Δ linear probe [95 %] | k-NN top-1 [95 %] | logistic top-1 [95 %] | parameters | images/s | "
+            "peak forward MB |", "|" + "---|" * 13]
     for m in models:
         probes = m.get("probes") or {}
         fwd = m.get("forward") or {}
         hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
-        interval = _difference(m, "miou")
-        delta = interval.text() if interval is not None else _delta(hbird.get("miou"), ref_hbird.get("miou"))
+        linear, ref_linear = m.get("linprobe") or {}, ref.get("linprobe") or {}
         rows.append(
             f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
-            f"{_fmt(hbird.get('miou'))} | {delta} | "
-            f"{_fmt(hbird.get('miou_matched'))} | {_top1(probes, 'knn')} | "
+            f"{_fmt(hbird.get('miou'))} | {_delta_cell(m, 'miou', hbird.get('miou'), ref_hbird.get('miou'))} | "
+            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(linear.get('miou'))} | "
+            f"{_delta_cell(m, 'linprobe', linear.get('miou'), ref_linear.get('miou'))} | {_top1(probes, 'knn')} | "
             f"{_top1(probes, 'logistic')} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
             f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
         )
@@ -145,6 +152,12 @@ def report_markdown(report: dict[str, Any]) -> str:
                   f"95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query images — of the test "
                   f"images for the probes —, the same draws for both models, seed {SEED}); a difference is "
                   "named only when its interval excludes 0.", "", *differences, ""]
+    if cfg.get("linprobe"):
+        lp = cfg["linprobe"]
+        lines += [f"Linear probe: the paper's head (1×1 conv → 512, GroupNorm(1, 512), GELU, 1×1 conv) trained on "
+                  f"the frozen patch tokens of the memory images for {lp['iterations']} iterations × batch "
+                  f"{lp['batch_size']} (AdamW, OneCycle), augmentation {lp['augment']}, scored on the query images; "
+                  "Δ = model − first model. `locatdino linprobe` runs the paper's full protocol.", ""]
     if probes.get("note"):
         majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
         baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""

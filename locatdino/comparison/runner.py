@@ -8,9 +8,12 @@ For each named model (``NAME=MODEL[:CHECKPOINT]``) on the *same* memory views an
 - what the figures need, read from the full-memory run's bank while it exists: predictions and
   PCA-to-RGB feature maps of a few query images (the same rows for every model), the class
   token's last-block attention and, for LocAtViT, the learned locality per block;
-- class-token probes (k-NN and logistic regression) when the images have labels, with the
-  per-image hits and confusion matrices that the intervals of the comparison need
-  (``intervals.py``);
+- the dense linear probe (SPEC §3.1, :func:`~locatdino.probes.dense_probe.linear_probe`) on the
+  memory images, scored on the queries, with its predictions of the figure images and one
+  confusion matrix per query image;
+- class-token probes (k-NN and logistic regression) when the images have labels;
+- the per-image hits and Hummingbird's per-image confusion matrices that the intervals of the
+  comparison need (``intervals.py``);
 - parameters, images/s and peak memory of the forward at the evaluation size.
 
 A model that fails (unreadable checkpoint, wrong input size) is reported in one line and left
@@ -41,6 +44,7 @@ from locatdino.comparison.pca_maps import PCAColours
 from locatdino.comparison.intervals import probe_record
 from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
 from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe, predict_images
 from locatdino.retrieval.transfer import predict
 from locatdino.retrieval.views import load_pair
 
@@ -118,14 +122,17 @@ class ModelOutcome:
     forward: dict[str, Any] = field(default_factory=dict)
     hbird: dict[str, Any] | None = None  # None: no segmentation masks (probes only)
     memory_curve: list[dict[str, Any]] = field(default_factory=list)
+    linprobe: dict[str, Any] | None = None  # None: not run (--no-linprobe, or no masks)
     probes: dict[str, Any] | None = None
     locality: list[dict[str, float]] | None = None
     visuals: dict[str, np.ndarray] = field(default_factory=dict)
     image_confusions: ImageConfusions | None = None  # full-memory Hummingbird, one matrix per query image
+    # the linear probe's confusion matrix of each query image [N, C, C] (for paired intervals)
+    linprobe_confusion: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        kept = replace(self, visuals={}, image_confusions=None)
-        return {k: v for k, v in asdict(kept).items() if k not in ("visuals", "image_confusions")}
+        kept = replace(self, visuals={}, image_confusions=None, linprobe_confusion=None)
+        return {k: v for k, v in asdict(kept).items() if k not in ("visuals", "image_confusions", "linprobe_confusion")}
 
 
 def memory_sizes(fractions: list[Fraction], full: int, num_views: int, k: int) -> list[tuple[Fraction, int]]:
@@ -161,9 +168,10 @@ def evaluate_model(
     fractions: list[Fraction],
     shown: ShownImages,
     probes: ProbeSet | None,
+    linprobe: LinearProbeConfig | None = None,
 ) -> ModelOutcome:
     """Measure one loaded model. Without segmentation splits (``train_set`` None) only the probes,
-    attention and cost are measured."""
+    attention and cost are measured; the linear probe runs when ``linprobe`` is given."""
     base = FeatureExtractor(backbone, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     extractor = CachedExtractor(base)
     outcome = ModelOutcome(spec, parameters=count_parameters(backbone))
@@ -186,6 +194,16 @@ def evaluate_model(
             result = hummingbird(extractor, train_set, val_set, replace(cfg, memory_size=size))
             curve.insert(0, {"fraction": str(fraction), "memory_patches": result.memory_patches, "miou": result.miou})
         outcome.memory_curve = curve
+        if linprobe is not None:
+            _say(f"{spec.name}: linear probe ({linprobe.total_iterations(len(train_set))} iterations x "
+                 f"{linprobe.batch_size}, augmentation {linprobe.augment})")
+
+            def show(ext: Any, head: Any) -> None:
+                outcome.visuals["probe_prediction"] = predict_images(ext, head, shown.images,
+                                                                     val_set.ignore_index).numpy()
+
+            result = linear_probe(backbone, train_set, val_set, linprobe, inspect=show)
+            outcome.linprobe, outcome.linprobe_confusion = result.to_dict(), result.per_image_confusion
     _say(f"{spec.name}: attention maps and locality")
     outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
     outcome.locality = locality_per_block(backbone, shown.images)
@@ -216,6 +234,7 @@ def compare(
     probes: ProbeSet | None = None,
     pos_embed: str = "auto",
     device: torch.device | str = "cpu",
+    linprobe: LinearProbeConfig | None = None,
 ) -> tuple[list[ModelOutcome], dict[str, str]]:
     """Every model's :class:`ModelOutcome`, and ``{name: one-line error}`` of the models that failed.
 
@@ -237,7 +256,7 @@ def compare(
     for spec, backbone in loaded:
         if backbone is not None:
             outcome = attempt(spec, lambda: evaluate_model(spec, backbone, train_set, val_set, cfg, fractions,
-                                                           shown, probes))
+                                                           shown, probes, linprobe))
             if outcome is not None:
                 outcomes.append(outcome)
     return outcomes, failed

@@ -10,7 +10,9 @@ import importlib
 from typing import Any
 
 from locatdino.data.ade20k import ADE20K_CLASSES, ADE20KSegmentation
+from locatdino.data.coco_stuff import COCO_STUFF_CLASSES, COCOStuffSegmentation
 from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
+from locatdino.data.pascal_context import PASCAL_CONTEXT_CLASSES, PascalContextSegmentation
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
 from locatdino.data.segmentation import build_segmentation_dataset
 from locatdino.data.shard_segmentation import ShardSegmentation
@@ -22,7 +24,8 @@ from locatdino.data.voc import VOC_CLASSES, VOCSegmentation
 _LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped"}
 
 __all__ = [
-    "ADE20K_CLASSES", "SCENE_CLASSES", "VOC_CLASSES", "ADE20KSegmentation", "MultiCropTransform",
+    "ADE20K_CLASSES", "COCO_STUFF_CLASSES", "PASCAL_CONTEXT_CLASSES", "SCENE_CLASSES", "VOC_CLASSES",
+    "ADE20KSegmentation", "COCOStuffSegmentation", "MultiCropTransform", "PascalContextSegmentation",
     "ScenesSegmentation", "ShardDataModule", "ShardLoader", "ShardSegmentation", "ShardStream",
     "SkippedSamplesLogger", "VOCSegmentation", "build_segmentation_dataset", "build_source",
     "collate_multicrop", "expand_urls", "write_shards",

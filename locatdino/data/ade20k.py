@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation
+from locatdino.data.file_pairs import FilePairsSegmentation, folder_pairs
 
 ADE20K_CLASSES: tuple[str, ...] = ("other",) + tuple(n.strip() for n in (
     "wall, building, sky, floor, tree, ceiling, road, bed, windowpane, grass, cabinet, sidewalk, person, earth, "
@@ -49,15 +49,7 @@ def ade20k_pairs(root: str | Path, split: str = "validation") -> list[tuple[Path
     """``(image, mask)`` paths of an ADE20K split, sorted by file name; every image needs its mask."""
     if split not in _SPLITS:
         raise ValueError(f"ADE20K split must be one of {sorted(_SPLITS)}, got {split!r}")
-    ade, split = find_ade20k_root(root), _SPLITS[split]
-    images = sorted((ade / "images" / split).glob("*.jpg"))
-    if not images:
-        raise FileNotFoundError(f"ADE20K split {split!r}: no .jpg files in {ade / 'images' / split}")
-    pairs = [(p, ade / "annotations" / split / f"{p.stem}.png") for p in images]
-    missing = [str(m) for _, m in pairs if not m.is_file()]
-    if missing:
-        raise FileNotFoundError(f"ADE20K split {split!r}: {len(missing)} mask(s) missing, first: {missing[0]}")
-    return pairs
+    return folder_pairs(find_ade20k_root(root), _SPLITS[split], ".png", "ADE20K")
 
 
 class ADE20KSegmentation(FilePairsSegmentation):

@@ -9,6 +9,8 @@ attributes ``num_classes`` (label values ``0 .. num_classes - 1``), ``ignore_ind
 | scenes  | ``ScenesSegmentation`` | 10 (every pixel labelled)   | None                  |
 | voc     | ``VOCSegmentation``    | 21 (0 = background)         | 255 (object borders)  |
 | ade20k  | ``ADE20KSegmentation`` | 151 values (0 = "other")    | 0                     |
+| pascal_context | ``PascalContextSegmentation`` | 60 values (0 = background) | 0       |
+| coco_stuff | ``COCOStuffSegmentation`` | 171                      | 255 (unlabelled)      |
 | shards  | ``ShardSegmentation``  | from ``index.json``         | from ``index.json``   |
 """
 
@@ -18,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from locatdino.data.ade20k import ADE20KSegmentation
+from locatdino.data.coco_stuff import COCOStuffSegmentation
+from locatdino.data.pascal_context import PascalContextSegmentation
 from locatdino.data.scenes import ScenesSegmentation
 from locatdino.data.shard_segmentation import ShardSegmentation
 from locatdino.data.voc import VOCSegmentation
 
-DATASETS = ("scenes", "voc", "ade20k", "shards")
+DATASETS = ("scenes", "voc", "ade20k", "pascal_context", "coco_stuff", "shards")
 
 
 def build_segmentation_dataset(name: str, data_dir: str | Path | None, split: str, **kwargs: Any) -> Any:
@@ -32,6 +36,8 @@ def build_segmentation_dataset(name: str, data_dir: str | Path | None, split: st
       ``ScenesSegmentation`` (``num_images`` default 100, ``size``, ``seed``).
     - ``voc``: ``data_dir`` is the VOC tree; split train/val/trainval/trainaug.
     - ``ade20k``: ``data_dir`` is the ADE20K tree; split training/validation (or train/val).
+    - ``pascal_context``: ``data_dir`` is the VOC2010 tree with Pascal Context 59 masks; split train/val.
+    - ``coco_stuff``: ``data_dir`` is the COCO-Stuff-164k tree; split train2017/val2017 (or train/val).
     - ``shards``: ``data_dir/split`` if that folder exists, else ``data_dir`` itself (a folder,
       glob or brace pattern of shards written with segmentation masks); ``kwargs`` go to
       ``ShardSegmentation``.
@@ -47,5 +53,9 @@ def build_segmentation_dataset(name: str, data_dir: str | Path | None, split: st
         return VOCSegmentation(data_dir, split, **kwargs)
     if name == "ade20k":
         return ADE20KSegmentation(data_dir, split, **kwargs)
+    if name == "pascal_context":
+        return PascalContextSegmentation(data_dir, split, **kwargs)
+    if name == "coco_stuff":
+        return COCOStuffSegmentation(data_dir, split, **kwargs)
     folder = Path(data_dir) / split
     return ShardSegmentation(str(folder) if folder.is_dir() else str(data_dir), **kwargs)

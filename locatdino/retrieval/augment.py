@@ -45,7 +45,7 @@ from torchvision.transforms import InterpolationMode
 from locatdino.retrieval.patch_labels import PAD
 
 # timm's ImageNet mean/std; the Hummingbird reference has 0.255 for the blue std: a typo of 0.225.
-_MEAN_RGB = [round(255 * m) for m in IMAGENET_DEFAULT_MEAN]
+MEAN_RGB = [round(255 * m) for m in IMAGENET_DEFAULT_MEAN]
 NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
 AUGMENT_MODES = ("zoom-out", "reference", "off")
 
@@ -103,7 +103,7 @@ class PairedAugmentation:
         pad = [max(0, -left), max(0, -top), max(0, left + w - width), max(0, top + h - height)]
         mask = tv_tensors.Mask(mask.int())
         if any(pad):  # zoom-out: put the image on a canvas of mean colour / PAD labels
-            image = TF.pad(image, pad, fill=_MEAN_RGB)
+            image = TF.pad(image, pad, fill=MEAN_RGB)
             mask = TF.pad(mask, pad, fill=PAD)
             top, left = top + pad[1], left + pad[0]
         size = [self.size, self.size]

@@ -14,7 +14,6 @@ plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -22,16 +21,14 @@ import torch
 from torch import nn
 
 from locatdino.arguments import ArgumentParser
-from locatdino.errors import UserError
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.features import load_backbone
 from locatdino.retrieval.memory import check_bank_folder
-from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
-                                                  add_protocol_arguments, config_from_args, encoder_device)
-from locatdino.retrieval.provenance import checkpoint_record
+from locatdino.retrieval.protocol_options import (add_data_arguments, add_model_arguments, add_protocol_arguments,
+                                                  config_from_args, encoder_device, load_backbones, model_runs,
+                                                  record_run)
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         miou_deltas, results_table, run_confusions, summary_markdown, write_run)
 from locatdino.retrieval.splits import SubsetSplit, open_split
@@ -46,13 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         "`locatdino hbird report RESULTS...` compares finished runs.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
-    p.add_argument("--model", action="append", required=True, metavar="NAME",
-                   help="timm / LocAtViT model name; repeat to compare several models")
-    p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
-                   help="weights for the matching --model ('none': random init); any format of "
-                   "locatdino.models.create_backbone")
-    p.add_argument("--pos-embed", action="append", choices=POS_EMBED_CHOICES, default=[], metavar="RULE",
-                   help=POS_EMBED_HELP + "; once for all models or once per --model")
+    add_model_arguments(p)
     add_data_arguments(p)
     add_protocol_arguments(p)
     p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
@@ -73,54 +64,6 @@ def _report_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mixed", action="store_true",
                    help="compare runs of different datasets, splits or query counts anyway (marked)")
     return p
-
-
-def _runs(args: argparse.Namespace) -> list[tuple[str, str | None, str, str]]:
-    """(model, checkpoint, position-embedding rule, label) per run, labels unique and usable as
-    directory names."""
-    ckpts = args.checkpoint or [None] * len(args.model)
-    if len(ckpts) != len(args.model):
-        raise SystemExit(
-            f"locatdino hbird: {len(args.model)} --model but {len(args.checkpoint)} --checkpoint "
-            "(give one per model, 'none' for random init)"
-        )
-    rules = args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
-    if len(rules) != len(args.model):
-        raise SystemExit(f"locatdino hbird: {len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
-                         "(give one for all models or one per model)")
-    runs, seen = [], set()
-    for name, ckpt, rule in zip(args.model, ckpts, rules):
-        ckpt = None if ckpt in (None, "", "none") else ckpt
-        label = name if ckpt is None else f"{name}-{Path(ckpt).stem}"
-        label = re.sub(r"[^\w.+-]+", "_", label)
-        base, i = label, 1
-        while label in seen:
-            i += 1
-            label = f"{base}-{i}"
-        seen.add(label)
-        runs.append((name, ckpt, rule, label))
-    return runs
-
-
-def _load_all(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int) -> list[nn.Module]:
-    """Every backbone, built and checked before the first evaluation starts: a wrong second
-    checkpoint or an input size the patch does not divide must not cost the first model's run."""
-    models = []
-    for name, ckpt, rule, _ in runs:
-        if ckpt is None:
-            torch.manual_seed(seed)  # a random-init run is reproducible from --seed
-        try:
-            model = load_backbone(name, ckpt, pos_embed=rule)
-        except ValueError as err:
-            named = name in str(err) or (ckpt is not None and ckpt in str(err))
-            raise UserError(str(err) if named else f"--model {name}: {err}") from err
-        patch = model.patch_embed.patch_size[0]
-        if input_size % patch:
-            below = input_size // patch * patch
-            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
-                            f"use {below or patch} or {below + patch}")
-        models.append(model)
-    return models
 
 
 def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | None:
@@ -215,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "report":
         return report_main(argv[1:])
     args = _parser().parse_args(argv)
-    runs = _runs(args)
+    runs = model_runs(args, "hbird")
     device = encoder_device(args.device, "hbird")
     try:
         config_from_args(args, None)  # inconsistent settings fail before any data is read
@@ -226,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-    models = _load_all(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
     _check_outputs(args, runs)
     with output_lock(args.out, "--out"):  # a second run into --out is refused, not raced
         return _evaluate(args, runs, models, train_set, val_set, device)
@@ -245,13 +188,8 @@ def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, s
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
             run = hummingbird(model.to(device), train_set, val_set, cfg)
-            result = run.to_dict()
-            result["model"] = {"name": name, "checkpoint": ckpt, "label": label, "pos_embed": model.pos_embed_rule}
-            result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
-                                    val_split=args.val_split,
-                                    scene_size=args.scene_size if args.dataset == "scenes" else None,
-                                    query_seed=args.seed if picks_queries else None)
-            result["provenance"]["checkpoint"] = checkpoint_record(ckpt)
+            result = record_run(run.to_dict(), args, name, ckpt, label, model)
+            result["config"]["query_seed"] = args.seed if picks_queries else None
             write_run(result, out if single else out / label, run.image_confusions)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None

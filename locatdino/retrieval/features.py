@@ -44,7 +44,9 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 class FeatureExtractor:
-    """``images uint8 [B, 3, S, S]`` → L2-normalised float32 patch features ``[B, h, w, D]`` on CPU.
+    """``images uint8 [B, 3, S, S]`` → L2-normalised float32 patch features ``[B, h, w, D]`` on CPU
+    (raw tokens on the model's device with ``l2_normalize=False, to_cpu=False``: the dense linear
+    probe trains on them, SPEC §3.1).
 
     Args:
         model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen.
@@ -55,6 +57,8 @@ class FeatureExtractor:
             with int8 Linear layers, CPU only); ``auto`` is resolved for ``device`` at
             construction and ``self.precision`` says what was chosen.
         device: where the forward runs; default the model's device.
+        l2_normalize: unit-length features (cosine similarity = inner product, for retrieval).
+        to_cpu: return the features on the CPU (else on ``device``).
     """
 
     def __init__(
@@ -65,10 +69,13 @@ class FeatureExtractor:
         prr: bool = False,
         precision: str = "fp32",
         device: torch.device | str | None = None,
+        l2_normalize: bool = True,
+        to_cpu: bool = True,
     ):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model, self.precision = encoder_for(model, precision, self.device)
         self.layer, self.norm, self.prr = layer, norm, prr
+        self.l2_normalize, self.to_cpu = l2_normalize, to_cpu
         patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
         if patch is None:
             raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")
@@ -90,4 +97,5 @@ class FeatureExtractor:
             feats = dense_features(
                 self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
             )
-            return F.normalize(feats.float(), dim=-1).cpu()
+            feats = F.normalize(feats.float(), dim=-1) if self.l2_normalize else feats.float()
+            return feats.cpu() if self.to_cpu else feats

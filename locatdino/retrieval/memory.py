@@ -25,8 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import (make_temporary_dir, remove_stale_temporaries, reserve_space,
-                                    temporary_sibling)
+from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap, temporary_sibling
 
 LABEL_DTYPE = np.float16
 BANK_FILES = ("features.bin", "labels.bin", "meta.json")
@@ -87,8 +86,8 @@ class MemoryBank:
         remove_stale_temporaries(directory.parent)
         staging = make_temporary_dir(directory)
         try:
-            feats = _reserved_memmap(staging / "features.bin", dtype, (max(capacity, 1), dim))
-            labels = _reserved_memmap(staging / "labels.bin", LABEL_DTYPE, (max(capacity, 1), num_classes))
+            feats = reserved_memmap(staging / "features.bin", dtype, (max(capacity, 1), dim))
+            labels = reserved_memmap(staging / "labels.bin", LABEL_DTYPE, (max(capacity, 1), num_classes))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -200,16 +199,6 @@ class MemoryBank:
         bank = cls(feats, labels, n, meta)
         bank._directory = directory
         return bank
-
-
-def _reserved_memmap(path: Path, dtype: Any, shape: tuple[int, int]) -> np.memmap:
-    """A new writable memmap whose disk space is allocated now (see the module docstring)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        reserve_space(fd, shape[0] * shape[1] * np.dtype(dtype).itemsize, path)
-    finally:
-        os.close(fd)
-    return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -1,5 +1,5 @@
 """The command-line options of the Hummingbird protocol, shared by ``locatdino hbird`` and
-``locatdino compare``.
+``locatdino compare`` (models, data and features also by ``locatdino linprobe``).
 
 Both commands run the same engine, so a user who learns ``--augment reference --norm`` on one
 must find it, with the same meaning and default, on the other; defining the options once keeps
@@ -10,16 +10,22 @@ Every number is range-checked as it is parsed (``locatdino.arguments``), before 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields
+from pathlib import Path
 
 import torch
+from torch import nn
 
 from locatdino.arguments import at_least, positive_float
+from locatdino.errors import UserError
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 from locatdino.retrieval.augment import AUGMENT_MODES
 from locatdino.retrieval.evaluate import HummingbirdConfig
+from locatdino.retrieval.features import load_backbone
 from locatdino.retrieval.metric import HUNGARIAN_CRITERIA
 from locatdino.retrieval.precision import PRECISIONS
+from locatdino.retrieval.provenance import checkpoint_record
 
 DATASETS = ("scenes", "voc", "ade20k", "shards")
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
@@ -28,9 +34,20 @@ POS_EMBED_HELP = ("position-embedding resampling at other grids: dino (the refer
                   "timm otherwise)")
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """The labelled dataset and its memory / query splits."""
-    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model`` / ``--checkpoint`` / ``--pos-embed``, repeatable: one run per model."""
+    p.add_argument("--model", action="append", required=True, metavar="NAME",
+                   help="timm / LocAtViT model name; repeat to compare several models")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
+                   help="weights for the matching --model ('none': random init); any format of "
+                   "locatdino.models.create_backbone")
+    p.add_argument("--pos-embed", action="append", choices=POS_EMBED_CHOICES, default=[], metavar="RULE",
+                   help=POS_EMBED_HELP + "; once for all models or once per --model")
+
+
+def add_data_arguments(p: argparse.ArgumentParser, datasets: tuple[str, ...] = DATASETS) -> None:
+    """The labelled dataset and its memory (training) / query splits."""
+    p.add_argument("--dataset", choices=datasets, default="scenes", help="labelled dataset")
     p.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
                    "not needed for the built-in scenes")
     p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
@@ -67,10 +84,24 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=positive_float, nargs=2, default=d.scale, metavar=("MIN", "MAX"),
                    help="memory crop area / image area; above 1 zooms out (the reference's sampler "
                    "rejects those draws: '--scale 0.5 1' matches its effective range)")
-    p.add_argument("--layer", type=int, default=d.layer, help="block whose patch tokens are used")
+    add_feature_arguments(p)
+    p.add_argument("--hungarian", choices=HUNGARIAN_CRITERIA, default=d.hungarian,
+                   help="criterion of the Hungarian-matched mIoU: iou (summed IoU, the reference's) "
+                   "or pixels (summed matched pixels)")
+    p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
+                   help="score at the masks' original resolution, or at the input size (reference)")
+    p.add_argument("--batch-size", type=at_least(1), default=d.batch_size, help="images per forward")
+    p.add_argument("--seed", type=at_least(0), default=d.seed, help="memory views, subsets, sampling, random init")
+    add_loader_arguments(p)
+
+
+def add_feature_arguments(p: argparse.ArgumentParser) -> None:
+    """Which frozen tokens, computed where and in which arithmetic (Hummingbird and the linear probe)."""
+    d = HummingbirdConfig()
+    p.add_argument("--layer", type=at_least(0), default=d.layer, help="block whose patch tokens are used")
     p.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
-                   help="apply the final norm to the features (the reference's default wrapper does "
-                   "for timm models: it takes forward_features)")
+                   help="apply the final norm to the features (the Hummingbird reference's default wrapper "
+                   "does for timm models: it takes forward_features)")
     p.add_argument("--prr", action="store_true", help="apply PRR to the features")
     p.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--precision", choices=PRECISIONS, default=d.precision,
@@ -78,15 +109,12 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "or AMX; int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), "
                    "bf16 (autocast; several times slower where bf16 is emulated, AVX2-only CPUs), int8 "
                    "(CPU only)")
-    p.add_argument("--hungarian", choices=HUNGARIAN_CRITERIA, default=d.hungarian,
-                   help="criterion of the Hungarian-matched mIoU: iou (summed IoU, the reference's) "
-                   "or pixels (summed matched pixels)")
-    p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
-                   help="score at the masks' original resolution, or at the input size (reference)")
-    p.add_argument("--batch-size", type=at_least(1), default=d.batch_size, help="images per forward")
+
+
+def add_loader_arguments(p: argparse.ArgumentParser) -> None:
+    """DataLoader workers and progress bars."""
     p.add_argument("--workers", type=at_least(0), default=None,
                    help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
-    p.add_argument("--seed", type=at_least(0), default=d.seed, help="memory views, subsets, sampling, random init")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -109,3 +137,62 @@ def encoder_device(name: str, command: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"locatdino {command}: --device {name} but torch sees no CUDA GPU")
     return device
+
+
+def model_runs(args: argparse.Namespace, command: str) -> list[tuple[str, str | None, str, str]]:
+    """(model, checkpoint, position-embedding rule, label) per ``--model``, labels unique and
+    usable as directory names; a count mismatch exits naming ``command``."""
+    ckpts = args.checkpoint or [None] * len(args.model)
+    if len(ckpts) != len(args.model):
+        raise SystemExit(
+            f"locatdino {command}: {len(args.model)} --model but {len(args.checkpoint)} --checkpoint "
+            "(give one per model, 'none' for random init)"
+        )
+    rules = args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
+    if len(rules) != len(args.model):
+        raise SystemExit(f"locatdino {command}: {len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
+                         "(give one for all models or one per model)")
+    runs, seen = [], set()
+    for name, ckpt, rule in zip(args.model, ckpts, rules):
+        ckpt = None if ckpt in (None, "", "none") else ckpt
+        label = name if ckpt is None else f"{name}-{Path(ckpt).stem}"
+        label = re.sub(r"[^\w.+-]+", "_", label)
+        base, i = label, 1
+        while label in seen:
+            i += 1
+            label = f"{base}-{i}"
+        seen.add(label)
+        runs.append((name, ckpt, rule, label))
+    return runs
+
+
+def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int) -> list[nn.Module]:
+    """Every backbone, built and checked before the first evaluation starts: a wrong second
+    checkpoint or an input size the patch does not divide must not cost the first model's run."""
+    models = []
+    for name, ckpt, rule, _ in runs:
+        if ckpt is None:
+            torch.manual_seed(seed)  # a random-init run is reproducible from --seed
+        try:
+            model = load_backbone(name, ckpt, pos_embed=rule)
+        except ValueError as err:
+            named = name in str(err) or (ckpt is not None and ckpt in str(err))
+            raise UserError(str(err) if named else f"--model {name}: {err}") from err
+        patch = model.patch_embed.patch_size[0]
+        if input_size % patch:
+            below = input_size // patch * patch
+            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
+                            f"use {below or patch} or {below + patch}")
+        models.append(model)
+    return models
+
+
+def record_run(result: dict, args: argparse.Namespace, name: str, checkpoint: str | None, label: str,
+               model: nn.Module) -> dict:
+    """Add to a run's ``results.json`` dict what was run: the model, the dataset (in its config)
+    and the checkpoint file's record (in its provenance). Returns ``result``."""
+    result["model"] = {"name": name, "checkpoint": checkpoint, "label": label, "pos_embed": model.pos_embed_rule}
+    result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
+                            val_split=args.val_split, scene_size=args.scene_size if args.dataset == "scenes" else None)
+    result["provenance"]["checkpoint"] = checkpoint_record(checkpoint)
+    return result

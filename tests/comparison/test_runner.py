@@ -11,7 +11,7 @@ from locatdino.retrieval.feature_cache import CachedExtractor
 from locatdino.retrieval.features import FeatureExtractor
 
 TINY = ["--num-train", "8", "--num-val", "3", "--scene-size", "64", "--input-size", "64", "--k", "5",
-        "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8"]
+        "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8", "--linprobe-iters", "6"]
 
 
 def test_model_spec_parsing():
@@ -76,12 +76,18 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert vit["locality"] is None and len(locat["locality"]) == 12
     probes = vit["probes"]
     assert probes["num_train"] == 8 and probes["num_test"] == 3 and 0 <= probes["knn_top1"] <= 100
+    linear = vit["linprobe"]  # the dense linear probe, trained on the memory images, scored on the queries
+    assert linear["iterations"] == 6 and linear["num_train"] == 8 and linear["num_val"] == 3
+    assert 0 <= linear["miou"] <= 100 and linear["features"]["cached"]
+    assert (out / linear["per_image_confusion"]).is_file()  # for the paired interval of the linear probe
+    assert report["config"]["linprobe"]["batch_size"] == 8 and report["config"]["linprobe"]["augment"] == "off"
     md = (out / "report.md").read_text()
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
-    assert set(locat["differences"]) == {"miou", "knn_top1", "logistic_top1"} and "differences" not in vit
+    assert set(locat["differences"]) == {"miou", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
     assert "## Differences to vit" in md and "Hummingbird mIoU: " in md
+    assert "Δ linear probe" in md and f"| {linear['miou']:.2f} | +0.00 |" in md
     for path in report["figures"].values():
         assert (out / path).stat().st_size > 1000 and (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"figures/locality.png", "figures/predictions.png"} <= set(report["figures"].values())
@@ -138,6 +144,21 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     report = json.loads((out / "report.json").read_text())
     (vit,) = report["models"]
     assert vit["hbird"] is None and vit["probes"]["num_train"] == 12 and vit["probes"]["num_test"] == 12
+    assert vit["linprobe"] is None and report["config"]["linprobe"] is None  # no masks: nothing to probe
     assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
     assert set(report["figures"].values()) == {"figures/attention.png"}
     assert "class-token probes only" in (out / "report.md").read_text()
+
+
+def test_headline_table_has_the_linear_probe_and_its_delta():
+    from locatdino.comparison.report import headline_table
+
+    def model(name, hbird, linear):
+        return {"spec": {"name": name, "model": "m", "checkpoint": None}, "parameters": 1,
+                "hbird": {"miou": hbird, "miou_matched": hbird}, "linprobe": linear and {"miou": linear}}
+
+    rows = headline_table([model("a", 20.0, 30.0), model("b", 21.0, 27.5), model("c", 19.0, None)]).splitlines()
+    assert "| linear probe mIoU | Δ linear probe |" in rows[0]
+    assert "| 20.00 | +0.00 | 20.00 | 30.00 | +0.00 |" in rows[2]
+    assert "| 21.00 | +1.00 | 21.00 | 27.50 | -2.50 |" in rows[3]
+    assert "| 19.00 | -1.00 | 19.00 | – | – |" in rows[4]  # --no-linprobe, or a failed probe

@@ -108,3 +108,80 @@ def test_a_shard_that_cannot_be_opened_is_named(tmp_path):
     (tmp_path / "shard-000000.tar").write_text("not a tar")
     with pytest.raises(ValueError, match=f"^{tmp_path / 'shard-000000.tar'}: cannot read the shard"):
         ShardSegmentation(str(tmp_path), num_classes=3)
+
+
+def _pascal_context_tree(root):
+    """MMSegmentation's Pascal Context layout: VOCdevkit/VOC2010 with SegmentationClassContext."""
+    voc = root / "VOCdevkit" / "VOC2010"
+    for d in ("JPEGImages", "SegmentationClassContext", "ImageSets/SegmentationContext"):
+        (voc / d).mkdir(parents=True)
+    masks, ids = {}, {"train": ["2008_000002", "2008_000003"], "val": ["2008_000007"]}
+    for k, image_id in enumerate(ids["train"] + ids["val"]):
+        Image.new("RGB", (8, 6), (k * 50, 0, 0)).save(voc / "JPEGImages" / f"{image_id}.jpg")
+        masks[image_id] = _mask(k, [0, 1, 37, 59])
+        Image.fromarray(masks[image_id], "L").save(voc / "SegmentationClassContext" / f"{image_id}.png")
+    for split, names in ids.items():
+        (voc / "ImageSets" / "SegmentationContext" / f"{split}.txt").write_text("\n".join(names) + "\n")
+    return masks
+
+
+def _coco_stuff_tree(root):
+    """MMSegmentation's COCO-Stuff-164k layout: images/<split>, annotations/<split>/*_labelTrainIds.png."""
+    coco = root / "coco_stuff164k"
+    masks = {}
+    for split, n in (("train2017", 3), ("val2017", 2)):
+        (coco / "images" / split).mkdir(parents=True)
+        (coco / "annotations" / split).mkdir(parents=True)
+        for i in range(n):
+            name = f"{i + 1:012d}"
+            Image.new("RGB", (8, 6), (0, 0, i * 60)).save(coco / "images" / split / f"{name}.jpg")
+            masks[name] = _mask(10 + i, [0, 92, 170, 255])
+            Image.fromarray(masks[name], "L").save(coco / "annotations" / split / f"{name}_labelTrainIds.png")
+    return masks
+
+
+def test_pascal_context_59_reader_and_its_ignore_rule(tmp_path):
+    from locatdino.data import PascalContextSegmentation
+    from locatdino.retrieval.metric import ConfusionMatrix
+
+    masks = _pascal_context_tree(tmp_path)
+    for root in (tmp_path, tmp_path / "VOCdevkit", tmp_path / "VOCdevkit" / "VOC2010"):
+        assert len(PascalContextSegmentation(root, "train")) == 2
+    ds = build_segmentation_dataset("pascal_context", tmp_path, "val")
+    image, mask = ds[0]
+    np.testing.assert_array_equal(mask, masks["2008_000007"])
+    assert image.mode == "RGB" and image.size == (8, 6)
+    # 59 classes 1..59 scored, background 0 ignored (MMSegmentation's PascalContextDataset59)
+    assert ds.num_classes == 60 and ds.ignore_index == 0 and len(ds.class_names) == 60
+    assert ds.class_names[0] == "background" and ds.class_names[1] == "aeroplane" and ds.class_names[59] == "wood"
+    cm = ConfusionMatrix(ds.num_classes, ds.ignore_index)
+    cm.update(np.full_like(mask, 37), mask)  # predict class 37 everywhere
+    assert cm.matrix.sum() == np.count_nonzero(mask)  # background pixels not counted
+    iou = cm.compute().iou
+    assert np.isnan(iou[0]) and set(np.flatnonzero(~np.isnan(iou))) == set(np.unique(mask[mask > 0]))
+    with pytest.raises(FileNotFoundError, match="test.txt"):
+        PascalContextSegmentation(tmp_path, "test")
+    (tmp_path / "VOCdevkit/VOC2010/SegmentationClassContext/2008_000003.png").unlink()
+    with pytest.raises(FileNotFoundError, match="2008_000003.png"):
+        PascalContextSegmentation(tmp_path, "train")
+
+
+def test_coco_stuff_164k_reader_and_its_ignore_rule(tmp_path):
+    from locatdino.data import COCOStuffSegmentation
+    from locatdino.retrieval.metric import ConfusionMatrix
+
+    masks = _coco_stuff_tree(tmp_path)
+    ds = build_segmentation_dataset("coco_stuff", tmp_path, "val")
+    assert len(ds) == 2 and len(COCOStuffSegmentation(tmp_path / "coco_stuff164k", "train2017")) == 3
+    image, mask = ds[1]
+    np.testing.assert_array_equal(mask, masks["000000000002"])
+    assert image.mode == "RGB" and ds.num_classes == 171 and ds.ignore_index == 255
+    assert ds.class_names[0] == "person" and ds.class_names[80] == "banner" and ds.class_names[170] == "wood"
+    cm = ConfusionMatrix(ds.num_classes, ds.ignore_index)
+    cm.update(np.zeros_like(mask), mask)  # class 0 (person) is a class here, 255 is not
+    assert cm.matrix.sum() == np.count_nonzero(mask != 255) and cm.matrix[0, 0] == np.count_nonzero(mask == 0)
+    with pytest.raises(ValueError, match="split"):
+        COCOStuffSegmentation(tmp_path, "test2017")
+    (tmp_path / "coco_stuff164k/annotations/train2017/000000000001_labelTrainIds.png").unlink()
+    with pytest.raises(FileNotFoundError, match="_labelTrainIds"):
+        COCOStuffSegmentation(tmp_path, "train")

@@ -1,0 +1,121 @@
+"""``locatdino linprobe``: the paper's dense linear probe from the command line (SPEC §3.1).
+
+    locatdino linprobe --model locatvit_small --checkpoint last.ckpt --dataset ade20k \\
+        --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade
+
+Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are probed one after
+another on the same data, batches and seed. One model writes ``OUT/results.json``,
+``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
+``OUT/<model>/`` plus ``OUT/summary.md`` comparing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from locatdino.data.segmentation import DATASETS
+from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
+from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
+from locatdino.probes.probe_report import probe_summary, probe_table, write_probe_run
+from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
+                                                  add_model_arguments, encoder_device, load_backbones, model_runs,
+                                                  record_run)
+from locatdino.retrieval.splits import CachedSplit, open_split
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = LinearProbeConfig()
+    p = argparse.ArgumentParser(
+        prog="locatdino linprobe",
+        description="The paper's segmentation metric: train a linear head (1x1 conv -> 512, GroupNorm(1, 512), "
+        "GELU, 1x1 conv) on the frozen last-block patch tokens, report the mIoU on the query split.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_model_arguments(p)
+    add_data_arguments(p, DATASETS)
+    add_feature_arguments(p)
+    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
+                   help="training crop side and evaluation short side (paper: 512)")
+    p.add_argument("--iters", type=int, default=d.iterations, help="training iterations (paper: 20,000)")
+    p.add_argument("--epochs", type=float, default=None,
+                   help="training budget in passes over the training images instead of --iters")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="training batch (paper: 32)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate of the OneCycle schedule")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    p.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
+                   help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
+                   "every iteration); off: whole images resized to S x S, features cached once")
+    p.add_argument("--no-cache", action="store_true",
+                   help="with --augment off, recompute the features every iteration (the cached path's check)")
+    p.add_argument("--cache-dir", default=None,
+                   help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
+    p.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
+                   help="largest feature cache kept in RAM; larger ones are memory-mapped files")
+    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
+    p.add_argument("--seed", type=int, default=d.seed, help="head init, batch order, augmentation, subsets, random init")
+    add_loader_arguments(p)
+    p.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
+    """The :class:`LinearProbeConfig` of parsed options (``ValueError`` when they disagree)."""
+    return LinearProbeConfig(
+        input_size=args.input_size, iterations=args.iters, epochs=args.epochs, batch_size=args.batch_size,
+        lr=args.lr, weight_decay=args.weight_decay, augment=args.augment, cache=not args.no_cache,
+        cache_dir=args.cache_dir, max_cache_ram_mb=args.cache_ram_mb, layer=args.layer, norm=args.norm,
+        prr=args.prr, precision=args.precision, eval_batch_size=args.eval_batch_size, num_workers=args.workers,
+        seed=args.seed, progress=not args.no_progress)
+
+
+def _check_outputs(out: Path, labels: list[str], cache_dir: str | None) -> None:
+    """Fail before any training when an output folder cannot be written."""
+    folders = [(out if len(labels) == 1 else out / label, "--out") for label in labels]
+    if cache_dir is not None:
+        folders.append((Path(cache_dir), "--cache-dir"))
+    try:
+        for folder, flag in folders:
+            ensure_writable(folder, flag)
+            remove_stale_temporaries(folder)
+    except OSError as err:
+        raise SystemExit(f"locatdino linprobe: {err}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    runs = model_runs(args, "linprobe")
+    device = encoder_device(args.device, "linprobe")
+    try:
+        cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        common = dict(seed=args.seed, scene_size=args.scene_size)
+        train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
+                               default_scenes=300, **common)
+        val_set = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"locatdino linprobe: {err}") from None
+    if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
+        train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
+    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    out = Path(args.out)
+    _check_outputs(out, [label for *_, label in runs], args.cache_dir)
+    results = []
+    for (name, ckpt, _, label), model in zip(runs, models):
+        iterations = cfg.total_iterations(len(train_set))
+        print(f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
+              f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
+              f"{' (features cached)' if cfg.cached else ''}", file=sys.stderr, flush=True)
+        probe = linear_probe(model.to(device), train_set, val_set, cfg)
+        result = record_run(probe.to_dict(), args, name, ckpt, label, model)
+        try:
+            write_probe_run(result, probe.per_image_confusion, out if len(runs) == 1 else out / label)
+        except DiskFullError as err:
+            raise SystemExit(f"locatdino linprobe: {err}") from None
+        results.append(result)
+    if len(results) > 1:
+        atomic_write_text(out / "summary.md", probe_summary(results, "Dense linear probe comparison"))
+    print(probe_table(results))
+    print(f"[linprobe] results written to {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,341 @@
+"""The dense linear probe, end to end (SPEC §3.1): the paper's segmentation metric.
+
+    train split ─ TrainViews ─ frozen backbone ─ [FeatureStore] ─ LinearSegHead ─ cross-entropy
+    val split ─── EvalViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix
+
+The backbone is frozen (eval mode, ``requires_grad=False``, inference mode) and gives the last
+block's patch tokens without final norm or PRR (:class:`~locatdino.retrieval.features.
+FeatureExtractor` with ``l2_normalize=False``); only the head trains, with the paper's AdamW and
+OneCycle schedule (:mod:`~locatdino.probes.one_cycle`), batch 32, for ``iterations`` steps (or
+``epochs`` passes over the training set). ``augment="official"`` is the paper's augmentation
+(:mod:`~locatdino.probes.seg_transforms`), recomputing the backbone every iteration;
+``augment="off"`` trains on whole images resized to ``S × S`` and, with ``cache`` (default),
+computes each image's tokens once (:class:`~locatdino.probes.feature_store.FeatureStore`) — the
+cheap, deterministic variant; both paths feed the head the same batches in the same order.
+
+The score is the mIoU of the identity mapping from :class:`~locatdino.retrieval.metric.
+ConfusionMatrix` (Hummingbird's code) over every original pixel of the query images; one
+confusion matrix per query image is kept (``per_image_confusion``) for paired bootstraps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from locatdino.probes.feature_store import FeatureStore
+from locatdino.probes.linear_head import LinearSegHead
+from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
+from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
+from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
+from locatdino.retrieval.evaluate import PhaseClock
+from locatdino.retrieval.features import FeatureExtractor
+from locatdino.retrieval.metric import ConfusionMatrix
+from locatdino.retrieval.provenance import run_provenance
+
+PROBE_AUGMENT = ("official", "off")
+_LOSS_POINTS = 50  # entries of the recorded loss curve
+
+
+@dataclass
+class LinearProbeConfig:
+    """Every setting of one probe (defaults: the paper's protocol)."""
+
+    input_size: int = 512  # training crop side; evaluation short side
+    iterations: int = 20_000
+    epochs: float | None = None  # when set: iterations = ceil(epochs × train images / batch)
+    batch_size: int = 32
+    lr: float = LR
+    weight_decay: float = WEIGHT_DECAY
+    augment: str = "official"  # official (the paper's) | off (whole images, cacheable)
+    cache: bool = True  # with augment off: each image's features computed once
+    cache_dir: str | None = None  # where a feature store too large for RAM is memory-mapped
+    max_cache_ram_mb: int = 4096
+    layer: int = -1
+    norm: bool = False
+    prr: bool = False
+    precision: str = "auto"  # encoder arithmetic (locatdino.retrieval.precision)
+    eval_batch_size: int = 16
+    num_workers: int | None = None  # None: 1 for a CPU encoder, else min(8, cores)
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.augment not in PROBE_AUGMENT:
+            raise ValueError(f"augment must be one of {PROBE_AUGMENT}, got {self.augment!r}")
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("batch sizes must be >= 1")
+        if self.epochs is None and self.iterations < MIN_STEPS:
+            raise ValueError(f"iterations (--iters) must be >= {MIN_STEPS} (the OneCycle schedule), got {self.iterations}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+
+    def total_iterations(self, num_train: int) -> int:
+        if self.epochs is None:
+            return self.iterations
+        return max(MIN_STEPS, math.ceil(self.epochs * num_train / self.batch_size))
+
+    @property
+    def cached(self) -> bool:
+        return self.cache and self.augment == "off"
+
+
+@dataclass
+class LinearProbeResult:
+    """Scores in percent, timings in seconds; ``per_image_confusion`` ``[N, C, C]`` (rows ground
+    truth, columns predictions, one matrix per scored query image) is left out of :meth:`to_dict`."""
+
+    miou: float
+    pixel_accuracy: float
+    per_class_iou: dict[str, float | None]
+    num_train: int
+    num_val: int
+    skipped: int
+    iterations: int
+    loss_curve: list[tuple[int, float]]
+    timings: dict[str, float]
+    peak_rss_mb: float
+    features: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    per_image_confusion: np.ndarray | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "per_image_confusion"}
+
+
+def _workers(cfg: LinearProbeConfig, device: torch.device) -> int:
+    """DataLoader workers: one beside a CPU encoder (more steal its cores), up to 8 beside a GPU."""
+    if cfg.num_workers is not None:
+        return cfg.num_workers
+    return 1 if device.type == "cpu" else min(8, os.cpu_count() or 1)
+
+
+def _seeded_head(dim: int, num_classes: int, seed: int, device: torch.device) -> LinearSegHead:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LinearSegHead(dim, num_classes).to(device)
+
+
+def _loss(head: nn.Module, feats: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy averaged over *every* pixel of the batch, ignored ones counting 0: the
+    official decoder's (MMSegmentation's ``CrossEntropyLoss`` with its default
+    ``avg_non_ignore=False``), where PyTorch's ``reduction='mean'`` would average over the labelled
+    pixels only (and give NaN for a batch without any)."""
+    logits = head(feats, tuple(targets.shape[-2:]))
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / targets.numel()
+
+
+def _store_features(extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int,
+                    clock: PhaseClock) -> tuple[FeatureStore, int]:
+    """Every training image's tokens and targets, computed once (augmentation off)."""
+    grid = extractor.grid(cfg.input_size)
+    store = FeatureStore(len(dataset), extractor.dim, grid, cfg.input_size, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
+    views = TrainViews(dataset, np.arange(len(dataset)), cfg.input_size)
+    loader = DataLoader(_Indexed(views), batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
+    skipped = 0
+    for items, n_bad in clock.iterate(tqdm(loader, desc="features", disable=not cfg.progress, leave=False), "data"):
+        skipped += n_bad
+        if items:
+            indices, pairs = zip(*items)
+            images, targets = stack_pairs(list(pairs))
+            with clock("features"):
+                store.put(indices, _tokens(extractor, images), targets)
+    return store, skipped
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """``(k, views[k])`` items (None stays None), so a batch knows which images it holds."""
+
+    def __init__(self, views: TrainViews):
+        self.views = views
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, k: int) -> tuple[int, Any] | None:
+        item = self.views[k]
+        return None if item is None else (k, item)
+
+
+def _tokens(extractor: FeatureExtractor, images: Tensor) -> Tensor:
+    """``[B, D, h, w]`` frozen tokens, a normal tensor (inference tensors cannot enter autograd)."""
+    return extractor(images).permute(0, 3, 1, 2).clone()
+
+
+def _batches(extractor: FeatureExtractor, train_set: Any, order: np.ndarray, cfg: LinearProbeConfig,
+             workers: int, clock: PhaseClock, skipped: list[int]) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(features, targets)`` of each iteration, from the feature store or from the backbone."""
+    device = extractor.device
+    if cfg.cached:
+        store, bad = _store_features(extractor, train_set, cfg, workers, clock)
+        skipped[0] += bad
+        try:
+            for row in order:
+                with clock("data"):
+                    row = row[store.filled[row]]  # images that failed to decode are left out, as below
+                    batch = store.batch(row, device) if len(row) else _empty_batch(extractor, cfg.input_size)
+                yield batch
+        finally:
+            store.close()
+        return
+    augmentation = ProbeAugmentation(cfg.input_size) if cfg.augment == "official" else None
+    views = TrainViews(train_set, order, cfg.input_size, augmentation, cfg.seed)
+    loader = DataLoader(views, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
+    for items, n_bad in clock.iterate(loader, "data"):
+        skipped[0] += n_bad
+        if not items:
+            yield _empty_batch(extractor, cfg.input_size)
+            continue
+        images, targets = stack_pairs(items)
+        with clock("features"):
+            feats = _tokens(extractor, images)
+        yield feats, targets.to(device)
+
+
+def _empty_batch(extractor: FeatureExtractor, size: int) -> tuple[Tensor, Tensor]:
+    """A batch without a labelled pixel (every sample failed to decode): the iteration still
+    counts, so the schedule stays the same, but nothing is learned from it."""
+    grid = extractor.grid(size)
+    return (torch.zeros(1, extractor.dim, grid, grid, device=extractor.device),
+            torch.full((1, size, size), IGNORE, device=extractor.device))
+
+
+def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig,
+               clock: PhaseClock | None = None) -> tuple[LinearSegHead, list[tuple[int, float]], int]:
+    """Train the head on the frozen tokens of ``train_set``; returns it, the loss curve
+    ``[(iteration, mean loss since the previous point)]`` and the number of skipped samples
+    (corrupt images: once on the cached path, at every draw on the uncached one)."""
+    clock = clock or PhaseClock()
+    iterations = cfg.total_iterations(len(train_set))
+    order = draw_order(len(train_set), iterations, cfg.batch_size, cfg.seed)
+    head = _seeded_head(extractor.dim, train_set.num_classes, cfg.seed, extractor.device)
+    optimizer = probe_optimizer(head.parameters(), cfg.lr, cfg.weight_decay)
+    schedule = one_cycle(optimizer, cfg.lr, iterations)
+    every = max(1, iterations // _LOSS_POINTS)
+    curve, running, skipped = [], [], [0]
+    head.train()
+    batches = _batches(extractor, train_set, order, cfg, _workers(cfg, extractor.device), clock, skipped)
+    progress = tqdm(total=iterations, desc="linear probe", disable=not cfg.progress, leave=False)
+    with contextlib.closing(batches), progress:
+        for it, (feats, targets) in enumerate(batches, start=1):
+            with clock("head"):
+                loss = _loss(head, feats, targets)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+            running.append(loss.item())
+            if it % every == 0 or it == iterations:
+                curve.append((it, round(float(np.mean(running)), 5)))
+                running.clear()
+                progress.set_postfix(loss=curve[-1][1])
+            progress.update()
+    return head.eval(), curve, skipped[0]
+
+
+def predict_labels(logits: Tensor, ignore_index: int | None) -> Tensor:
+    """Class ids ``[B, H, W]`` of logits ``[B, C, H, W]``; an ignore value that is a label (ADE20K's
+    and Pascal Context's 0) is never predicted: it is not a class."""
+    if ignore_index is not None and 0 <= ignore_index < logits.shape[1]:
+        logits = logits.clone()
+        logits[:, ignore_index] = -torch.inf
+    return logits.argmax(1)
+
+
+@torch.no_grad()
+def predict_images(extractor: FeatureExtractor, head: nn.Module, images: Tensor, ignore_index: int | None) -> Tensor:
+    """Labels ``[B, S, S]`` of uint8 images ``[B, 3, S, S]`` (the figures' query images)."""
+    logits = head(_tokens(extractor, images), tuple(images.shape[-2:]))
+    return predict_labels(logits, ignore_index).cpu()
+
+
+@torch.no_grad()
+def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cfg: LinearProbeConfig,
+                  clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, np.ndarray, int]:
+    """Score ``head`` on every image of ``dataset`` at its original resolution: the total confusion
+    matrix, one matrix per scored image ``[N, C, C]`` (int64) and the number of skipped samples."""
+    clock = clock or PhaseClock()
+    c, ignore = dataset.num_classes, dataset.ignore_index
+    total, per_image, skipped = ConfusionMatrix(c, ignore), [], 0
+    views = EvalViews(dataset, cfg.input_size, extractor.patch_size)
+    loader = DataLoader(views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device),
+                        collate_fn=collate_items)
+    for items, n_bad in clock.iterate(tqdm(loader, desc="evaluate", disable=not cfg.progress, leave=False), "data"):
+        skipped += n_bad
+        groups: dict[tuple[int, ...], list[tuple[Tensor, tuple[int, int], Tensor]]] = {}
+        for item in items:  # images of one padded size go through the backbone together
+            groups.setdefault(tuple(item[0].shape), []).append(item)
+        for group in groups.values():
+            images = torch.stack([g[0] for g in group])
+            with clock("features"):
+                feats = _tokens(extractor, images)
+            with clock("head"):
+                logits = head(feats, tuple(images.shape[-2:]))
+            for (_, (h, w), mask), one in zip(group, logits):
+                with clock("head"):
+                    one = F.interpolate(one[None, :, :h, :w], size=tuple(mask.shape), mode="bilinear",
+                                        align_corners=False)
+                    pred = predict_labels(one, ignore)[0].cpu()
+                cm = ConfusionMatrix(c, ignore)
+                cm.update(pred, mask)
+                total.merge(cm)
+                per_image.append(cm.matrix.numpy())
+    stacked = np.stack(per_image) if per_image else np.zeros((0, c, c), dtype=np.int64)
+    return total, stacked, skipped
+
+
+def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProbeConfig | None = None,
+                 inspect: Callable[[FeatureExtractor, LinearSegHead], None] | None = None) -> LinearProbeResult:
+    """Train the paper's head on the frozen tokens of ``model`` over ``train_set``, score it on
+    ``val_set``. ``inspect(extractor, head)``, when given, is called with the trained head (not
+    timed; ``locatdino compare`` draws its predictions)."""
+    cfg = cfg or LinearProbeConfig()
+    if train_set.num_classes != val_set.num_classes:
+        raise ValueError(f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}")
+    if len(train_set) == 0 or len(val_set) == 0:
+        raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
+    model.eval().requires_grad_(False)
+    extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision,
+                                 l2_normalize=False, to_cpu=False)
+    extractor.grid(cfg.input_size)  # an input size the patch does not divide fails before any work
+    clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()
+    head, curve, skipped_train = train_head(extractor, train_set, cfg, clock)
+    cm, per_image, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
+    timings = {k: round(v, 3) for k, v in clock.totals.items()}
+    timings["total"] = round(time.perf_counter() - start, 3)
+    if inspect is not None:
+        inspect(extractor, head)
+    scores = cm.compute("identity")
+    names = list(getattr(val_set, "class_names", None) or range(cm.num_classes))
+    return LinearProbeResult(
+        miou=100 * scores.miou,
+        pixel_accuracy=100 * scores.pixel_accuracy,
+        per_class_iou={str(n): None if np.isnan(v) else round(100 * float(v), 4) for n, v in zip(names, scores.iou)},
+        num_train=len(train_set),
+        num_val=len(val_set),
+        skipped=skipped_train + skipped_val,
+        iterations=cfg.total_iterations(len(train_set)),
+        loss_curve=curve,
+        timings=timings,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        features={"precision": extractor.precision, "dim": extractor.dim, "patch_size": extractor.patch_size,
+                  "cached": cfg.cached},
+        config=asdict(cfg),
+        provenance=provenance,
+        per_image_confusion=per_image,
+    )
