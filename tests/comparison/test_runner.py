@@ -158,7 +158,7 @@ def test_headline_table_has_the_linear_probe_and_its_delta():
                 "hbird": {"miou": hbird, "miou_matched": hbird}, "linprobe": linear and {"miou": linear}}
 
     rows = headline_table([model("a", 20.0, 30.0), model("b", 21.0, 27.5), model("c", 19.0, None)]).splitlines()
-    assert "| linear probe mIoU | Δ linear probe |" in rows[0]
+    assert "| linear probe mIoU | Δ linear probe [95 %] |" in rows[0]
     assert "| 20.00 | +0.00 | 20.00 | 30.00 | +0.00 |" in rows[2]
     assert "| 21.00 | +1.00 | 21.00 | 27.50 | -2.50 |" in rows[3]
     assert "| 19.00 | -1.00 | 19.00 | – | – |" in rows[4]  # --no-linprobe, or a failed probe
