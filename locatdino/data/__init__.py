@@ -1,6 +1,6 @@
 """Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes.
 
-``ShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so they load on first use:
+``ShardDataModule``, ``LabelledShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so they load on first use:
 ``locatdino shards`` (which imports this package) does not pay for Lightning's import.
 """
 
@@ -19,10 +19,12 @@ from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls
 from locatdino.data.shard_writer import write_shards
 from locatdino.data.voc import VOC_CLASSES, VOCSegmentation
 
-_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped"}
+_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped",
+         "LabelledShardDataModule": "locatdino.data.labelled_datamodule"}
 
 __all__ = [
-    "ADE20K_CLASSES", "SCENE_CLASSES", "VOC_CLASSES", "ADE20KSegmentation", "MultiCropTransform",
+    "ADE20K_CLASSES", "SCENE_CLASSES", "VOC_CLASSES", "ADE20KSegmentation", "LabelledShardDataModule",
+    "MultiCropTransform",
     "ScenesSegmentation", "ShardDataModule", "ShardLoader", "ShardSegmentation", "ShardStream",
     "SkippedSamplesLogger", "VOCSegmentation", "build_segmentation_dataset", "build_source",
     "collate_multicrop", "expand_urls", "write_shards",

@@ -64,7 +64,7 @@ def check_fit_config(config: Namespace) -> None:
     """Raise a one-line :class:`UserError` for the first value of ``config`` (the merged ``fit``
     config) that would fail later: batch size, model name, crop sizes vs patch size, shard
     paths, checkpoint paths."""
-    model, data = config.model, config.data
+    model, data = config.model.get("init_args") or Namespace(), config.data
     init = data.get("init_args") or Namespace()
     for key in ("batch_size", "batches_per_epoch"):
         value = init.get(key)
@@ -83,13 +83,19 @@ def check_fit_config(config: Namespace) -> None:
                 raise UserError(f"data.init_args.multicrop.{key}: {size} px is not a multiple of the patch size "
                                 f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
 
-    urls = init.get("train_urls")
-    if urls is not None and not init.get("synthetic"):
-        try:
-            expand_urls(urls)
-        except FileNotFoundError as err:
-            raise UserError(f"data.init_args.train_urls: {err} (write shards there with `locatdino shards "
-                            f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
+    size = (init.get("transform") or Namespace()).get("input_size")  # LabelledShardDataModule
+    if size is not None and size % patch[0] and not backbone.patch_embed.dynamic_img_pad:
+        raise UserError(f"data.init_args.transform.input_size: {size} px is not a multiple of the patch size "
+                        f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
+
+    for key, synthetic in (("train_urls", "synthetic"), ("val_urls", "synthetic_val")):
+        urls = init.get(key)
+        if urls is not None and not init.get(synthetic):
+            try:
+                expand_urls(urls)
+            except FileNotFoundError as err:
+                raise UserError(f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
+                                f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
 
     ckpt_path = config.get("ckpt_path")
     if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES and not os.path.exists(ckpt_path):

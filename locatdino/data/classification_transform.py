@@ -1,0 +1,60 @@
+"""The image augmentation of supervised pretraining: timm's ImageNet recipe (SPEC §6).
+
+A thin, YAML-configurable record of ``timm.data.create_transform``'s arguments; the transforms
+themselves are timm's (random-resized crop, flip, RandAugment, colour jitter, normalisation,
+random erasing for training; resize + centre crop + normalisation for evaluation). Defaults are
+the DeiT / LocAtViT settings: RandAugment ``rand-m9-mstd0.5-inc1``, colour jitter 0.4, random
+erasing 0.25 (per-pixel noise), bicubic. Mixup / CutMix act on whole batches and live in the
+LightningModule (``locatdino.ssl.SupervisedModule``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from timm.data import create_transform
+
+
+@dataclass
+class ClassificationTransform:
+    """timm's training and evaluation transforms at ``input_size`` px (normalised ``[3, H, W]``).
+
+    Args:
+        input_size: side of the network's input.
+        scale: area range of the random-resized crop (timm: 0.08–1).
+        ratio: aspect-ratio range of the crop.
+        hflip: horizontal flip probability.
+        auto_augment: timm's policy string (``rand-m9-mstd0.5-inc1``; ``None`` disables).
+        color_jitter: brightness/contrast/saturation jitter (timm skips it when RandAugment is on).
+        re_prob: random-erasing probability (0 disables).
+        re_mode: random-erasing fill (``pixel``: per-pixel normal noise).
+        interpolation: resize interpolation.
+        crop_pct: evaluation centre-crop fraction (1.0: the whole image).
+    """
+
+    input_size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    color_jitter: float = 0.4
+    re_prob: float = 0.25
+    re_mode: str = "pixel"
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875
+
+    def train(self) -> Callable[[Image.Image], torch.Tensor]:
+        """The augmented training transform."""
+        return create_transform(
+            self.input_size, is_training=True, scale=self.scale, ratio=self.ratio, hflip=self.hflip,
+            auto_augment=self.auto_augment, color_jitter=self.color_jitter, re_prob=self.re_prob,
+            re_mode=self.re_mode, interpolation=self.interpolation,
+        )
+
+    def eval(self) -> Callable[[Image.Image], torch.Tensor]:
+        """The deterministic held-out transform (resize, centre crop)."""
+        return create_transform(self.input_size, is_training=False, crop_pct=self.crop_pct,
+                                interpolation=self.interpolation)
