@@ -65,15 +65,15 @@ def recipe_of(variant: str) -> tuple[Path, str, dict]:
     return path, model["backbone"], {**model["backbone_kwargs"], **extra}
 
 
-def train(variant: str, seed: int, steps: int, labels: str, out: Path) -> tuple[Path, float]:
+def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: list[str]) -> tuple[Path, float]:
     """One supervised run; its folder and wall seconds. The shards are shared by every run."""
     recipe, _, kwargs = recipe_of(variant)
-    run = out / labels / variant / f"seed{seed}"
+    run = out / (labels + "".join("+" + a.lstrip("-").split(".")[-1] for a in extra[::2])) / variant / f"seed{seed}"
     argv = ["--config", str(recipe), "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
             "--data.init_args.train_urls", str(out / "scenes" / "train"),
             "--data.init_args.val_urls", str(out / "scenes" / "val"),
             "--model.init_args.backbone_kwargs", json.dumps(kwargs), "--trainer.enable_progress_bar", "false",
-            "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels]]
+            "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels], *extra]
     start = time.perf_counter()
     if fit_cli.main(argv):
         raise SystemExit(f"bench_supervised: locatdino fit {' '.join(argv)} failed")
@@ -91,7 +91,7 @@ def evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     for seed in args.seeds:
         for variant in args.variants:
-            run, seconds = train(variant, seed, args.steps, args.labels, out)
+            run, seconds = train(variant, seed, args.steps, args.labels, out, args.extra)
             exported = run / "backbone.pth"
             export_backbone(run / "checkpoints" / "last.ckpt", exported)
             _, name, kwargs = recipe_of(variant)
@@ -99,7 +99,8 @@ def evaluate(args: argparse.Namespace) -> None:
             random = create_backbone(name, **kwargs)
             trained = create_backbone(name, exported, **kwargs)
             metrics = stitched_metrics(run / "logs")
-            row = dict(variant=variant, labels=args.labels, seed=seed, steps=args.steps, fit_s=round(seconds, 1),
+            row = dict(variant=variant, labels=args.labels, extra=args.extra, seed=seed, steps=args.steps,
+                       fit_s=round(seconds, 1),
                        hbird=hbird(trained), hbird_random=hbird(random),
                        top1=round(metrics["val/top1"][-1][1], 1), backbone=str(exported),
                        backbone_kwargs=kwargs, name=name)
@@ -113,10 +114,10 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:+.1f}"
 
 
-def table(out: Path, labels: str, steps: int) -> str:
+def table(out: Path, labels: str, steps: int, extra: list[str]) -> str:
     """Markdown from ``results.jsonl``: per variant mean ± std, then paired Δ vs ViT per seed."""
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps]
+    rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps and r.get("extra", []) == extra]
     by = {(r["variant"], r["seed"]): r for r in rows}  # a rerun replaces its earlier line
     variants = [v for v in VARIANTS if any(k[0] == v for k in by)]
     seeds = sorted({s for _, s in by})
@@ -151,9 +152,10 @@ def main() -> None:
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--out", default="runs/bench_supervised")
     p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
-        print(table(Path(args.out), args.labels, args.steps))
+        print(table(Path(args.out), args.labels, args.steps, args.extra))
         return
     torch.set_num_threads(2)
     print("| variant | seed | fit s | Hummingbird | random init | top-1 |\n|---|---|---|---|---|---|", flush=True)

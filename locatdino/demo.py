@@ -1,4 +1,4 @@
-"""``locatdino demo``: vanilla DINO vs DINO-LocAtViT on the built-in scenes, no download.
+"""``locatdino demo``: ViT vs LocAtViT pretrained the same way on the built-in scenes, no download.
 
 The question the project exists to answer, at CPU scale: does LocAtViT give better frozen
 features than a ViT under the same DINO pretraining? The demo
@@ -15,6 +15,11 @@ features than a ViT under the same DINO pretraining? The demo
 then prints the headline table and a conclusion computed from the measured numbers. It prints
 every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
 shortens the step budget and the evaluation; everything else is the recipes'.
+
+``--recipe supervised`` runs the same comparison with the paper's own pretraining (SPEC §6):
+both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
+``sup_tiny_locatvit.yaml``: image-level labels, timm's DeiT recipe), exported and compared the
+same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
 from __future__ import annotations
@@ -34,9 +39,15 @@ from locatdino import cli
 from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.models import create_backbone
 
-DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml")
+# --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
+RECIPE_SETS = {
+    "dino": ((CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml"), "dino"),
+    "supervised": ((CONFIG_DIR / "sup_tiny_vit.yaml", CONFIG_DIR / "sup_tiny_locatvit.yaml"), "sup"),
+}
+DEFAULT_RECIPES = RECIPE_SETS["dino"][0]
 # what may differ between the two recipes of a like-for-like comparison
-_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "trainer.default_root_dir"}
+_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "model.init_args.backbone",
+                  "model.init_args.backbone_kwargs", "trainer.default_root_dir"}
 LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
 # --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
 _QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3}
@@ -46,15 +57,19 @@ _FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="locatdino demo",
-        description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
-        "both teachers and both random inits on held-out built-in scenes (no download).",
+        description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
+        "--recipe supervised), then compare both trained backbones and both random inits on held-out built-in "
+        "scenes (no download).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
     p.add_argument("--quick", action="store_true",
                    help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
-    p.add_argument("--recipes", nargs=2, default=[str(r) for r in DEFAULT_RECIPES], metavar=("VIT", "LOCATVIT"),
-                   help="locatdino fit configs of the vanilla and the LocAtViT backbone")
+    p.add_argument("--recipe", choices=sorted(RECIPE_SETS), default="dino",
+                   help="how both backbones are pretrained: DINO (configs/tiny_*.yaml) or supervised on the "
+                   "scenes' image-level labels (configs/sup_tiny_*.yaml, the paper's recipe)")
+    p.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
+                   help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
     p.add_argument("--max-steps", type=int, default=None, help="training steps (default: the recipes' budget)")
     p.add_argument("--seed", type=int, default=None,
                    help="pretraining and random-init seed of both backbones (default: the recipes'); the "
@@ -88,12 +103,26 @@ def recipe_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                   if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in _BACKBONE_KEYS))
 
 
+def model_args(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The objective's arguments of a recipe: ``model.init_args`` when it names a class, else ``model``."""
+    model = recipe.get("model") or {}
+    return (model.get("init_args") or {}) if "class_path" in model else model
+
+
 def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
     """The recipe's backbone at random initialisation (its seed), as a plain state dict."""
     torch.manual_seed(recipe.get("seed_everything") or 0)
-    model = create_backbone(recipe["model"]["backbone"], **(recipe["model"].get("backbone_kwargs") or {}))
+    model = create_backbone(model_args(recipe)["backbone"], **(model_args(recipe).get("backbone_kwargs") or {}))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
+
+
+def _data_args(recipe: dict[str, Any], out: Path) -> list[str]:
+    """Where a recipe's data goes under the demo's folder: DINO's scenes, or labelled train/val scenes."""
+    if "val_urls" in (recipe.get("data") or {}).get("init_args", {}):
+        return ["--data.init_args.train_urls", str(out / "scenes_labelled" / "train"),
+                "--data.init_args.val_urls", str(out / "scenes_labelled" / "val")]
+    return ["--data.init_args.train_urls", str(out / "scenes_shards")]
 
 
 def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
@@ -104,20 +133,22 @@ def _versus(a: str, va: float, b: str, vb: float, unit: str) -> str:
     return f"{winner} ahead of {loser} by {abs(gap):.2f} {unit} ({max(va, vb):.2f} vs {min(va, vb):.2f})"
 
 
-def conclusion(report: dict[str, Any], steps: str) -> list[str]:
-    """What was measured, in words: teacher vs teacher, and each teacher vs its random init."""
+def conclusion(report: dict[str, Any], steps: str, tag: str = "dino") -> list[str]:
+    """What was measured, in words: trained vs trained, and each trained model vs its random init
+    (``tag``: the trained models' suffix, ``dino`` or ``sup``)."""
     models = {m["spec"]["name"]: m for m in report["models"]}
+    how = "DINO" if tag == "dino" else "supervised training"
     lines = [f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
-             f"after {steps} of DINO each (one seed; the spread over seeds is in benchmarks/RESULTS.md):"]
-    vit, locat = models.get("vit-dino"), models.get("locatvit-dino")
+             f"after {steps} of {how} each (one seed; the spread over seeds is in benchmarks/RESULTS.md):"]
+    vit, locat = models.get(f"vit-{tag}"), models.get(f"locatvit-{tag}")
     if vit and locat:
-        lines.append("  Hummingbird mIoU: " + _versus("locatvit-dino", locat["hbird"]["miou"],
-                                                     "vit-dino", vit["hbird"]["miou"], "points"))
+        lines.append("  Hummingbird mIoU: " + _versus(f"locatvit-{tag}", locat["hbird"]["miou"],
+                                                     f"vit-{tag}", vit["hbird"]["miou"], "points"))
         if vit.get("probes") and locat.get("probes"):
             lines.append("  class-token k-NN top-1: " + _versus(
-                "locatvit-dino", locat["probes"]["knn_top1"], "vit-dino", vit["probes"]["knn_top1"], "points"))
+                f"locatvit-{tag}", locat["probes"]["knn_top1"], f"vit-{tag}", vit["probes"]["knn_top1"], "points"))
     for label in LABELS:
-        t, r = models.get(f"{label}-dino"), models.get(f"{label}-random")
+        t, r = models.get(f"{label}-{tag}"), models.get(f"{label}-random")
         if t and r:
             gain = t["hbird"]["miou"] - r["hbird"]["miou"]
             verdict = "beat" if gain > 0 else "did not beat"
@@ -131,7 +162,8 @@ def main(argv: list[str]) -> int:
     budget = {**(_QUICK if args.quick else _FULL),
               **{k: v for k, v in vars(args).items() if k in _FULL and v is not None}}
     out = Path(args.out)
-    args.recipes = [resolve_recipe(path) for path in args.recipes]  # a recipe name or a file
+    defaults, tag = RECIPE_SETS[args.recipe]
+    args.recipes = [resolve_recipe(str(path)) for path in args.recipes or defaults]  # a recipe name or a file
     recipes = [yaml.safe_load(Path(path).read_text()) for path in args.recipes]
     differences = recipe_differences(*recipes)
     if differences:
@@ -140,8 +172,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):
-        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"),
-               "--data.init_args.train_urls", str(out / "scenes_shards")]
+        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"), *_data_args(recipe, out)]
         if budget["max_steps"] is not None:
             fit += ["--trainer.max_steps", str(budget["max_steps"])]
         if args.seed is not None:
@@ -149,15 +180,15 @@ def main(argv: list[str]) -> int:
             recipe = {**recipe, "seed_everything": args.seed}
         if _run(fit):
             raise SystemExit(f"locatdino demo: pretraining {label} ({path}) failed")
-        teacher = out / f"{label}_teacher.pth"
-        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(teacher)]):
-            raise SystemExit(f"locatdino demo: exporting the {label} teacher failed")
+        trained = out / f"{label}_{'teacher' if tag == 'dino' else 'supervised'}.pth"
+        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained)]):
+            raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
         random_init = out / f"{label}_random_init.pth"
         _save_random_init(recipe, random_init)
-        backbone = recipe["model"]["backbone"]
-        specs[f"{label}-dino"] = f"{label}-dino={backbone}:{teacher}"
+        backbone = model_args(recipe)["backbone"]
+        specs[f"{label}-{tag}"] = f"{label}-{tag}={backbone}:{trained}"
         specs[f"{label}-random"] = f"{label}-random={backbone}:{random_init}"
-    order = ["vit-dino", "locatvit-dino", "vit-random", "locatvit-random"]  # vanilla DINO: the reference
+    order = [f"vit-{tag}", f"locatvit-{tag}", "vit-random", "locatvit-random"]  # the vanilla ViT: the reference
     report_dir = out / "compare"
     # fp32 and exact search: the demo's numbers are then the same on every CPU (auto picks bf16 or
     # int8 by CPU) and comparable with the table README shows
@@ -168,7 +199,7 @@ def main(argv: list[str]) -> int:
                    "--out", str(report_dir), "--overwrite"])
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
-    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps)))
+    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, tag)))
     minutes = (time.perf_counter() - started) / 60
     print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
           f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs")

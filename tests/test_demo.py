@@ -64,3 +64,16 @@ def test_conclusion_states_the_measured_numbers():
     assert "k-NN top-1: vit-dino ahead of locatvit-dino by 10.00 points" in text
     assert "pretraining did not beat random init for vit: -1.00 mIoU points" in text
     assert "pretraining beat random init for locatvit: +4.50 mIoU points" in text
+
+
+def test_supervised_recipes_are_like_for_like_and_named_sup():
+    recipes = [yaml.safe_load(p.read_text()) for p in demo.RECIPE_SETS["supervised"][0]]
+    assert demo.recipe_differences(*recipes) == []
+    assert [demo.model_args(r)["backbone"] for r in recipes] == ["vit_tiny_patch16_224", "locatvit_tiny"]
+    report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
+              "models": [{"spec": {"name": n}, "hbird": {"miou": v}} for n, v in
+                         (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))]}
+    text = "\n".join(demo.conclusion(report, "96 steps", "sup"))
+    assert "after 96 steps of supervised training each" in text
+    assert "Hummingbird mIoU: locatvit-sup ahead of vit-sup by 1.00 points" in text
+    assert "pretraining beat random init for vit: +13.00 mIoU points" in text

@@ -74,13 +74,23 @@ class LabelledShardDataModule(ShardDataModule):
     """Streams ``{"image", "target"}`` batches from labelled shards (see the module docstring).
 
     Args:
-        train_urls, batch_size, num_workers, resampled, batches_per_epoch, shuffle_buffer, seed,
-            pin_memory, synthetic, synthetic_size, synthetic_seed: as for ``ShardDataModule``.
+        train_urls: shards: a directory (its ``*.tar``), a glob, a brace pattern, ``::``-joined
+            parts or a list.
         val_urls: held-out shards for the validation top-1 (``None``: no validation).
+        batch_size: samples per batch on each rank.
+        num_workers: DataLoader worker processes per rank.
         transform: timm's augmentation (:class:`ClassificationTransform`; default: DeiT's at 224 px).
         labels: ``cls`` (single label) or ``classes.json`` (multi-label, multi-hot targets).
-        synthetic_val: if > 0 and ``val_urls`` (a directory) holds no shards, write this many
-            built-in ``val`` scenes there in ``prepare_data``.
+        resampled: draw shards with replacement in each worker (the multi-node recipe).
+        batches_per_epoch: batches per rank per epoch (default: samples // (batch_size × world_size)).
+        shuffle_buffer: per-worker sample shuffle buffer (1 disables).
+        seed: base seed of shard/sample shuffles.
+        pin_memory: pin batches for faster host→GPU copies (ignored without a GPU).
+        synthetic: if > 0 and ``train_urls`` (a directory) holds no shards, write this many
+            built-in scenes there in ``prepare_data``.
+        synthetic_val: the same for ``val_urls`` (``val`` scenes, disjoint from the training ones).
+        synthetic_size: side of the generated scenes in pixels.
+        synthetic_seed: seed of the generated scenes.
     """
 
     def __init__(self, train_urls: str | list[str] = "shards/scenes", val_urls: str | list[str] | None = None,

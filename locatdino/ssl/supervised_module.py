@@ -63,8 +63,12 @@ class SupervisedModule(PretrainingObjective):
     ``validation_step`` logs ``val/top1`` (percent; multi-label: the top class is one of the image's).
 
     Args:
-        backbone, backbone_kwargs, backbone_checkpoint, drop_path_rate: as for ``DINOModule``.
+        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
+        backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``global_pool``, …);
+            ``num_classes=0`` and ``dynamic_img_size=True`` are the defaults.
+        backbone_checkpoint: optional weights to start from, any format ``locatdino.models`` reads.
         num_classes: classes of the linear classifier (checked against the data's ``index.json``).
+        drop_path_rate: stochastic depth of the backbone (DeiT: 0.1 tiny, 0.2 small, 0.4 base).
         batch_size: images per rank per step (linked from ``data.init_args.batch_size``).
         opt: timm optimizer name (``adamw``).
         lr: peak learning rate per 512 images (scaled by the global batch / 512).
@@ -73,8 +77,11 @@ class SupervisedModule(PretrainingObjective):
         min_lr: learning rate at the end of the schedule.
         warmup_lr: learning rate at step 0, warmed up linearly to the peak.
         warmup_epochs: epochs of the warm-up.
-        mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob, mixup_mode: ``timm.data.Mixup``
-            (both alphas 0: no mixing).
+        mixup_alpha: Mixup's Beta(α, α) (``timm.data.Mixup``; 0 with ``cutmix_alpha`` 0: no mixing).
+        cutmix_alpha: CutMix's Beta(α, α).
+        mixup_prob: probability of mixing a batch.
+        mixup_switch_prob: probability of CutMix instead of Mixup when both are on.
+        mixup_mode: ``batch``, ``pair`` or ``elem`` (timm's: one λ per batch, pair or image).
         label_smoothing: smoothing of the targets (inside Mixup's soft targets when it is on).
         bce_loss: binary cross-entropy per class (timm's ``--bce-loss``) instead of softmax CE.
         bce_target_thresh: binarise soft targets above this value for the BCE (``None``: keep soft).

@@ -267,17 +267,18 @@ def test_fit_missing_shards_and_unreadable_checkpoint(tmp_path, capsys):
     assert status == 1 and err.startswith(f"locatdino fit: {tmp_path / 'teacher.pth'}: is empty (0 bytes)"), err
 
 
-def test_every_model_option_has_help_text(capsys, monkeypatch):
-    """The DINOModule docstring documents one argument per line, so the parser gives each
+@pytest.mark.parametrize("objective", ["DINOModule", "SupervisedModule"])
+def test_every_model_option_has_help_text(capsys, monkeypatch, objective):
+    """The objectives' docstrings document one argument per line, so the parser gives each
     ``--model.*`` option its sentence (grouped entries gave 18 of 25 none)."""
     import inspect
     import re
 
-    from locatdino.ssl import DINOModule
+    from locatdino import ssl
 
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as done:
-        cli.main(["--help"])
+        cli.main(["--model.help", f"locatdino.ssl.{objective}"])
     assert done.value.code == 0
     text = capsys.readouterr().out
     helps = {}
@@ -287,9 +288,9 @@ def test_every_model_option_has_help_text(capsys, monkeypatch):
             metavar = 2 if len(words) > 1 and re.fullmatch(r"[A-Z_]+|\{[\w,]+\}", words[1]) else 1
             helps[words[0].removeprefix("--model.")] = " ".join(words[metavar:]).split("(type:")[0].strip()
     linked = {"batch_size"}  # set through data.init_args.batch_size, not an option of its own
-    assert set(helps) == set(inspect.signature(DINOModule).parameters) - linked
-    assert [name for name, help_ in helps.items() if not help_] == []
-    assert "per 256 images" in helps["lr"]
+    assert set(helps) == set(inspect.signature(getattr(ssl, objective)).parameters)
+    assert [name for name, help_ in helps.items() if not help_ and name not in linked] == []
+    assert f"per {256 if objective == 'DINOModule' else 512} images" in helps["lr"]
 
 
 def _commands_in_config_comments() -> list[list[str]]:
