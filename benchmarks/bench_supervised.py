@@ -110,6 +110,29 @@ def evaluate(args: argparse.Namespace) -> None:
                   f"{row['top1']:.1f} |", flush=True)
 
 
+def precision_check(args: argparse.Namespace) -> None:
+    """``--precision auto`` (and int8, bf16 forced) against fp32 on the trained backbones of
+    ``results.jsonl`` (the check bench_hbird.py made on random-init weights; bound ±0.1 mIoU)."""
+    train_set = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
+    val_set = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
+    rows = [json.loads(line) for line in (Path(args.out) / "results.jsonl").read_text().splitlines() if line.strip()]
+    print("| variant | seed | fp32 | auto (ran as) | int8 | bf16 | max abs Δ |\n|---|---|---|---|---|---|---|")
+    for row in rows:
+        if row["seed"] not in args.seeds or row["variant"] not in args.variants or row["labels"] != args.labels:
+            continue
+        scores, ran = {}, ""
+        for precision in ("fp32", "auto", "int8", "bf16"):
+            model = create_backbone(row["name"], row["backbone"], **row["backbone_kwargs"]).eval()  # fresh each time
+            cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0,
+                                    precision=precision)
+            result = hummingbird(model, train_set, val_set, cfg)
+            scores[precision] = result.miou
+            ran = result.search.get("precision", ran) if precision == "auto" else ran
+        worst = max(abs(scores[p] - scores["fp32"]) for p in ("auto", "int8", "bf16"))
+        print(f"| {row['variant']} | {row['seed']} | {scores['fp32']:.2f} | {scores['auto']:.2f} ({ran}) | "
+              f"{scores['int8']:.2f} | {scores['bf16']:.2f} | {worst:.2f} |", flush=True)
+
+
 def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:+.1f}"
 
@@ -152,12 +175,18 @@ def main() -> None:
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--out", default="runs/bench_supervised")
     p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--precision-check", action="store_true",
+                   help="score the trained backbones of <out>/results.jsonl (--seeds, --variants) at "
+                        "--precision auto, int8 and bf16 against fp32 instead of training")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
         print(table(Path(args.out), args.labels, args.steps, args.extra))
         return
     torch.set_num_threads(2)
+    if args.precision_check:
+        precision_check(args)
+        return
     print("| variant | seed | fit s | Hummingbird | random init | top-1 |\n|---|---|---|---|---|---|", flush=True)
     evaluate(args)
 

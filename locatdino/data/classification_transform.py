@@ -46,6 +46,11 @@ class ClassificationTransform:
     interpolation: str = "bicubic"
     crop_pct: float = 0.875
 
+    def __post_init__(self) -> None:
+        # jsonargparse turns a command-line ``...transform.auto_augment null`` into the string "None"
+        if self.auto_augment in ("None", "null", "none", ""):
+            self.auto_augment = None
+
     def train(self) -> Callable[[Image.Image], torch.Tensor]:
         """The augmented training transform."""
         return create_transform(

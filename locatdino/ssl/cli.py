@@ -86,6 +86,18 @@ class FitCLI(LightningCLI):
                 init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
             )
 
+    def instantiate_classes(self) -> None:
+        """An objective's own error while being built (an unreadable ``backbone_checkpoint``) is
+        raised as itself: in subclass mode jsonargparse wraps it in a union-validation error."""
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            cause: BaseException = err
+            while isinstance(cause, ValueError) and cause.__cause__ is not None and str(cause).startswith(
+                    ("Does not validate against any of the Union subtypes", "Problem with given class_path")):
+                cause = cause.__cause__
+            raise cause from None
+
     def before_fit(self) -> None:
         """Temporaries of checkpoint writes killed in an earlier start of this run are removed."""
         for key in ("step_checkpoint", "epoch_checkpoint"):

@@ -53,7 +53,8 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
     a checkout; an existing file wins; anything else is left for the parser to report."""
     from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
 
-    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "tiny_locatvit", "tiny_vit"]
+    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "sup_locatvits16", "sup_tiny_locatvit",
+                         "sup_tiny_vit", "sup_vits16", "tiny_locatvit", "tiny_vit"]
     assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
     monkeypatch.chdir(tmp_path)
     shipped = str(CONFIG_DIR / "tiny_vit.yaml")

@@ -119,7 +119,7 @@ def test_resume_continues_the_schedule(tmp_path):
     run's (timm's warm-up + cosine, stepped by the optimizer-step count)."""
     def run(max_steps: int, *callbacks, ckpt_path=None, root=tmp_path):
         torch.manual_seed(0)
-        m = tiny_supervised(warmup_epochs=1.0, mixup_alpha=0, cutmix_alpha=0)
+        m = tiny_supervised(warmup_epochs=1.0, mixup_alpha=0, cutmix_alpha=0, lr=0.5)  # peak 7.8e-3 at batch 8
         log = _LrLog()
         trainer = tiny_trainer(root, max_steps=max_steps, max_epochs=-1, callbacks=[log, *callbacks],
                                enable_checkpointing=True)
@@ -155,7 +155,7 @@ def test_export_of_a_supervised_checkpoint_loads_into_hbird(tmp_path, capsys):
     assert torch.equal(state["blocks.1.mlp.fc2.weight"], m.classifier.backbone.blocks[1].mlp.fc2.weight)
     capsys.readouterr()
     assert locatdino_cli.main(["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", str(out),
-                               "--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32",
+                               "--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--k", "5",
                                "--precision", "fp32", "--out", str(tmp_path / "hb")]) == 0
     result = json.loads(next((tmp_path / "hb").rglob("results.json")).read_text())
     assert 0 <= result["miou"] <= 100
