@@ -134,7 +134,9 @@ def precision_check(args: argparse.Namespace) -> None:
 
 
 def _mean_std(values: list[float]) -> str:
-    return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:+.1f}"
+    if len(values) < 2:
+        return f"{values[0]:+.1f}"
+    return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}"
 
 
 def table(out: Path, labels: str, steps: int, extra: list[str]) -> str:

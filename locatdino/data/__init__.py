@@ -1,7 +1,8 @@
 """Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes.
 
-``ShardDataModule``, ``LabelledShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so they load on first use:
-``locatdino shards`` (which imports this package) does not pay for Lightning's import.
+``ShardDataModule``, ``LabelledShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so
+they load on first use: ``locatdino shards`` (which imports this package) does not pay for
+Lightning's import.
 """
 
 from __future__ import annotations

@@ -163,6 +163,7 @@ def _check_labelled(key: str, urls: str | list[str], labels: str) -> None:
         return  # remote: a sample without the label is skipped and counted
     sample = next(iter(wds.tarfile_to_samples()([{"url": first}])), {})
     if labels not in sample:
-        raise UserError(f"data.init_args.{key}: {first} holds no '{labels}' image-level label (found "
-                        f"{', '.join(k for k in sample if not k.startswith('__')) or 'nothing'}); scenes written "
-                        "before labels existed need rewriting (delete the folder), folders need one sub-folder per class")
+        found = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
+        raise UserError(f"data.init_args.{key}: {first} holds no '{labels}' image-level label (found {found}); "
+                        "scenes written before labels existed need rewriting (delete the folder), image folders "
+                        "need one sub-folder per class")

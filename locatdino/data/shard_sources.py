@@ -131,8 +131,9 @@ class ScenesSource:
         jpg, png = io.BytesIO(), io.BytesIO()
         Image.fromarray(image).save(jpg, format="JPEG", quality=90)
         Image.fromarray(np.ascontiguousarray(mask), "L").save(png, format="PNG")
-        return {"__key__": f"scene_{self.split}_{self.seed}_{item:08d}", "jpg": jpg.getvalue(), "seg.png": png.getvalue(),
-                "cls": str(scene_class(mask)), MULTILABEL_KEY: json.dumps(scene_classes(mask, self.multilabel_share))}
+        return {"__key__": f"scene_{self.split}_{self.seed}_{item:08d}", "jpg": jpg.getvalue(),
+                "seg.png": png.getvalue(), "cls": str(scene_class(mask)),
+                MULTILABEL_KEY: json.dumps(scene_classes(mask, self.multilabel_share))}
 
     def metadata(self) -> dict[str, Any]:
         return {**_segmentation(SCENE_CLASSES, None), "classes": list(SCENE_CLASSES), "seed": self.seed,

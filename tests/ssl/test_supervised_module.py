@@ -159,3 +159,19 @@ def test_export_of_a_supervised_checkpoint_loads_into_hbird(tmp_path, capsys):
                                "--precision", "fp32", "--out", str(tmp_path / "hb")]) == 0
     result = json.loads(next((tmp_path / "hb").rglob("results.json")).read_text())
     assert 0 <= result["miou"] <= 100
+
+
+def test_labels_the_classifier_or_loss_cannot_take_are_one_line():
+    from types import SimpleNamespace
+
+    from locatdino.errors import UserError
+
+    def setup(m, num_classes, multilabel):
+        m._trainer = SimpleNamespace(datamodule=SimpleNamespace(num_classes=num_classes, multilabel=multilabel))
+        m.setup("fit")
+
+    with pytest.raises(UserError, match="num_classes: 10, but the shards' index.json lists 1000 classes"):
+        setup(tiny_supervised(), 1000, False)
+    with pytest.raises(UserError, match="multi-label targets need model.init_args.bce_loss true"):
+        setup(tiny_supervised(bce_loss=True), NUM_CLASSES, True)  # Mixup still on
+    setup(tiny_supervised(bce_loss=True, mixup_alpha=0, cutmix_alpha=0), NUM_CLASSES, True)
