@@ -142,7 +142,6 @@ class ShardDataModule(L.LightningDataModule):
             self.stream.epoch = self._epoch
 
 
-
 def _has_shards(urls: str | list[str]) -> bool:
     try:
         return bool(expand_urls(urls))

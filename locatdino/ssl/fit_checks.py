@@ -55,9 +55,10 @@ def short_parser_message(message: str) -> str:
     return f"{'.'.join(keys)}: {detail.removeprefix('- ')}"
 
 
-def _multiple(value: int, patch: int) -> str:
-    below = value // patch * patch
-    return f"{below or patch} or {below + patch}"
+def _not_a_multiple(key: str, size: int, patch: int, backbone: str) -> UserError:
+    below = size // patch * patch
+    return UserError(f"data.init_args.{key}: {size} px is not a multiple of the patch size {patch} of {backbone} "
+                     f"(use {below or patch} or {below + patch})")
 
 
 def check_fit_config(config: Namespace) -> None:
@@ -80,13 +81,11 @@ def check_fit_config(config: Namespace) -> None:
         for key, count in crops:
             size = multicrop.get(key)
             if count and size is not None and size % patch[0]:
-                raise UserError(f"data.init_args.multicrop.{key}: {size} px is not a multiple of the patch size "
-                                f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
+                raise _not_a_multiple(f"multicrop.{key}", size, patch[0], model.backbone)
 
     size = (init.get("transform") or Namespace()).get("input_size")  # LabelledShardDataModule
     if size is not None and size % patch[0] and not backbone.patch_embed.dynamic_img_pad:
-        raise UserError(f"data.init_args.transform.input_size: {size} px is not a multiple of the patch size "
-                        f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
+        raise _not_a_multiple("transform.input_size", size, patch[0], model.backbone)
 
     for key, synthetic in (("train_urls", "synthetic"), ("val_urls", "synthetic_val")):
         urls = init.get(key)

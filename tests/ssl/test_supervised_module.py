@@ -175,3 +175,12 @@ def test_labels_the_classifier_or_loss_cannot_take_are_one_line():
     with pytest.raises(UserError, match="multi-label targets need model.init_args.bce_loss true"):
         setup(tiny_supervised(bce_loss=True), NUM_CLASSES, True)  # Mixup still on
     setup(tiny_supervised(bce_loss=True, mixup_alpha=0, cutmix_alpha=0), NUM_CLASSES, True)
+
+
+def test_an_input_size_the_patch_does_not_divide_is_one_line(tmp_path, capsys):
+    status = cli.main(["--config", str(ROOT / "configs" / "sup_tiny_vit.yaml"), "--data.init_args.transform.input_size",
+                       "60", "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert status == 1 and capsys.readouterr().err.strip() == (
+        "locatdino fit: data.init_args.transform.input_size: 60 px is not a multiple of the patch size 8 of "
+        "vit_tiny_patch16_224 (use 56 or 64)")
+    assert not (tmp_path / "run").exists()
