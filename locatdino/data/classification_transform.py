@@ -15,7 +15,19 @@ from dataclasses import dataclass
 
 import torch
 from PIL import Image
-from timm.data import create_transform
+from timm.data import auto_augment, create_transform
+
+
+def _posterize_at_least_one_bit(level: float, hparams: dict) -> tuple[int]:
+    """timm's ``PosterizeIncreasing`` argument (4 → 0 kept bits as the magnitude grows), with at
+    least 1 bit: at magnitude 10 (reached with ``mstd`` noise) timm asks for 0 bits, which
+    Pillow ≥ 12 refuses ("bits must be between 1 and 8"; older Pillow returned a black image), so
+    the sample would be dropped. 1 bit is the two-level image closest to that intent."""
+    return (max(1, _posterize_increasing(level, hparams)[0]),)
+
+
+_posterize_increasing = auto_augment.LEVEL_TO_ARG["PosterizeIncreasing"]
+auto_augment.LEVEL_TO_ARG["PosterizeIncreasing"] = _posterize_at_least_one_bit
 
 
 @dataclass
