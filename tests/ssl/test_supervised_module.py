@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from locatdino.ssl import SupervisedModule
 from locatdino.ssl import cli
@@ -36,10 +36,11 @@ def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
     model, data = built.model, built.datamodule
     assert type(model).__name__ == "SupervisedModule" and type(data).__name__ == "LabelledShardDataModule"
     assert model.hparams.batch_size == data.batch_size == 12
-    assert model.hparams.weight_decay == 0.05 and model.hparams.min_lr == 1e-5 and model.hparams.lr == 0.008
+    assert model.hparams.weight_decay == 0.05 and model.hparams.min_lr == 1e-5 and model.hparams.lr == 0.032
     assert model.classifier.backbone.global_pool == "prr" and model.classifier.head.out_features == NUM_CLASSES
-    assert isinstance(model.criterion, SoftTargetCrossEntropy) and model.mixup is not None
-    assert data.transform.input_size == 64 and data.transform.auto_augment == "rand-m9-mstd0.5-inc1"
+    # the tiny recipe drops DeiT's regularisers: label smoothing only, no Mixup/CutMix, no RandAugment
+    assert isinstance(model.criterion, LabelSmoothingCrossEntropy) and model.mixup is None
+    assert data.transform.input_size == 64 and data.transform.auto_augment is None and data.transform.re_prob == 0
     assert data.num_workers == 1 and data.resampled is False  # the recipe's over default.yaml's
 
 
@@ -47,6 +48,10 @@ def test_a_dino_recipe_still_builds_dino():
     built = cli.build_cli(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--model.lr", "0.003",
                            "--data.init_args.synthetic", "8"], run=False)
     assert type(built.model).__name__ == "DINOModule" and built.model.hparams.lr == 0.003
+
+
+def test_the_default_recipe_is_deit_with_mixup():
+    assert isinstance(tiny_supervised().criterion, SoftTargetCrossEntropy) and tiny_supervised().mixup is not None
 
 
 def test_multilabel_targets_use_timm_bce():
