@@ -21,8 +21,8 @@ from locatdino.threads import default_threads, pop_threads, set_threads
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
-    "fit": ("locatdino.ssl.cli", "DINO pretraining from a YAML config (LightningCLI)"),
-    "export": ("locatdino.ssl.export", "write a teacher backbone as a plain timm state dict"),
+    "fit": ("locatdino.ssl.cli", "pretraining (DINO, or supervised) from a YAML config (LightningCLI)"),
+    "export": ("locatdino.ssl.export", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),

@@ -1,4 +1,4 @@
-"""``locatdino demo``: vanilla DINO vs DINO-LocAtViT on the built-in scenes, no download.
+"""``locatdino demo``: ViT vs LocAtViT pretrained the same way on the built-in scenes, no download.
 
 The question the project exists to answer, at CPU scale: does LocAtViT give better frozen
 features than a ViT under the same DINO pretraining? The demo
@@ -17,6 +17,11 @@ difference with its 95 % paired-bootstrap interval, "no measurable difference" w
 every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
 shortens the step budget and the evaluation; everything else is the recipes'. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
+
+``--recipe supervised`` runs the same comparison with the paper's own pretraining (SPEC §6):
+both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
+``sup_tiny_locatvit.yaml``: image-level labels, timm's DeiT recipe), exported and compared the
+same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
 from __future__ import annotations
@@ -41,9 +46,15 @@ from locatdino.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.output_files import ensure_writable
 
-DEFAULT_RECIPES = (CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml")
+# --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
+RECIPE_SETS = {
+    "dino": ((CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml"), "dino"),
+    "supervised": ((CONFIG_DIR / "sup_tiny_vit.yaml", CONFIG_DIR / "sup_tiny_locatvit.yaml"), "sup"),
+}
+DEFAULT_RECIPES = RECIPE_SETS["dino"][0]
 # what may differ between the two recipes of a like-for-like comparison
-_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "trainer.default_root_dir"}
+_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "model.init_args.backbone",
+                  "model.init_args.backbone_kwargs", "trainer.default_root_dir"}
 LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
 # --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
 _QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3,
@@ -55,15 +66,19 @@ _FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="locatdino demo",
-        description="DINO-pretrain a tiny ViT and a tiny LocAtViT with the same recipe, then compare "
-        "both teachers and both random inits on held-out built-in scenes (no download).",
+        description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
+        "--recipe supervised), then compare both trained backbones and both random inits on held-out built-in "
+        "scenes (no download).",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
     p.add_argument("--quick", action="store_true",
                    help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
-    p.add_argument("--recipes", nargs=2, default=[str(r) for r in DEFAULT_RECIPES], metavar=("VIT", "LOCATVIT"),
-                   help="locatdino fit configs of the vanilla and the LocAtViT backbone")
+    p.add_argument("--recipe", choices=sorted(RECIPE_SETS), default="dino",
+                   help="how both backbones are pretrained: DINO (configs/tiny_*.yaml) or supervised on the "
+                   "scenes' image-level labels (configs/sup_tiny_*.yaml, the paper's recipe)")
+    p.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
+                   help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
     p.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
     p.add_argument("--seed", type=at_least(0), default=None,
                    help="pretraining and random-init seed of both backbones (default: the recipes'); the "
@@ -97,10 +112,16 @@ def recipe_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                   if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in _BACKBONE_KEYS))
 
 
+def model_args(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The objective's arguments of a recipe: ``model.init_args`` when it names a class, else ``model``."""
+    model = recipe.get("model") or {}
+    return (model.get("init_args") or {}) if "class_path" in model else model
+
+
 def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
     """The recipe's backbone at random initialisation (its seed), as a plain state dict."""
     torch.manual_seed(recipe.get("seed_everything") or 0)
-    model = create_backbone(recipe["model"]["backbone"], **(recipe["model"].get("backbone_kwargs") or {}))
+    model = create_backbone(model_args(recipe)["backbone"], **(model_args(recipe).get("backbone_kwargs") or {}))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
 
@@ -109,9 +130,9 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> 
     """What would fail after the pretraining, checked before it: the evaluation input size
     against each recipe's patch size (backbones built on the meta device), and ``--out``."""
     for label, recipe in zip(LABELS, recipes):
-        name = recipe["model"]["backbone"]
+        name = model_args(recipe)["backbone"]
         with torch.device("meta"):
-            patch = create_backbone(name, **(recipe["model"].get("backbone_kwargs") or {})).patch_embed.patch_size[0]
+            patch = create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})).patch_embed.patch_size[0]
         if input_size % patch:
             below = input_size // patch * patch
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
@@ -119,26 +140,37 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> 
     ensure_writable(out, "--out")
 
 
-def conclusion(report: dict[str, Any], steps: str, folder: str | Path) -> list[str]:
-    """What was measured, in words: teacher vs teacher, and each teacher vs its random init, each
-    difference with its 95 % paired-bootstrap interval over the held-out scenes (``folder``: the
-    compare report's, holding the per-image confusion matrices); a winner is named only when the
-    interval excludes 0."""
+
+def _data_args(recipe: dict[str, Any], out: Path) -> list[str]:
+    """Where a recipe's data goes under the demo's folder: DINO's scenes, or labelled train/val scenes."""
+    if "val_urls" in (recipe.get("data") or {}).get("init_args", {}):
+        return ["--data.init_args.train_urls", str(out / "scenes_labelled" / "train"),
+                "--data.init_args.val_urls", str(out / "scenes_labelled" / "val")]
+    return ["--data.init_args.train_urls", str(out / "scenes_shards")]
+
+
+
+def conclusion(report: dict[str, Any], steps: str, folder: str | Path, tag: str = "dino") -> list[str]:
+    """What was measured, in words: trained vs trained, and each trained model vs its random init
+    (``tag``: the trained models' suffix, ``dino`` or ``sup``), each difference with its 95 %
+    paired-bootstrap interval over the held-out scenes (``folder``: the compare report's, holding
+    the per-image confusion matrices); a winner is named only when the interval excludes 0."""
     models = {m["spec"]["name"]: m for m in report["models"]}
+    how = "DINO" if tag == "dino" else "supervised training"
     lines = [f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
-             f"after {steps} of DINO each (one seed; 95 % intervals resample the scenes, not the training: the "
-             "spread over seeds is in benchmarks/RESULTS.md):"]
-    vit, locat = models.get("vit-dino"), models.get("locatvit-dino")
+             f"after {steps} of {how} each (one seed; 95 % intervals resample the scenes, not the training: "
+             "the spread over seeds is in benchmarks/RESULTS.md):"]
+    vit, locat = models.get(f"vit-{tag}"), models.get(f"locatvit-{tag}")
     if vit and locat:
         differences = model_differences(locat, vit, folder)
         for metric, label in (("miou", "Hummingbird mIoU"), ("knn_top1", "class-token k-NN top-1")):
             if metric in differences:
-                lines.append(f"  {label}: {difference_text('locatvit-dino', 'vit-dino', differences[metric])}")
+                lines.append(f"  {label}: {difference_text(f'locatvit-{tag}', f'vit-{tag}', differences[metric])}")
     for label in LABELS:
-        t, r = models.get(f"{label}-dino"), models.get(f"{label}-random")
+        t, r = models.get(f"{label}-{tag}"), models.get(f"{label}-random")
         if t and r and "miou" in (differences := model_differences(t, r, folder)):
             lines.append(f"  pretraining vs random init, {label}, Hummingbird mIoU: "
-                         + difference_text(f"{label}-dino", f"{label}-random", differences["miou"]))
+                         + difference_text(f"{label}-{tag}", f"{label}-random", differences["miou"]))
     return lines
 
 
@@ -147,7 +179,8 @@ def main(argv: list[str]) -> int:
     budget = {**(_QUICK if args.quick else _FULL),
               **{k: v for k, v in vars(args).items() if k in _FULL and v is not None}}
     out = Path(args.out)
-    args.recipes = [resolve_recipe(path) for path in args.recipes]  # a recipe name or a file
+    defaults, tag = RECIPE_SETS[args.recipe]
+    args.recipes = [resolve_recipe(str(path)) for path in args.recipes or defaults]  # a recipe name or a file
     recipes = [yaml.safe_load(Path(path).read_text()) for path in args.recipes]
     differences = recipe_differences(*recipes)
     if differences:
@@ -157,8 +190,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):
-        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"),
-               "--data.init_args.train_urls", str(out / "scenes_shards")]
+        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"), *_data_args(recipe, out)]
         if budget["max_steps"] is not None:
             fit += ["--trainer.max_steps", str(budget["max_steps"])]
         if args.seed is not None:
@@ -166,15 +198,15 @@ def main(argv: list[str]) -> int:
             recipe = {**recipe, "seed_everything": args.seed}
         if _run(fit):
             raise SystemExit(f"locatdino demo: pretraining {label} ({path}) failed")
-        teacher = out / f"{label}_teacher.pth"
-        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(teacher)]):
-            raise SystemExit(f"locatdino demo: exporting the {label} teacher failed")
+        trained = out / f"{label}_{'teacher' if tag == 'dino' else 'supervised'}.pth"
+        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained)]):
+            raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
         random_init = out / f"{label}_random_init.pth"
         _save_random_init(recipe, random_init)
-        backbone = recipe["model"]["backbone"]
-        specs[f"{label}-dino"] = f"{label}-dino={backbone}:{teacher}"
+        backbone = model_args(recipe)["backbone"]
+        specs[f"{label}-{tag}"] = f"{label}-{tag}={backbone}:{trained}"
         specs[f"{label}-random"] = f"{label}-random={backbone}:{random_init}"
-    order = ["vit-dino", "locatvit-dino", "vit-random", "locatvit-random"]  # vanilla DINO: the reference
+    order = [f"vit-{tag}", f"locatvit-{tag}", "vit-random", "locatvit-random"]  # the vanilla ViT: the reference
     report_dir = out / "compare"
     # fp32 and exact search: the demo's numbers are then the same on every CPU (auto picks bf16 or
     # int8 by CPU) and comparable with the table README shows
@@ -185,7 +217,7 @@ def main(argv: list[str]) -> int:
                    "--linprobe-iters", str(budget["linprobe_iters"]), "--out", str(report_dir), "--overwrite"])
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
-    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir)))
+    print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir, tag)))
     minutes = (time.perf_counter() - started) / 60
     print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
           f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs")

@@ -69,3 +69,14 @@ def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_pat
     argv = [a.format(file=blocker) for a in argv]
     assert cli.main(["demo", "--quick", "--out", str(tmp_path / "out"), *argv]) == 1
     assert capsys.readouterr().err == expected.format(file=blocker) + "\n"
+
+
+def test_supervised_recipes_are_like_for_like_and_named_sup(tmp_path):
+    recipes = [yaml.safe_load(p.read_text()) for p in demo.RECIPE_SETS["supervised"][0]]
+    assert demo.recipe_differences(*recipes) == []
+    assert [demo.model_args(r)["backbone"] for r in recipes] == ["vit_tiny_patch16_224", "locatvit_tiny"]
+    report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
+              "models": [{"spec": {"name": n}, "hbird": {"miou": v}} for n, v in
+                         (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))]}
+    text = "\n".join(demo.conclusion(report, "96 steps", tmp_path, "sup"))
+    assert "after 96 steps of supervised training each" in text

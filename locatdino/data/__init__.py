@@ -1,7 +1,8 @@
 """Data: WebDataset shards, multi-crop transform, segmentation readers, built-in scenes.
 
-``ShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so they load on first use:
-``locatdino shards`` (which imports this package) does not pay for Lightning's import.
+``ShardDataModule``, ``LabelledShardDataModule`` and ``SkippedSamplesLogger`` import Lightning, so
+they load on first use: ``locatdino shards`` (which imports this package) does not pay for
+Lightning's import.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls
 from locatdino.data.shard_writer import write_shards
 from locatdino.data.voc import VOC_CLASSES, VOCSegmentation
 
-_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped"}
+_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.skipped",
+         "LabelledShardDataModule": "locatdino.data.labelled_datamodule"}
 
 __all__ = [
     "ADE20K_CLASSES", "COCO_STUFF_CLASSES", "PASCAL_CONTEXT_CLASSES", "SCENE_CLASSES", "VOC_CLASSES",
-    "ADE20KSegmentation", "COCOStuffSegmentation", "MultiCropTransform", "PascalContextSegmentation",
+    "ADE20KSegmentation", "COCOStuffSegmentation", "LabelledShardDataModule", "MultiCropTransform",
+    "PascalContextSegmentation",
     "ScenesSegmentation", "ShardDataModule", "ShardLoader", "ShardSegmentation", "ShardStream",
     "SkippedSamplesLogger", "VOCSegmentation", "build_segmentation_dataset", "build_source",
     "collate_multicrop", "expand_urls", "write_shards",

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -80,20 +81,19 @@ class ShardDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Write built-in scene shards into ``train_urls`` when asked and none are there yet."""
-        if self.synthetic <= 0 or self._has_shards():
-            return
-        if not isinstance(self.train_urls, str) or set("*?{[:") & set(self.train_urls):
-            raise ValueError(f"synthetic={self.synthetic} needs train_urls to be a directory, got {self.train_urls!r}")
-        shards = max(8, 2 * (os.cpu_count() or 1))  # enough shards for every rank and worker to start
-        log.info("writing %d built-in scenes to %s", self.synthetic, self.train_urls)
-        write_shards(ScenesSource(self.synthetic, self.synthetic_seed, self.synthetic_size), self.train_urls,
-                     maxcount=max(1, math.ceil(self.synthetic / shards)), progress=False)
+        self.write_scenes(self.train_urls, self.synthetic, "train")
 
-    def _has_shards(self) -> bool:
-        try:
-            return bool(expand_urls(self.train_urls))
-        except FileNotFoundError:
-            return False
+    def write_scenes(self, urls: str | list[str], num_images: int, split: str) -> None:
+        """``num_images`` built-in scenes of ``split`` as shards in the directory ``urls``, unless it
+        already holds shards (or ``num_images`` is 0)."""
+        if num_images <= 0 or _has_shards(urls):
+            return
+        if not isinstance(urls, str) or set("*?{[:") & set(urls):
+            raise ValueError(f"synthetic={num_images} needs a directory to write {split} scenes to, got {urls!r}")
+        shards = max(8, 2 * (os.cpu_count() or 1))  # enough shards for every rank and worker to start
+        log.info("writing %d built-in %s scenes to %s", num_images, split, urls)
+        write_shards(ScenesSource(num_images, self.synthetic_seed, self.synthetic_size, split), urls,
+                     maxcount=max(1, math.ceil(num_images / shards)), progress=False)
 
     def setup(self, stage: str | None = None) -> None:
         trainer = self.trainer
@@ -112,11 +112,19 @@ class ShardDataModule(L.LightningDataModule):
                 log.warning("%d samples < batch_size %d x world_size %d: using 1 batch per epoch (samples repeat)",
                             sum(sizes), self.batch_size, world_size)
                 n = 1
-        stream = ShardStream(urls, self.multicrop, self.batch_size, num_batches=n, rank=rank, world_size=world_size,
-                             resampled=self.resampled, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-                             shard_sizes=sizes)
+        stream = ShardStream(urls, self.train_transform(), self.batch_size, num_batches=n, rank=rank,
+                             world_size=world_size, resampled=self.resampled, shuffle_buffer=self.shuffle_buffer,
+                             seed=self.seed, shard_sizes=sizes, **self.stream_options())
         stream.epoch = self._epoch
         return stream
+
+    def train_transform(self) -> Callable[[Any], Any]:
+        """Image → what a batch is made of: the multi-crop views."""
+        return self.multicrop
+
+    def stream_options(self) -> dict[str, Any]:
+        """More ``ShardStream`` arguments of a subclass (labels, collate)."""
+        return {}
 
     def train_dataloader(self) -> ShardLoader:
         if self.stream is None:
@@ -133,3 +141,9 @@ class ShardDataModule(L.LightningDataModule):
         if self.stream is not None:
             self.stream.epoch = self._epoch
 
+
+def _has_shards(urls: str | list[str]) -> bool:
+    try:
+        return bool(expand_urls(urls))
+    except FileNotFoundError:
+        return False

@@ -306,6 +306,17 @@ def scene_class(mask: np.ndarray) -> int:
     return int(counts.argmax())
 
 
+def scene_classes(mask: np.ndarray, min_share: float) -> list[int]:
+    """The multi-label image-level label of a scene: every class (objects and background alike)
+    covering at least ``min_share`` of the pixels of ``mask``, ascending ids. ``min_share`` in
+    (0, 1]: at most ``1 / min_share`` classes qualify, and the most frequent class always does
+    when ``min_share <= 1 / num_classes``."""
+    if not 0 < min_share <= 1:
+        raise ValueError(f"scene_classes: min_share must be in (0, 1], got {min_share}")
+    counts = np.bincount(np.asarray(mask, dtype=np.int64).ravel(), minlength=len(SCENE_CLASSES))
+    return [int(i) for i in np.flatnonzero(counts >= min_share * counts.sum())]
+
+
 def scene_rng(seed: int, index: int, split: str = "train") -> np.random.Generator:
     """The random stream of scene ``index``: train and val draw from disjoint seed sequences."""
     if split not in _SPLITS:

@@ -10,6 +10,7 @@ segmentation sets. ``metadata()`` goes into the shard index (class names, ignore
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from PIL import Image
 
 from locatdino.data.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
 from locatdino.data.decode import IMAGE_SUFFIXES
-from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_rng
+from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_class, scene_classes, scene_rng
 from locatdino.data.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
 
 Sample = dict[str, Any]
@@ -105,15 +106,22 @@ class PairSource:
         return _segmentation(ADE20K_CLASSES, ADE20K_IGNORE_INDEX)
 
 
+MULTILABEL_KEY = "classes.json"  # a sample's multi-label image-level label: a JSON list of class ids
+
+
 @dataclass
 class ScenesSource:
-    """``num_images`` built-in scenes (JPEG quality 90 + exact PNG label map)."""
+    """``num_images`` built-in scenes (JPEG quality 90 + exact PNG label map) with two image-level
+    labels for supervised pretraining: ``cls``, the dominant object class (:func:`scene_class`),
+    and ``classes.json``, every class covering at least ``multilabel_share`` of the pixels
+    (:func:`scene_classes`). Training reads only the image and one of these, never ``seg.png``."""
 
     num_images: int
     seed: int = 0
     size: int = 224
     split: str = "train"
     kind: str = "scenes"
+    multilabel_share: float = 0.05
 
     def items(self) -> list[int]:
         return list(range(self.num_images))
@@ -123,10 +131,13 @@ class ScenesSource:
         jpg, png = io.BytesIO(), io.BytesIO()
         Image.fromarray(image).save(jpg, format="JPEG", quality=90)
         Image.fromarray(np.ascontiguousarray(mask), "L").save(png, format="PNG")
-        return {"__key__": f"scene_{self.split}_{self.seed}_{item:08d}", "jpg": jpg.getvalue(), "seg.png": png.getvalue()}
+        return {"__key__": f"scene_{self.split}_{self.seed}_{item:08d}", "jpg": jpg.getvalue(),
+                "seg.png": png.getvalue(), "cls": str(scene_class(mask)),
+                MULTILABEL_KEY: json.dumps(scene_classes(mask, self.multilabel_share))}
 
     def metadata(self) -> dict[str, Any]:
-        return {**_segmentation(SCENE_CLASSES, None), "seed": self.seed, "size": self.size, "split": self.split}
+        return {**_segmentation(SCENE_CLASSES, None), "classes": list(SCENE_CLASSES), "seed": self.seed,
+                "size": self.size, "split": self.split, "multilabel_share": self.multilabel_share}
 
 
 def build_source(source: str | Path, kind: str = "auto", split: str | None = None, synthetic: int = 0,

@@ -212,12 +212,16 @@ class ShardStream(IterableDataset):
         seed: base seed of every shuffle.
         shard_sizes: samples per shard as written (``index.json``); a shard that yields fewer
             (truncated or damaged tar) adds the missing samples to ``skipped``.
+        target: ``sample → label`` (e.g. its ``cls``) for labelled streams: each item is then
+            ``(transform(image), target(sample))``; a sample it fails on is skipped and counted.
+        collate: items → batch dict; default :func:`collate_multicrop` (the DINO batch).
     """
 
     def __init__(self, urls: Sequence[str], transform: Callable[[Any], list[torch.Tensor]], batch_size: int, *,
                  num_batches: int | None = None, rank: int = 0, world_size: int = 1, resampled: bool = False,
                  shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0,
-                 shard_sizes: Sequence[int] | None = None) -> None:
+                 shard_sizes: Sequence[int] | None = None, target: Callable[[dict[str, Any]], Any] | None = None,
+                 collate: Callable[[list[Any]], dict[str, Any]] | None = None) -> None:
         super().__init__()
         if not urls:
             raise ValueError("ShardStream: no shard URLs")
@@ -230,6 +234,7 @@ class ShardStream(IterableDataset):
         self.resampled, self.shuffle_shards, self.shuffle_buffer, self.seed = (
             resampled, shuffle_shards, shuffle_buffer, seed)
         self.expected = dict(zip(self.urls, shard_sizes)) if shard_sizes is not None else {}
+        self.target, self.collate = target, collate
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -289,25 +294,27 @@ class ShardStream(IterableDataset):
         log.short_shard(url, n, self.expected.get(url))
 
     def _batches(self, samples: Iterable[dict[str, Any]], log: _SkipLog) -> Iterator[dict[str, Any]]:
-        num_global = getattr(self.transform, "num_global_crops", None)
-        buf: list[list[torch.Tensor]] = []
+        buf: list[Any] = []
         for sample in samples:
             try:
-                buf.append(self.transform(decode_rgb(find_image(sample))))
+                item = self.transform(decode_rgb(find_image(sample)))
+                buf.append(item if self.target is None else (item, self.target(sample)))
             except Exception as exc:  # a bad sample is skipped and counted, never fatal
                 log.sample(sample, exc)
                 continue
             if len(buf) == self.batch_size:
-                yield self._collate(buf, log, num_global)
+                yield self._collate(buf, log)
                 buf = []
         if buf:  # only reached in one-pass mode: keep the remainder so every sample is seen
-            yield self._collate(buf, log, num_global)
+            yield self._collate(buf, log)
 
-    @staticmethod
-    def _collate(buf: list[list[torch.Tensor]], log: _SkipLog, num_global: int | None) -> dict[str, Any]:
-        skipped, notes = log.pop()
-        batch = collate_multicrop(buf, skipped=skipped, num_global_crops=num_global)
-        batch["skipped_keys"] = notes
+    def _collate(self, buf: list[Any], log: _SkipLog) -> dict[str, Any]:
+        if self.collate is None:
+            batch = collate_multicrop(buf, num_global_crops=getattr(self.transform, "num_global_crops", None))
+        else:
+            batch = self.collate(buf)
+        skipped, batch["skipped_keys"] = log.pop()
+        batch["skipped"] = torch.tensor(skipped, dtype=torch.int64)
         return batch
 
 

@@ -7,7 +7,8 @@ Add to a Lightning ``Trainer`` (or a LightningCLI config)::
         - class_path: locatdino.retrieval.HummingbirdMonitor
           init_args: {every_n_steps: 500, num_train: 64, num_val: 16}
 
-Evaluates ``pl_module.teacher_backbone`` (the EMA teacher of ``DINOModule``) frozen and logs
+Evaluates ``pl_module.eval_backbone`` (the EMA teacher of ``DINOModule``, the classifier's backbone
+of ``SupervisedModule``; ``locatdino.ssl.PretrainingObjective``) frozen and logs
 ``hbird/mIoU`` (percent). Distributed runs: **every rank runs the same small evaluation** and logs
 the same value (no sync needed). It costs no more wall time than rank 0 alone — the other ranks
 would wait for it at the next collective anyway — it works with sharded (FSDP) teachers, whose
@@ -29,7 +30,7 @@ from locatdino.retrieval.splits import CachedSplit, open_split
 
 
 class HummingbirdMonitor(pl.Callback):
-    """Hummingbird mIoU of the teacher backbone every ``every_n_steps`` optimizer steps.
+    """Hummingbird mIoU of the evaluated backbone every ``every_n_steps`` optimizer steps.
 
     Args:
         every_n_steps: evaluation period in optimizer steps (``trainer.global_step``).
@@ -97,10 +98,10 @@ class HummingbirdMonitor(pl.Callback):
         if step == 0 or step % self.every_n_steps or step == self._last_step:
             return
         self._last_step = step
-        backbone = getattr(pl_module, "teacher_backbone", None)
+        backbone = getattr(pl_module, "eval_backbone", None)
         if backbone is None:
             raise AttributeError(
-                f"HummingbirdMonitor needs {type(pl_module).__name__}.teacher_backbone (see DINOModule)"
+                f"HummingbirdMonitor needs {type(pl_module).__name__}.eval_backbone (see PretrainingObjective)"
             )
         miou = self.evaluate(backbone)
         self.history.append((step, miou))

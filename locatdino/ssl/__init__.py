@@ -1,4 +1,6 @@
-"""DINO self-distillation: loss, head, teacher EMA, schedules, LightningModule, callbacks.
+"""Pretraining objectives as LightningModules — DINO self-distillation (loss, head, teacher EMA,
+schedules) and supervised classification — with their shared plumbing (``PretrainingObjective``:
+run length, checkpoint contents; checkpoint IO, curves, export, fit checks, the ``fit`` CLI).
 
 Importing it registers the Lightning strategy name ``dino_fsdp`` (:class:`DINOFSDPStrategy`).
 """
@@ -11,7 +13,9 @@ from locatdino.ssl.export import export_backbone
 from locatdino.ssl.fsdp import DINOFSDPStrategy, DINOWrapPolicy
 from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
+from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import DINOSchedules, cosine_schedule, scaled_lr, warmup_constant_schedule
+from locatdino.ssl.supervised_module import SupervisedModule
 from locatdino.ssl.teacher_update import update_teacher
 
 __all__ = [
@@ -23,6 +27,8 @@ __all__ = [
     "DINOModule",
     "DINOSchedules",
     "DINOWrapPolicy",
+    "PretrainingObjective",
+    "SupervisedModule",
     "atomic_torch_save",
     "clip_grad_per_tensor_",
     "cosine_schedule",

@@ -1,4 +1,12 @@
-"""``locatdino fit``: DINO pretraining from layered YAML configs through Lightning's ``LightningCLI``.
+"""``locatdino fit``: pretraining from layered YAML configs through Lightning's ``LightningCLI``.
+
+The objective is the model's ``class_path`` (LightningCLI's subclass mode over
+:class:`~locatdino.ssl.PretrainingObjective`): ``locatdino.ssl.DINOModule`` (the default) or
+``locatdino.ssl.SupervisedModule`` (``configs/sup_*.yaml``, with ``locatdino.data.
+LabelledShardDataModule``). A recipe that keeps the default objective may give its init_args
+directly (``model: {backbone: ...}``, ``--model.lr``). ``default.yaml`` names no objective: when
+neither a recipe nor a flag does, ``fit`` chooses DINO (jsonargparse would otherwise carry the
+default objective's values over to another one wherever their argument names agree).
 
 ``default.yaml`` of the package's recipes (``locatdino.configs``; ``configs/`` in a checkout) is
 always loaded first and holds every key; a recipe file holds only what changes, and
@@ -16,7 +24,7 @@ are config groups of their own, so a recipe changes one key without restating a 
 the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``). The
 folder is locked for the run; SIGTERM saves ``last.ckpt`` and exits with status 143
 (``locatdino.ssl.stop_checkpoint``).
-``data.init_args.batch_size`` (per rank) feeds ``model.batch_size`` for the lr scaling rule.
+``data.init_args.batch_size`` (per rank) feeds ``model.init_args.batch_size`` for the lr scaling rule.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import sys
 import warnings
 from typing import Any
 
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -37,11 +46,14 @@ from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
-from locatdino.ssl import CollapseMonitor, DINOModule  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
+
+
+DEFAULT_OBJECTIVE = "locatdino.ssl.DINOModule"
 
 
 class MissingDefaultConfigError(FileNotFoundError):
@@ -53,8 +65,8 @@ def checkpoint_dir(default_root_dir: str | None) -> str:
     return os.path.join(default_root_dir or ".", "checkpoints")
 
 
-class DINOCLI(LightningCLI):
-    """``LightningCLI`` for :class:`DINOModule` with the run's callbacks as config groups."""
+class FitCLI(LightningCLI):
+    """``LightningCLI`` for a :class:`PretrainingObjective` with the run's callbacks as config groups."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key in ("step_checkpoint", "epoch_checkpoint"):
@@ -62,7 +74,7 @@ class DINOCLI(LightningCLI):
             parser.link_arguments("trainer.default_root_dir", f"{key}.dirpath", compute_fn=checkpoint_dir)
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
-        parser.link_arguments("data.init_args.batch_size", "model.batch_size")
+        parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse, then check the values users get wrong (:func:`check_fit_config`) before
@@ -79,6 +91,18 @@ class DINOCLI(LightningCLI):
                 class_path="lightning.pytorch.loggers.CSVLogger",
                 init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
             )
+
+    def instantiate_classes(self) -> None:
+        """An objective's own error while being built (an unreadable ``backbone_checkpoint``) is
+        raised as itself: in subclass mode jsonargparse wraps it in a union-validation error."""
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            cause: BaseException = err
+            while isinstance(cause, ValueError) and cause.__cause__ is not None and str(cause).startswith(
+                    ("Does not validate against any of the Union subtypes", "Problem with given class_path")):
+                cause = cause.__cause__
+            raise cause from None
 
     def before_fit(self) -> None:
         """Temporaries of checkpoint writes killed in an earlier start of this run are removed; a
@@ -109,6 +133,21 @@ class DINOCLI(LightningCLI):
             write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
 
 
+def _names_objective(args: list[str]) -> bool:
+    """Whether a flag or a ``--config`` file of ``args`` sets the model's ``class_path``."""
+    for i, arg in enumerate(args):
+        if arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path=")):
+            return True
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
+            args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
+        if path is not None and os.path.isfile(path):
+            with open(path) as f:
+                recipe = yaml.safe_load(f)
+            if isinstance(recipe, dict) and isinstance(recipe.get("model"), dict) and "class_path" in recipe["model"]:
+                return True
+    return False
+
+
 def _resolve_recipes(args: list[str]) -> list[str]:
     """Every ``--config`` value through :func:`locatdino.configs.resolve_recipe`."""
     out = list(args)
@@ -120,21 +159,24 @@ def _resolve_recipes(args: list[str]) -> list[str]:
     return out
 
 
-def build_cli(args: list[str], run: bool = True) -> DINOCLI:
-    """The ``DINOCLI`` of ``locatdino fit`` over ``default.yaml``; ``run=False`` only parses
+def build_cli(args: list[str], run: bool = True) -> FitCLI:
+    """The ``FitCLI`` of ``locatdino fit`` over ``default.yaml``; ``run=False`` only parses
     and instantiates (``args`` then without the ``fit`` subcommand)."""
     if not DEFAULT_CONFIG.is_file():
         raise MissingDefaultConfigError(f"{DEFAULT_CONFIG} not found: the recipes ship inside the package, "
                                         "reinstall locatdino")
     args = _resolve_recipes(args)
+    if not _names_objective(args):  # DINO, whose init_args a recipe may then give without a class_path
+        args = ["--model", DEFAULT_OBJECTIVE, *args]
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)]}
     with warnings.catch_warnings():
         # args are always explicit (dispatcher, demo, tests): LightningCLI warns whenever the
         # process also has command-line arguments of its own
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        return DINOCLI(
-            DINOModule,
+        return FitCLI(
+            PretrainingObjective,
             ShardDataModule,
+            subclass_mode_model=True,
             subclass_mode_data=True,
             args=["fit", *args] if run else args,
             parser_kwargs={"prog": "locatdino", **({"fit": defaults} if run else defaults)},

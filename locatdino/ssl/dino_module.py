@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.models import split_model_name_tag
@@ -17,6 +15,7 @@ from locatdino.ssl.collapse import ENTROPY_KEY, MARGINAL_ENTROPY_KEY, teacher_en
 from locatdino.ssl.dino_loss import DINOLoss
 from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
+from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import DINOSchedules
 from locatdino.ssl.teacher_update import update_teacher
 
@@ -32,13 +31,13 @@ def unwrapped_name(name: str) -> str:
     return name
 
 
-class DINOModule(LightningModule):
+class DINOModule(PretrainingObjective):
     """Student–teacher DINO pretraining of any timm backbone (LocAtViT or vanilla ViT).
 
     ``self.student`` and ``self.teacher`` are ``nn.ModuleDict({"backbone", "head"})`` of the same
     shape (checkpoint keys ``student.backbone.*``, ``teacher.head.*``, …); the teacher starts as a
     copy of the student, never receives gradients and follows it by EMA after every optimizer
-    step. The image embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the
+    step. The teacher is the evaluated network (``eval_backbone``, what ``export`` writes). The image embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the
     final norm (after PRR for LocAtViT).
 
     ``training_step`` takes the multi-crop batch of ``locatdino.data.collate_multicrop``:
@@ -91,6 +90,8 @@ class DINOModule(LightningModule):
             optimizer step the micro-batch belongs to).
     """
 
+    evaluated_network = "teacher"
+
     def __init__(
         self,
         backbone: str = "vit_small_patch16_224",
@@ -141,20 +142,13 @@ class DINOModule(LightningModule):
             n for n, p in self.student.named_parameters() if p.ndim <= 1 or n.endswith(".bias")
         }
         self.schedules: DINOSchedules | None = None
-        self._steps_per_epoch = 1.0
+        self._steps_per_epoch = 1
         # Set by a non-finite loss in any micro-batch, cleared after the optimizer step: with gradient
         # accumulation the whole step is skipped (its gradients hold the non-finite micro-batch's).
         self._skip_update = False
-        self._checked_batch_size = False
-        self._schedule_info: dict[str, int] | None = None  # what the schedules were built for
         self._skipped_steps = 0
         # step whose teacher entropies were logged last: CollapseMonitor counts each value once
         self.entropies_logged_at: int | None = None
-
-    @property
-    def teacher_backbone(self) -> nn.Module:
-        """The teacher's backbone: the network to evaluate and export."""
-        return self.teacher["backbone"]
 
     @property
     def out_dim(self) -> int:
@@ -175,7 +169,7 @@ class DINOModule(LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """Teacher embedding ``[B, C]`` of images ``[B, 3, H, W]``."""
-        return self.teacher_backbone(x)
+        return self.eval_backbone(x)
 
     # ------------------------------------------------------------------ training
 
@@ -217,13 +211,7 @@ class DINOModule(LightningModule):
     def _check_batch(self, crops_global: Tensor) -> None:
         if crops_global.ndim != 5 or crops_global.shape[0] < 1:
             raise ValueError(f"batch['global'] must be [V_g, B, 3, H, W], got {tuple(crops_global.shape)}")
-        if not self._checked_batch_size:
-            self._checked_batch_size = True
-            if crops_global.shape[1] != self.hparams.batch_size:
-                rank_zero_warn(
-                    f"DINOModule: the lr was scaled for batch_size={self.hparams.batch_size} per rank but the "
-                    f"first batch has {crops_global.shape[1]} images; set model.batch_size to match."
-                )
+        self.check_batch_size(crops_global.shape[1])
 
     def _on_nonfinite(self, loss: Tensor) -> None:
         step = self.trainer.global_step
@@ -235,14 +223,7 @@ class DINOModule(LightningModule):
                 self._skip_update = True
             self.log("train/skipped_steps", float(self._skipped_steps))
             return
-        saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
-        raise FloatingPointError(
-            f"DINO loss is not finite at step {step}, epoch {self.current_epoch} (on some rank; here {loss.item()}): "
-            "stopping. "
-            f"Last good checkpoint: {saved[-1] if saved else 'none saved yet'}. Resume it with --ckpt_path last "
-            "using bf16-mixed or 32-true instead of 16-mixed, a lower model.lr or model.clip_grad, "
-            "or set model.on_nonfinite=skip."
-        )
+        raise self.nonfinite_loss_error(loss, "DINO", ", or set model.on_nonfinite=skip")
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Called by Lightning after backward and after unscaling 16-mixed gradients."""
@@ -278,34 +259,17 @@ class DINOModule(LightningModule):
     # ------------------------------------------------------------------ optimiser and schedules
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainer = self.trainer
-        total_steps = trainer.estimated_stepping_batches
-        if trainer.train_dataloader is None:  # estimated_stepping_batches skips this when max_epochs=-1
-            trainer.fit_loop.setup_data()
-        batches = trainer.num_training_batches
-        if not math.isfinite(total_steps) or not math.isfinite(batches):
-            raise ValueError(
-                "DINOModule needs a known number of batches per epoch to build its per-step schedules: "
-                "use a data module with a fixed number of batches per rank per epoch (and/or set trainer.max_steps)"
-            )
-        # optimizer steps per epoch as Lightning counts them: a last, partial accumulation steps too
-        self._steps_per_epoch = max(math.ceil(batches / trainer.accumulate_grad_batches), 1)
-        global_batch = self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        length = self.run_length()
+        self._steps_per_epoch = length.steps_per_epoch
         h = self.hparams
         self.schedules = DINOSchedules.build(
-            total_steps=int(total_steps), steps_per_epoch=self._steps_per_epoch, global_batch=global_batch,
+            total_steps=length.total_steps, steps_per_epoch=length.steps_per_epoch, global_batch=length.global_batch,
             base_lr=h.lr, min_lr=h.min_lr, warmup_epochs=h.warmup_epochs,
             weight_decay=h.weight_decay, weight_decay_end=h.weight_decay_end,
             momentum_teacher=h.momentum_teacher, momentum_teacher_end=h.momentum_teacher_end,
             teacher_temp=h.teacher_temp, warmup_teacher_temp=h.warmup_teacher_temp,
             warmup_teacher_temp_epochs=h.warmup_teacher_temp_epochs,
         )
-        info = {"total_steps": int(total_steps), "steps_per_epoch": int(self._steps_per_epoch),
-                "global_batch": int(global_batch)}
-        if self._schedule_info is not None and self._schedule_info != info:
-            rank_zero_warn(f"DINOModule: the schedules differ from the checkpoint's: {self._schedule_info} "
-                           f"then, {info} now (changed max_epochs/max_steps, world size or batch size?).")
-        self._schedule_info = info
 
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
             raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
@@ -319,9 +283,3 @@ class DINOModule(LightningModule):
              "scheduled_weight_decay": False},
         ]
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=float(self.schedules.lr[0]))
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["dino_schedule"] = self._schedule_info
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._schedule_info = checkpoint.get("dino_schedule")

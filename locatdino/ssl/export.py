@@ -1,4 +1,4 @@
-"""``locatdino export CKPT OUT``: a DINO checkpoint's backbone as a plain timm state dict.
+"""``locatdino export CKPT OUT``: a checkpoint's backbone as a plain timm state dict.
 
 The output holds only the backbone's tensors under timm's key names (``cls_token``,
 ``blocks.0.attn.qkv.weight``, … plus ``blocks.*.attn.gaug.*`` for LocAtViT), no head, no
@@ -24,6 +24,7 @@ import torch
 
 from locatdino.arguments import ArgumentParser
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.models.checkpoints.loading import network_name
 from locatdino.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.checkpoint_io import atomic_torch_save
 
@@ -43,7 +44,7 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     remove_stale_temporaries(Path(out).parent)  # of an export killed mid-write
     atomic_torch_save(state, out)
     params = sum(v.numel() for v in state.values())
-    return f"wrote the {which} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
+    return f"wrote the {network_name(ckpt, which)} {described} ({len(state)} tensors, {params / 1e6:.2f}M values) to {os.fspath(out)}"
 
 
 def _check_target(source: str, out: str, overwrite: bool) -> None:
@@ -83,10 +84,12 @@ def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str,
 def main(argv: list[str]) -> int:
     """``locatdino export`` with ``argv`` (without the word ``export``); returns the exit status."""
     parser = ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="Lightning checkpoint (runs/<run>/checkpoints/last.ckpt) or DINO checkpoint")
+    parser.add_argument("checkpoint", help="Lightning checkpoint of locatdino fit (runs/<run>/checkpoints/last.ckpt) "
+                                           "or DINO checkpoint")
     parser.add_argument("out", help="output .pth file (plain timm state dict)")
     parser.add_argument("--which", choices=("teacher", "student"), default="teacher",
-                        help="network to export (default: the teacher, the one DINO evaluates)")
+                        help="network to export (default: the one the objective evaluates: DINO's teacher, the "
+                             "supervised classifier's backbone)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT even when it is not an earlier export (never the input checkpoint)")
     args = parser.parse_args(argv)

@@ -57,16 +57,17 @@ def short_parser_message(message: str) -> str:
     return f"{'.'.join(keys)}: {detail.removeprefix('- ')}"
 
 
-def _multiple(value: int, patch: int) -> str:
-    below = value // patch * patch
-    return f"{below or patch} or {below + patch}"
+def _not_a_multiple(key: str, size: int, patch: int, backbone: str) -> UserError:
+    below = size // patch * patch
+    return UserError(f"data.init_args.{key}: {size} px is not a multiple of the patch size {patch} of {backbone} "
+                     f"(use {below or patch} or {below + patch})")
 
 
 def check_fit_config(config: Namespace) -> None:
     """Raise a one-line :class:`UserError` for the first value of ``config`` (the merged ``fit``
     config) that would fail later: batch size, model name, crop sizes vs patch size, shard
     paths, checkpoint paths."""
-    model, data = config.model, config.data
+    model, data = config.model.get("init_args") or Namespace(), config.data
     init = data.get("init_args") or Namespace()
     for key in ("batch_size", "batches_per_epoch"):
         value = init.get(key)
@@ -82,16 +83,20 @@ def check_fit_config(config: Namespace) -> None:
         for key, count in crops:
             size = multicrop.get(key)
             if count and size is not None and size % patch[0]:
-                raise UserError(f"data.init_args.multicrop.{key}: {size} px is not a multiple of the patch size "
-                                f"{patch[0]} of {model.backbone} (use {_multiple(size, patch[0])})")
+                raise _not_a_multiple(f"multicrop.{key}", size, patch[0], model.backbone)
 
-    urls = init.get("train_urls")
-    if urls is not None and not init.get("synthetic"):
-        try:
-            expand_urls(urls)
-        except FileNotFoundError as err:
-            raise UserError(f"data.init_args.train_urls: {err} (write shards there with `locatdino shards "
-                            f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
+    size = (init.get("transform") or Namespace()).get("input_size")  # LabelledShardDataModule
+    if size is not None and size % patch[0] and not backbone.patch_embed.dynamic_img_pad:
+        raise _not_a_multiple("transform.input_size", size, patch[0], model.backbone)
+
+    for key, synthetic in (("train_urls", "synthetic"), ("val_urls", "synthetic_val")):
+        urls = init.get(key)
+        if urls is not None and not init.get(synthetic):
+            try:
+                expand_urls(urls)
+            except FileNotFoundError as err:
+                raise UserError(f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
+                                f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
 
     ckpt_path = config.get("ckpt_path")
     root = config.trainer.get("default_root_dir")

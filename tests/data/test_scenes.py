@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, render_scene, scene_class, scene_rng
+from locatdino.data.scenes import (
+    SCENE_CLASSES,
+    ScenesSegmentation,
+    render_scene,
+    scene_class,
+    scene_classes,
+    scene_rng,
+)
 
 
 def test_deterministic_by_seed_and_index():
@@ -57,6 +64,21 @@ def test_scene_class_is_the_dominant_object_class():
     assert scene_class(no_objects) == ids["water"]  # no object visible: the most frequent class
     _, rendered = ScenesSegmentation(1, size=64)[0]
     assert SCENE_CLASSES[scene_class(rendered)] in ("tree", "bush", "building", "rock", "animal")
+
+
+@pytest.mark.parametrize("share", [0.01, 0.05, 0.2])
+def test_scene_classes_are_every_class_above_the_share(share):
+    """Against a per-class pixel count written out longhand, on rendered scenes."""
+    for i in range(6):
+        _, mask = ScenesSegmentation(6, size=48)[i]
+        naive = [k for k in range(len(SCENE_CLASSES)) if (mask == k).sum() / mask.size >= share]
+        assert scene_classes(mask, share) == naive
+        assert scene_class(mask) in range(len(SCENE_CLASSES))
+    mask = np.zeros((10, 10), dtype=np.uint8)
+    mask[0, :5] = 3  # exactly 5 %
+    assert scene_classes(mask, 0.05) == [0, 3] and scene_classes(mask, 0.051) == [0]
+    with pytest.raises(ValueError, match="min_share"):
+        scene_classes(mask, 0.0)
 
 
 def test_without_image_wide_effects_same_layout_same_random_stream():

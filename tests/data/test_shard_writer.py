@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from locatdino.data import cli
+from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, scene_class, scene_classes
 from locatdino.data.shard_sources import FolderSource, ScenesSource, build_source
 from locatdino.data.shard_stream import expand_urls
 from locatdino.data.shard_writer import write_shards
@@ -26,8 +27,11 @@ def test_scenes_shards_index_and_determinism_across_worker_counts(tmp_path):
     assert on_disk["total_bytes"] == sum((tmp_path / "a" / s["name"]).stat().st_size for s in a["shards"])
     for s in a["shards"]:
         assert _members(tmp_path / "a" / s["name"]) == _members(tmp_path / "b" / s["name"])
-    names = [n for n, _ in _members(tmp_path / "a" / "shard-000000.tar")]
-    assert names[:2] == ["scene_train_2_00000000.jpg", "scene_train_2_00000000.seg.png"]
+    members = _members(tmp_path / "a" / "shard-000000.tar")
+    assert [n for n, _ in members[:4]] == [f"scene_train_2_00000000.{k}" for k in ("classes.json", "cls", "jpg", "seg.png")]
+    assert a["classes"] == list(SCENE_CLASSES) and a["multilabel_share"] == 0.05
+    _, mask = ScenesSegmentation(1, size=32, seed=2)[0]
+    assert members[1][1].decode() == str(scene_class(mask)) and json.loads(members[0][1]) == scene_classes(mask, 0.05)
     assert not list((tmp_path / "a").glob(".tmp-*"))  # temporary folder removed
 
 

@@ -1,5 +1,5 @@
 """Helpers of the Hummingbird tests: an oracle encoder, a mask-as-image dataset, a tiny ViT and a
-minimal LightningModule with a ``teacher_backbone`` (importable from subprocesses too)."""
+minimal LightningModule with an ``eval_backbone`` (importable from subprocesses too)."""
 
 import lightning.pytorch as pl
 import numpy as np
@@ -54,7 +54,7 @@ class OracleEncoder:
 
 
 class TinyDINOLike(pl.LightningModule):
-    """Just what the monitor needs: a ``teacher_backbone`` and a training loop."""
+    """Just what the monitor needs: an ``eval_backbone`` and a training loop."""
 
     def __init__(self, backbone):
         super().__init__()
@@ -63,7 +63,7 @@ class TinyDINOLike(pl.LightningModule):
         self.teacher_modes = []
 
     @property
-    def teacher_backbone(self):
+    def eval_backbone(self):
         return self.backbone
 
     def training_step(self, batch, batch_idx):

@@ -39,14 +39,14 @@ def test_evaluation_leaves_the_global_rng_alone(tiny_vit):
     assert monitor.evaluate(tiny_vit) == first  # and it is deterministic
 
 
-def test_needs_a_teacher_backbone():
-    class NoTeacher(pl.LightningModule):
+def test_needs_an_eval_backbone():
+    class NoBackbone(pl.LightningModule):
         pass
 
     monitor = HummingbirdMonitor(every_n_steps=1)
     trainer = type("T", (), {"global_step": 1})()
-    with pytest.raises(AttributeError, match="NoTeacher.teacher_backbone"):
-        monitor.on_train_batch_end(trainer, NoTeacher(), None, None, 0)
+    with pytest.raises(AttributeError, match="NoBackbone.eval_backbone"):
+        monitor.on_train_batch_end(trainer, NoBackbone(), None, None, 0)
 
 
 DDP_SCRIPT = """

@@ -10,8 +10,8 @@ from lightning.pytorch import Callback
 
 
 class SaveRankState(Callback):
-    """Each rank writes its student, teacher, centre, counters and first batch's global crops to
-    ``<out_dir>/rank<k>.pt``."""
+    """Each rank writes its module state (DINO: student, teacher, centre), counters and first
+    batch's images (DINO: global crops) to ``<out_dir>/rank<k>.pt``."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
@@ -19,13 +19,13 @@ class SaveRankState(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.first_batch is None:
-            self.first_batch = batch["global"].detach().clone()
+            self.first_batch = batch["global" if "global" in batch else "image"].detach().clone()
 
     def on_train_end(self, trainer, pl_module) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
         state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         state["_global_step"] = torch.tensor(trainer.global_step)
-        state["_skipped_steps"] = torch.tensor(pl_module._skipped_steps)
+        state["_skipped_steps"] = torch.tensor(getattr(pl_module, "_skipped_steps", 0))
         state["_first_batch"] = self.first_batch
         torch.save(state, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
 

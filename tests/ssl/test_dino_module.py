@@ -21,10 +21,10 @@ def test_student_teacher_layout_and_frozen_teacher():
     # drop-path on the student only
     assert m.student["backbone"].blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
     assert isinstance(m.teacher["backbone"].blocks[-1].drop_path1, torch.nn.Identity)
-    assert m.teacher_backbone is m.teacher["backbone"]
+    assert m.eval_backbone is m.teacher["backbone"]
     x = torch.randn(2, 3, 32, 32)
-    emb = m.teacher_backbone(x)
-    tokens = m.teacher_backbone.forward_features(x)
+    emb = m.eval_backbone(x)
+    tokens = m.eval_backbone.forward_features(x)
     torch.testing.assert_close(emb, tokens[:, 0])  # class token after the final norm
     assert m(x).shape == (2, 64)
 

@@ -53,7 +53,8 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
     a checkout; an existing file wins; anything else is left for the parser to report."""
     from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
 
-    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "tiny_locatvit", "tiny_vit"]
+    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "sup_locatvits16", "sup_tiny_locatvit",
+                         "sup_tiny_vit", "sup_vits16", "tiny_locatvit", "tiny_vit"]
     assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
     monkeypatch.chdir(tmp_path)
     shipped = str(CONFIG_DIR / "tiny_vit.yaml")
@@ -323,17 +324,18 @@ def test_a_second_fit_into_one_run_folder_is_refused(tmp_path, capsys):
                                           f"another run (pid {os.getpid()} on ")
 
 
-def test_every_model_option_has_help_text(capsys, monkeypatch):
-    """The DINOModule docstring documents one argument per line, so the parser gives each
+@pytest.mark.parametrize("objective", ["DINOModule", "SupervisedModule"])
+def test_every_model_option_has_help_text(capsys, monkeypatch, objective):
+    """The objectives' docstrings document one argument per line, so the parser gives each
     ``--model.*`` option its sentence (grouped entries gave 18 of 25 none)."""
     import inspect
     import re
 
-    from locatdino.ssl import DINOModule
+    from locatdino import ssl
 
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as done:
-        cli.main(["--help"])
+        cli.main(["--model.help", f"locatdino.ssl.{objective}"])
     assert done.value.code == 0
     text = capsys.readouterr().out
     helps = {}
@@ -343,9 +345,9 @@ def test_every_model_option_has_help_text(capsys, monkeypatch):
             metavar = 2 if len(words) > 1 and re.fullmatch(r"[A-Z_]+|\{[\w,]+\}", words[1]) else 1
             helps[words[0].removeprefix("--model.")] = " ".join(words[metavar:]).split("(type:")[0].strip()
     linked = {"batch_size"}  # set through data.init_args.batch_size, not an option of its own
-    assert set(helps) == set(inspect.signature(DINOModule).parameters) - linked
-    assert [name for name, help_ in helps.items() if not help_] == []
-    assert "per 256 images" in helps["lr"]
+    assert set(helps) == set(inspect.signature(getattr(ssl, objective)).parameters)
+    assert [name for name, help_ in helps.items() if not help_ and name not in linked] == []
+    assert f"per {256 if objective == 'DINOModule' else 512} images" in helps["lr"]
 
 
 def _commands_in_config_comments() -> list[list[str]]:

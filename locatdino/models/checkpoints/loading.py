@@ -4,7 +4,9 @@ Supported containers (SPEC §2.1), told apart by their top-level structure, neve
 from parameter names:
 
 - Lightning checkpoint of this project: has ``pytorch-lightning_version``; backbone keys are
-  ``state_dict["teacher.backbone.*"]`` / ``["student.backbone.*"]``.
+  ``state_dict["teacher.backbone.*"]`` / ``["student.backbone.*"]`` (DINO) or
+  ``["classifier.backbone.*"]`` (supervised); ``checkpoint["evaluated_network"]`` names the network
+  its objective evaluates, which is what ``which="teacher"`` (the default) reads.
 - Full DINO training checkpoint: has both ``student`` and ``teacher`` dicts; student keys carry
   DDP's ``module.`` prefix, both carry ``backbone.`` / ``head.`` (the head, with its weight-norm
   ``weight_g``/``weight_v`` or ``parametrizations.weight.original0/1``, is not backbone and dropped).
@@ -33,6 +35,8 @@ from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 
 _GAUG = ".attn.gaug."
+# Where a Lightning checkpoint of locatdino.ssl names the network its objective evaluates.
+EVALUATED_NETWORK_KEY = "evaluated_network"
 
 
 def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") -> dict[str, torch.Tensor]:
@@ -86,6 +90,12 @@ def _unreadable(source: str, err: Exception) -> str:
     return f"cannot be read as a torch checkpoint with weights_only=True: {lines[0] if lines else type(err).__name__}"
 
 
+def network_name(checkpoint: Mapping, which: str) -> str:
+    """The network ``which`` picks in a loaded checkpoint: ``"teacher"`` is the one its objective
+    evaluates (a supervised Lightning checkpoint's ``"classifier"``), anything else as given."""
+    return (checkpoint.get(EVALUATED_NETWORK_KEY) or which) if which == "teacher" else which
+
+
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:
     """The backbone state dict inside a loaded checkpoint object (see module docstring), refused
     when a weight is NaN or infinite (a diverged run's file has the right shapes but scores noise)."""
@@ -106,7 +116,8 @@ def _backbone_entries(checkpoint: object, which: str, source: str) -> dict[str, 
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"{source}: expected a dict checkpoint, found {type(checkpoint).__name__}")
     if "pytorch-lightning_version" in checkpoint:
-        return _with_prefix(checkpoint["state_dict"], f"{which}.backbone.", f"{source} (Lightning)")
+        prefix = f"{network_name(checkpoint, which)}.backbone."
+        return _with_prefix(checkpoint["state_dict"], prefix, f"{source} (Lightning)")
     if "student" in checkpoint and "teacher" in checkpoint:
         return _with_prefix(_without_ddp(checkpoint[which]), "backbone.", f"{source} (DINO '{which}')")
     for key in ("state_dict", "model"):

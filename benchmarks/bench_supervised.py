@@ -1,0 +1,197 @@
+"""Does LocAtViT help when the network is trained to classify? The paper's experiment on the scenes.
+
+LocAtViT's headline result (SPEC §1.4, §6) is for ViTs trained supervised and evaluated frozen
+for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
+the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's DeiT recipe, image-level scene
+labels, the same number of optimizer steps and scenes) for each seed, exports each backbone
+(``<out>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino hbird``/``compare`` without
+retraining), and scores it frozen:
+
+- Hummingbird mIoU on held-out scenes (100 memory / 50 query images at 128 px, the demo's
+  protocol), and the same network at random initialisation (the network the run starts from:
+  the positive control, supervised must be clearly above it);
+- held-out top-1 (the run's last ``val/top1``, 128 val scenes).
+
+Variants: ``vit`` (ViT-T/8), ``locatvit`` (GAug + PRR), ``gaug_only`` (LocAtViT with timm's class
+token pooling, ``global_pool='token'``), ``prr_only`` (ViT with ``global_pool='prr'``). Every run
+appends one JSON line to ``<out>/results.jsonl``; ``--table`` prints per-variant mean ± std and
+the paired Δ per seed against ViT from that file. The frozen dense linear probe (SPEC §3.1) and
+the paired bootstrap interval (SPEC §3.2) are not in this checkout yet: run them on the exported
+backbones when they are.
+
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_supervised.py --seeds 0 1 2 3 4
+    .venv/bin/python benchmarks/bench_supervised.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from locatdino.models import create_backbone
+from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.splits import CachedSplit, open_split
+from locatdino.ssl import cli as fit_cli
+from locatdino.ssl.curves import stitched_metrics
+from locatdino.ssl.export import export_backbone
+
+ROOT = Path(__file__).resolve().parents[1]
+# variant -> (recipe, backbone_kwargs added to the recipe's)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "vit": ("sup_tiny_vit", {}),
+    "locatvit": ("sup_tiny_locatvit", {}),
+    "gaug_only": ("sup_tiny_locatvit", {"global_pool": "token"}),
+    "prr_only": ("sup_tiny_vit", {"global_pool": "prr"}),
+}
+# label setting -> flags on top of the recipe
+LABELS: dict[str, list[str]] = {
+    "cls": [],
+    "multi": ["--data.init_args.labels", "classes.json", "--model.init_args.bce_loss", "true",
+              "--model.init_args.mixup_alpha", "0", "--model.init_args.cutmix_alpha", "0"],
+}
+
+
+def recipe_of(variant: str) -> tuple[Path, str, dict]:
+    """The recipe file, backbone name and backbone kwargs of a variant."""
+    name, extra = VARIANTS[variant]
+    path = ROOT / "configs" / f"{name}.yaml"
+    model = yaml.safe_load(path.read_text())["model"]["init_args"]
+    return path, model["backbone"], {**model["backbone_kwargs"], **extra}
+
+
+def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: list[str]) -> tuple[Path, float]:
+    """One supervised run; its folder and wall seconds. The shards are shared by every run."""
+    recipe, _, kwargs = recipe_of(variant)
+    run = out / (labels + "".join("+" + a.lstrip("-").split(".")[-1] for a in extra[::2])) / variant / f"seed{seed}"
+    argv = ["--config", str(recipe), "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
+            "--data.init_args.train_urls", str(out / "scenes" / "train"),
+            "--data.init_args.val_urls", str(out / "scenes" / "val"),
+            "--model.init_args.backbone_kwargs", json.dumps(kwargs), "--trainer.enable_progress_bar", "false",
+            "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels], *extra]
+    start = time.perf_counter()
+    if fit_cli.main(argv):
+        raise SystemExit(f"bench_supervised: locatdino fit {' '.join(argv)} failed")
+    return run, time.perf_counter() - start
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    train_set = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
+    val_set = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
+    cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0)
+
+    def hbird(model: torch.nn.Module) -> float:
+        return round(hummingbird(model.eval(), train_set, val_set, cfg).miou, 2)
+
+    out = Path(args.out)
+    for seed in args.seeds:
+        for variant in args.variants:
+            run, seconds = train(variant, seed, args.steps, args.labels, out, args.extra)
+            exported = run / "backbone.pth"
+            export_backbone(run / "checkpoints" / "last.ckpt", exported)
+            _, name, kwargs = recipe_of(variant)
+            torch.manual_seed(seed)
+            random = create_backbone(name, **kwargs)
+            trained = create_backbone(name, exported, **kwargs)
+            metrics = stitched_metrics(run / "logs")
+            row = dict(variant=variant, labels=args.labels, extra=args.extra, seed=seed, steps=args.steps,
+                       fit_s=round(seconds, 1),
+                       hbird=hbird(trained), hbird_random=hbird(random),
+                       top1=round(metrics["val/top1"][-1][1], 1), backbone=str(exported),
+                       backbone_kwargs=kwargs, name=name)
+            with open(out / "results.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"| {variant} | {seed} | {row['fit_s']:.0f} | {row['hbird']:.1f} | {row['hbird_random']:.1f} | "
+                  f"{row['top1']:.1f} |", flush=True)
+
+
+def precision_check(args: argparse.Namespace) -> None:
+    """``--precision auto`` (and int8, bf16 forced) against fp32 on the trained backbones of
+    ``results.jsonl`` (the check bench_hbird.py made on random-init weights; bound ±0.1 mIoU)."""
+    train_set = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
+    val_set = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
+    rows = [json.loads(line) for line in (Path(args.out) / "results.jsonl").read_text().splitlines() if line.strip()]
+    print("| variant | seed | fp32 | auto (ran as) | int8 | bf16 | max abs Δ |\n|---|---|---|---|---|---|---|")
+    for row in rows:
+        if row["seed"] not in args.seeds or row["variant"] not in args.variants or row["labels"] != args.labels:
+            continue
+        scores, ran = {}, ""
+        for precision in ("fp32", "auto", "int8", "bf16"):
+            model = create_backbone(row["name"], row["backbone"], **row["backbone_kwargs"]).eval()  # fresh each time
+            cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0,
+                                    precision=precision)
+            result = hummingbird(model, train_set, val_set, cfg)
+            scores[precision] = result.miou
+            ran = result.search.get("precision", ran) if precision == "auto" else ran
+        worst = max(abs(scores[p] - scores["fp32"]) for p in ("auto", "int8", "bf16"))
+        print(f"| {row['variant']} | {row['seed']} | {scores['fp32']:.2f} | {scores['auto']:.2f} ({ran}) | "
+              f"{scores['int8']:.2f} | {scores['bf16']:.2f} | {worst:.2f} |", flush=True)
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:+.1f}"
+    return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}"
+
+
+def table(out: Path, labels: str, steps: int, extra: list[str]) -> str:
+    """Markdown from ``results.jsonl``: per variant mean ± std, then paired Δ vs ViT per seed."""
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps and r.get("extra", []) == extra]
+    by = {(r["variant"], r["seed"]): r for r in rows}  # a rerun replaces its earlier line
+    variants = [v for v in VARIANTS if any(k[0] == v for k in by)]
+    seeds = sorted({s for _, s in by})
+    lines = ["| variant | seeds | Hummingbird mIoU | random init | trained − random | held-out top-1 | fit s |",
+             "|---|---|---|---|---|---|---|"]
+    for v in variants:
+        rs = [by[(v, s)] for s in seeds if (v, s) in by]
+        ms = lambda key: _mean_std([r[key] for r in rs]).lstrip("+")  # noqa: E731
+        lines.append(f"| {v} | {len(rs)} | {ms('hbird')} | {ms('hbird_random')} | "
+                     f"{_mean_std([r['hbird'] - r['hbird_random'] for r in rs])} | {ms('top1')} | {ms('fit_s')} |")
+    lines += ["", "| paired Δ vs vit | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |",
+              "|---|" + "---|" * (len(seeds) + 1)]
+    for v in variants[1:]:
+        for key, what in (("hbird", "mIoU"), ("top1", "top-1")):
+            deltas = [by[(v, s)][key] - by[("vit", s)][key] for s in seeds if (v, s) in by and ("vit", s) in by]
+            if deltas:
+                lines.append(f"| {v} − vit, {what} | " + " | ".join(f"{d:+.1f}" for d in deltas) + " | "
+                             f"{_mean_std(deltas)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--steps", type=int, default=64, help="optimizer steps of every run (the same budget)")
+    p.add_argument("--labels", choices=sorted(LABELS), default="cls",
+                   help="cls: dominant object class, softmax + Mixup/CutMix; multi: every class above the "
+                        "shards' share, BCE without mixing")
+    p.add_argument("--input-size", type=int, default=128, help="Hummingbird eval px (the demo's)")
+    p.add_argument("--num-train", type=int, default=100)
+    p.add_argument("--num-val", type=int, default=50)
+    p.add_argument("--out", default="runs/bench_supervised")
+    p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--precision-check", action="store_true",
+                   help="score the trained backbones of <out>/results.jsonl (--seeds, --variants) at "
+                        "--precision auto, int8 and bf16 against fp32 instead of training")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
+    args = p.parse_args()
+    if args.table:
+        print(table(Path(args.out), args.labels, args.steps, args.extra))
+        return
+    torch.set_num_threads(2)
+    if args.precision_check:
+        precision_check(args)
+        return
+    print("| variant | seed | fit s | Hummingbird | random init | top-1 |\n|---|---|---|---|---|---|", flush=True)
+    evaluate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""What every pretraining objective of ``locatdino fit`` shares (DINO, supervised; SPEC §0, §2, §6).
+
+``locatdino fit`` binds the model group to :class:`PretrainingObjective` in LightningCLI's
+subclass mode, so the recipe's ``model.class_path`` chooses the objective
+(``locatdino.ssl.DINOModule``, ``locatdino.ssl.SupervisedModule``). Each objective names the
+network that is evaluated and exported (:attr:`evaluated_network`, its backbone's state-dict
+prefix ``<evaluated_network>.backbone.``; the name is also written into every checkpoint, so
+``locatdino export`` and the checkpoint loaders find it without being told), and gets from here
+the plumbing both need: the run's length in optimizer steps for per-iteration schedules (checked
+again on resume), the one-time batch-size check of the lr scaling rule and the message of a
+non-finite loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from locatdino.models.checkpoints.loading import EVALUATED_NETWORK_KEY
+
+_RUN_LENGTH_KEY = "run_length"
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """A run in optimizer steps, as Lightning will count them: what per-step schedules are built for."""
+
+    total_steps: int
+    steps_per_epoch: int
+    global_batch: int
+
+
+class PretrainingObjective(LightningModule):
+    """Base class of the ``fit`` objectives: a backbone trained by some loss, evaluated frozen.
+
+    Subclasses set :attr:`evaluated_network`, define :attr:`eval_backbone`, take ``batch_size``
+    (images per rank per step, linked from ``data.init_args.batch_size``) and build their
+    schedules from :meth:`run_length` in ``configure_optimizers``.
+    """
+
+    evaluated_network: str = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._run_length: RunLength | None = None  # what the schedules were built for (checked on resume)
+        self._checked_batch_size = False
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """The backbone to evaluate (``HummingbirdMonitor``) and export."""
+        return getattr(self, self.evaluated_network).backbone
+
+    def run_length(self) -> RunLength:
+        """Total and per-epoch optimizer steps and the global batch of this run; warns when they
+        differ from those the resumed checkpoint's schedules were built for."""
+        trainer = self.trainer
+        total_steps = trainer.estimated_stepping_batches
+        if trainer.train_dataloader is None:  # estimated_stepping_batches skips this when max_epochs=-1
+            trainer.fit_loop.setup_data()
+        batches = trainer.num_training_batches
+        name = type(self).__name__
+        if not math.isfinite(total_steps) or not math.isfinite(batches):
+            raise ValueError(
+                f"{name} needs a known number of batches per epoch to build its per-step schedules: "
+                "use a data module with a fixed number of batches per rank per epoch (and/or set trainer.max_steps)"
+            )
+        length = RunLength(
+            total_steps=int(total_steps),
+            # optimizer steps per epoch as Lightning counts them: a last, partial accumulation steps too
+            steps_per_epoch=max(math.ceil(batches / trainer.accumulate_grad_batches), 1),
+            global_batch=int(self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches),
+        )
+        if self._run_length is not None and self._run_length != length:
+            rank_zero_warn(f"{name}: the schedules differ from the checkpoint's: {asdict(self._run_length)} "
+                           f"then, {asdict(length)} now (changed max_epochs/max_steps, world size or batch size?).")
+        self._run_length = length
+        return length
+
+    def check_batch_size(self, images: int) -> None:
+        """Warn once when the first batch is not the ``batch_size`` the lr was scaled for."""
+        if not self._checked_batch_size:
+            self._checked_batch_size = True
+            if images != self.hparams.batch_size:
+                rank_zero_warn(
+                    f"{type(self).__name__}: the lr was scaled for batch_size={self.hparams.batch_size} per rank but "
+                    f"the first batch has {images} images; set model.batch_size to match."
+                )
+
+    def nonfinite_loss_error(self, loss: Tensor, what: str, more: str = "") -> FloatingPointError:
+        """The error that stops a run at a non-finite loss, naming the checkpoint to resume (``more``:
+        further remedies of this objective)."""
+        saved = [cb.last_model_path for cb in self.trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
+        return FloatingPointError(
+            f"{what} loss is not finite at step {self.trainer.global_step}, epoch {self.current_epoch} "
+            f"(on some rank; here {loss.item()}): stopping. "
+            f"Last good checkpoint: {saved[-1] if saved else 'none saved yet'}. Resume it with --ckpt_path last "
+            f"using bf16-mixed or 32-true instead of 16-mixed, a lower model.lr or model.clip_grad{more}."
+        )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[EVALUATED_NETWORK_KEY] = self.evaluated_network
+        checkpoint[_RUN_LENGTH_KEY] = asdict(self._run_length) if self._run_length is not None else None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(_RUN_LENGTH_KEY)
+        self._run_length = RunLength(**saved) if saved else None
