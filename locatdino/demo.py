@@ -20,7 +20,7 @@ checked before the first step (:func:`check_options`), the evaluation's included
 
 ``--recipe supervised`` runs the same comparison with the paper's own pretraining (SPEC §6):
 both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
-``sup_tiny_locatvit.yaml``: image-level labels, timm's DeiT recipe), exported and compared the
+``sup_tiny_locatvit.yaml``: image-level labels, timm's recipe lightened for a minute), exported and compared the
 same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
