@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, folder_pairs
+from locatdino.data.file_pairs import FilePairsSegmentation, find_root, folder_pairs
 
 ADE20K_CLASSES: tuple[str, ...] = ("other",) + tuple(n.strip() for n in (
     "wall, building, sky, floor, tree, ceiling, road, bed, windowpane, grass, cabinet, sidewalk, person, earth, "
@@ -37,12 +37,7 @@ _SPLITS = {"training": "training", "train": "training", "validation": "validatio
 
 def find_ade20k_root(root: str | Path) -> Path:
     """The ``ADEChallengeData2016`` folder (holding ``images/`` and ``annotations/``)."""
-    root = Path(root)
-    for cand in (root, root / "ADEChallengeData2016"):
-        if (cand / "images").is_dir() and (cand / "annotations").is_dir():
-            return cand
-    raise FileNotFoundError(f"no ADE20K tree under {root} (expected images/ and annotations/ in it or in "
-                            "ADEChallengeData2016/)")
+    return find_root(root, ("ADEChallengeData2016",), ("images", "annotations"), "ADE20K")
 
 
 def ade20k_pairs(root: str | Path, split: str = "validation") -> list[tuple[Path, Path]]:

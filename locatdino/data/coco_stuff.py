@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, folder_pairs
+from locatdino.data.file_pairs import FilePairsSegmentation, find_root, folder_pairs
 
 COCO_STUFF_CLASSES: tuple[str, ...] = tuple(n.strip() for n in (
     "person, bicycle, car, motorcycle, airplane, bus, train, truck, boat, traffic light, fire hydrant, stop sign, "
@@ -39,12 +39,7 @@ _SPLITS = {"train2017": "train2017", "train": "train2017", "val2017": "val2017",
 
 def find_coco_stuff_root(root: str | Path) -> Path:
     """The ``coco_stuff164k`` folder (holding ``images/`` and ``annotations/``)."""
-    root = Path(root)
-    for cand in (root, root / "coco_stuff164k"):
-        if (cand / "images").is_dir() and (cand / "annotations").is_dir():
-            return cand
-    raise FileNotFoundError(f"no COCO-Stuff-164k tree under {root} (expected images/ and annotations/ in it or "
-                            "in coco_stuff164k/)")
+    return find_root(root, ("coco_stuff164k",), ("images", "annotations"), "COCO-Stuff-164k")
 
 
 def coco_stuff_pairs(root: str | Path, split: str = "val2017") -> list[tuple[Path, Path]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation
+from locatdino.data.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
 PASCAL_CONTEXT_CLASSES: tuple[str, ...] = ("background",) + tuple(n.strip() for n in (
     "aeroplane, bag, bed, bedclothes, bench, bicycle, bird, boat, book, bottle, building, bus, cabinet, car, cat, "
@@ -32,27 +32,15 @@ PASCAL_CONTEXT_IGNORE_INDEX = 0
 
 def find_pascal_context_root(root: str | Path) -> Path:
     """The ``VOC2010`` folder (holding ``JPEGImages`` and ``SegmentationClassContext``)."""
-    root = Path(root)
-    for cand in (root, root / "VOC2010", root / "VOCdevkit" / "VOC2010"):
-        if (cand / "JPEGImages").is_dir() and (cand / "SegmentationClassContext").is_dir():
-            return cand
-    raise FileNotFoundError(f"no Pascal Context tree under {root} (expected JPEGImages/ and "
-                            "SegmentationClassContext/ in it, in VOC2010/ or in VOCdevkit/VOC2010/)")
+    return find_root(root, ("VOC2010", "VOCdevkit/VOC2010"), ("JPEGImages", "SegmentationClassContext"),
+                     "Pascal Context")
 
 
 def pascal_context_pairs(root: str | Path, split: str = "val") -> list[tuple[Path, Path]]:
     """``(image, mask)`` paths of a split, in list-file order; checks that every file exists."""
     voc = find_pascal_context_root(root)
-    list_file = voc / "ImageSets" / "SegmentationContext" / f"{split}.txt"
-    if not list_file.is_file():
-        raise FileNotFoundError(f"Pascal Context split {split!r}: no list file {list_file}")
-    ids = [line.split()[0] for line in list_file.read_text().splitlines() if line.strip()]
-    pairs = [(voc / "JPEGImages" / f"{i}.jpg", voc / "SegmentationClassContext" / f"{i}.png") for i in ids]
-    missing = [str(p) for pair in pairs for p in pair if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"Pascal Context split {split!r}: {len(missing)} listed file(s) missing, "
-                                f"first: {missing[0]}")
-    return pairs
+    return listed_pairs(voc / "ImageSets" / "SegmentationContext" / f"{split}.txt", voc / "JPEGImages",
+                        voc / "SegmentationClassContext", split, "Pascal Context")
 
 
 class PascalContextSegmentation(FilePairsSegmentation):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation
+from locatdino.data.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
 VOC_CLASSES: tuple[str, ...] = (
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
@@ -27,30 +27,18 @@ VOC_IGNORE_INDEX = 255
 
 def find_voc_root(root: str | Path) -> Path:
     """The ``VOC2012`` folder (holding ``JPEGImages``) at or below ``root``."""
-    root = Path(root)
-    for cand in (root, root / "VOC2012", root / "VOCdevkit" / "VOC2012"):
-        if (cand / "JPEGImages").is_dir():
-            return cand
-    raise FileNotFoundError(f"no Pascal VOC 2012 tree under {root} (expected JPEGImages/ in it, in VOC2012/ "
-                            "or in VOCdevkit/VOC2012/)")
+    return find_root(root, ("VOC2012", "VOCdevkit/VOC2012"), ("JPEGImages",), "Pascal VOC 2012")
 
 
 def voc_pairs(root: str | Path, split: str = "val") -> list[tuple[Path, Path]]:
     """``(image, mask)`` paths of a VOC split, in list-file order; checks that every file exists."""
     voc = find_voc_root(root)
     lists = [voc / "ImageSets" / "Segmentation" / f"{split}.txt", voc / "ImageSets" / "SegmentationAug" / f"{split}.txt"]
-    list_file = next((p for p in lists if p.is_file()), None)
-    if list_file is None:
-        raise FileNotFoundError(f"VOC split {split!r}: no list file {lists[0]}")
     masks = voc / ("SegmentationClassAug" if split == "trainaug" else "SegmentationClass")
     if not masks.is_dir() and (voc / "SegmentationClassAug").is_dir():
         masks = voc / "SegmentationClassAug"
-    ids = [line.split()[0] for line in list_file.read_text().splitlines() if line.strip()]
-    pairs = [(voc / "JPEGImages" / f"{i}.jpg", masks / f"{i}.png") for i in ids]
-    missing = [str(p) for pair in pairs for p in pair if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"VOC split {split!r}: {len(missing)} listed file(s) missing, first: {missing[0]}")
-    return pairs
+    list_file = next((p for p in lists if p.is_file()), lists[0])
+    return listed_pairs(list_file, voc / "JPEGImages", masks, split, "VOC")
 
 
 class VOCSegmentation(FilePairsSegmentation):

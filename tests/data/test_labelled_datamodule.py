@@ -51,3 +51,15 @@ def test_shards_without_labels_are_one_clear_line(tmp_path):
     dm = LabelledShardDataModule(str(tmp_path / "shards"), num_workers=0)
     with pytest.raises(UserError, match=r"train_urls: .*shard-000000.tar holds no 'cls' image-level label"):
         dm.setup("fit")
+
+
+def test_posterize_keeps_at_least_one_bit_at_the_top_magnitude():
+    """timm asks PosterizeIncreasing for 0 bits at magnitude 10 (reached with ``mstd`` noise), which
+    Pillow refuses or blacks out; the patched argument keeps 1 bit and the op yields a two-level image."""
+    from timm.data import auto_augment
+
+    assert auto_augment.LEVEL_TO_ARG["PosterizeIncreasing"](10.0, {}) == (1,)
+    assert auto_augment.LEVEL_TO_ARG["PosterizeIncreasing"](0.0, {}) == (4,)  # timm's own below the top
+    op = auto_augment.AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)
+    image = Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16).repeat(3).reshape(16, 16, 3))
+    assert sorted(np.unique(np.asarray(op(image)))) == [0, 128]
