@@ -126,7 +126,8 @@ def check_resume_checkpoint(path: str, model: Namespace) -> None:
     """:class:`UserError` unless ``path`` is a ``fit`` checkpoint whose model hyper-parameters are
     the config's: Lightning replaces the config's model arguments with the checkpoint's, so a
     different backbone (or lr, head, ...) would silently be trained instead of the one asked for."""
-    checkpoint = load_checkpoint(path)  # a file torch cannot read: ValueError, one line
+    # mmap: only hyper_parameters is read, the weights and optimizer state stay on disk
+    checkpoint = load_checkpoint(path, mmap=True)  # a file torch cannot read: ValueError, one line
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         raise UserError(f"ckpt_path {path}: not a locatdino fit checkpoint (no Lightning training state; a plain "
                         "state dict or an export?): start from its weights with --model.backbone_checkpoint")

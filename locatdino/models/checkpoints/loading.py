@@ -22,6 +22,7 @@ import difflib
 import math
 import os
 import re
+import zipfile
 from collections.abc import Mapping
 
 import timm
@@ -51,14 +52,17 @@ def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") ->
     return extract_backbone(load_checkpoint(path), which, os.fspath(path))
 
 
-def load_checkpoint(path: str | os.PathLike) -> object:
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> object:
     """The whole checkpoint object of ``path`` on CPU, ``weights_only=True`` (``argparse.Namespace``,
     which DINO stores as ``args``, is allowed); a file torch cannot read raises a one-line
-    ``ValueError`` naming it and saying, in plain words, what it is instead."""
+    ``ValueError`` naming it and saying, in plain words, what it is instead. ``mmap``: tensors
+    stay memory-mapped on disk, for callers that read only metadata (torch maps zip-format files
+    only: a legacy pickle is read whole)."""
     source = os.fspath(path)
+    mmap = mmap and zipfile.is_zipfile(source)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 - re-raised with the file name, one line
         raise ValueError(f"{source}: {_unreadable(source, err)}") from err
 

@@ -180,3 +180,20 @@ def test_patch_size_and_build_size_come_from_the_checkpoint(tmp_path):
     assert model.patch_embed.patch_size == (8, 8) and model.pos_embed.shape == (1, 65, 64)
     x = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(model.eval()(x), trained.eval()(x))
+
+
+def test_mmap_load_maps_zip_files_and_reads_legacy_pickles_whole(tmp_path, vit_weights):
+    """``load_checkpoint(mmap=True)`` (the resume check reads only hyper-parameters) gives the same
+    tensors as a plain load, memory-mapped for torch's zip format; a legacy pickle, which torch
+    cannot map, is read whole instead of failing."""
+    from locatdino.models.checkpoints.loading import load_checkpoint
+
+    torch.save(vit_weights, tmp_path / "zip.pth")
+    torch.save(vit_weights, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    for name in ("zip.pth", "legacy.pth"):
+        loaded = load_checkpoint(tmp_path / name, mmap=True)
+        assert loaded.keys() == vit_weights.keys()
+        for k, v in vit_weights.items():
+            torch.testing.assert_close(loaded[k], v, rtol=0, atol=0, msg=k)
+    with pytest.raises(RuntimeError, match="mmap"):  # what the zip check spares legacy files
+        torch.load(tmp_path / "legacy.pth", weights_only=True, mmap=True)
