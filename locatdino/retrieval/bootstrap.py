@@ -17,7 +17,7 @@ Hungarian-matched mIoU has no interval: its matching would have to be redone per
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -109,6 +109,31 @@ def miou_interval(a: ImageConfusions, b: ImageConfusions, resamples: int = RESAM
                          f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}")
     return paired_bootstrap(a.class_counts(), b.class_counts(), miou_score(a.class_mask & b.class_mask),
                             resamples, seed)
+
+
+def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfusions],
+                            resamples: int = RESAMPLES, seed: int = SEED) -> PairedInterval:
+    """Δ of the mean over training seeds: ``mean_s mIoU(a[s]) − mean_s mIoU(b[s])``, where ``a[s]``
+    and ``b[s]`` are the two models' runs of seed ``s`` scored on the same query images.
+
+    Each resample draws the query images once and uses the draw for every seed and both models,
+    so the interval is the image-sampling uncertainty of the seed-averaged difference; how much
+    the difference moves between seeds is not in it (report the per-seed std beside it, SPEC §3.2).
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"seed-mean interval needs the same seeds for both models, got {len(a)} and {len(b)} runs")
+    runs = [*a, *b]
+    if len({(r.num_images, r.num_classes) for r in runs}) != 1:
+        raise ValueError("seed-mean interval needs every run scored on the same query images and classes: "
+                         + ", ".join(f"{r.num_images}×{r.num_classes}" for r in runs))
+    mask = np.logical_and.reduce([r.class_mask for r in runs])
+    per_seed = miou_score(mask)
+
+    def seed_mean(counts: np.ndarray) -> np.ndarray:  # [R, S, 3, C] -> [R]
+        return np.mean([per_seed(counts[:, s]) for s in range(counts.shape[1])], axis=0)
+
+    stack = lambda runs: np.stack([r.class_counts() for r in runs], axis=1)  # noqa: E731  [N, S, 3, C]
+    return paired_bootstrap(stack(a), stack(b), seed_mean, resamples, seed)
 
 
 def accuracy_interval(correct_a: np.ndarray, correct_b: np.ndarray, resamples: int = RESAMPLES,

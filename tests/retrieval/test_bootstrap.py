@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.retrieval.bootstrap import accuracy_interval, miou_interval, miou_score, resample_weights
+from locatdino.retrieval.bootstrap import (accuracy_interval, miou_interval, miou_score, resample_weights,
+                                           seed_mean_miou_interval)
 from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.metric import ConfusionMatrix
 
@@ -108,6 +109,39 @@ def test_vectorised_bootstrap_equals_a_loop_over_resamples():
     naive = [100 * (hits_a[d].mean() - hits_b[d].mean()) for d in draws]
     accuracy = accuracy_interval(hits_a, hits_b, resamples=resamples, seed=seed)
     assert [accuracy.low, accuracy.high] == pytest.approx(list(np.percentile(naive, [2.5, 97.5])), abs=1e-10)
+
+
+def test_seed_mean_interval_equals_a_loop_over_resamples_and_seeds():
+    """Three seeds per model on the same 12 images: each resample's draw is shared by every seed
+    and both models; the score is the mean over seeds of ConfusionMatrix's mIoU."""
+    rng = np.random.default_rng(5)
+    target = _images(rng, 12, 1.0)[1]
+    runs = {m: [] for m in "ab"}
+    for s in range(3):
+        for m, acc in (("a", 0.65), ("b", 0.55)):
+            pred = np.where(rng.random(target.shape) > acc, rng.integers(0, C, target.shape), np.clip(target, 0, C - 1))
+            runs[m].append(_confusions(pred, target).images)
+    resamples, seed = 150, 3
+    draws = np.random.default_rng(seed).integers(0, 12, (resamples, 12))
+
+    def miou(dense, idx):
+        cm = ConfusionMatrix(C, 255)
+        cm.matrix = torch.from_numpy(dense[idx].sum(0))
+        return 100 * cm.compute().miou
+
+    dense = {m: [r.dense() for r in rs] for m, rs in runs.items()}
+    diffs = [np.mean([miou(d, idx) for d in dense["a"]]) - np.mean([miou(d, idx) for d in dense["b"]]) for idx in draws]
+    interval = seed_mean_miou_interval(runs["a"], runs["b"], resamples=resamples, seed=seed)
+    assert [interval.low, interval.high] == pytest.approx(list(np.percentile(diffs, [2.5, 97.5])), abs=1e-10)
+    full = np.arange(12)
+    assert interval.delta == pytest.approx(np.mean([miou(d, full) for d in dense["a"]])
+                                           - np.mean([miou(d, full) for d in dense["b"]]), abs=1e-10)
+    one = seed_mean_miou_interval(runs["a"][:1], runs["b"][:1], resamples=resamples, seed=seed)
+    assert one == miou_interval(runs["a"][0], runs["b"][0], resamples=resamples, seed=seed)
+    with pytest.raises(ValueError, match="same seeds"):
+        seed_mean_miou_interval(runs["a"], runs["b"][:2])
+    with pytest.raises(ValueError, match="same query images"):
+        seed_mean_miou_interval(runs["a"][:1], [_confusions(*_images(rng, 5, 0.5)).images])
 
 
 def test_confusions_round_trip_and_bad_files_are_named(tmp_path):
