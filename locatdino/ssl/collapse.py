@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor

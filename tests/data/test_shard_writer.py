@@ -21,6 +21,7 @@ def test_scenes_shards_index_and_determinism_across_worker_counts(tmp_path):
     a = write_shards(ScenesSource(7, seed=2, size=32), tmp_path / "a", maxcount=3, workers=0, progress=False)
     b = write_shards(ScenesSource(7, seed=2, size=32), tmp_path / "b", maxcount=3, workers=2, progress=False)
     assert [s["num_samples"] for s in a["shards"]] == [3, 3, 1]
+    assert [(s["name"], s["num_samples"]) for s in b["shards"]] == [(s["name"], s["num_samples"]) for s in a["shards"]]
     assert a["num_samples"] == 7 and a["urls"] == "shard-{000000..000002}.tar"
     assert a["segmentation"]["num_classes"] == 10 and a["segmentation"]["ignore_index"] is None
     on_disk = json.loads((tmp_path / "a" / "index.json").read_text())
