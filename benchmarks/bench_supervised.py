@@ -2,25 +2,32 @@
 
 LocAtViT's headline result (SPEC §1.4, §6) is for ViTs trained supervised and evaluated frozen
 for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
-the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's DeiT recipe, image-level scene
-labels, the same number of optimizer steps and scenes) for each seed, exports each backbone
-(``<out>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino hbird``/``compare`` without
+the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's recipe lightened for a minute,
+image-level scene labels, the same number of optimizer steps and scenes) for each seed, exports
+each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino hbird``/``compare`` without
 retraining), and scores it frozen:
 
 - Hummingbird mIoU on held-out scenes (100 memory / 50 query images at 128 px, the demo's
-  protocol), and the same network at random initialisation (the network the run starts from:
-  the positive control, supervised must be clearly above it);
+  protocol, fp32, exact search) and the frozen dense linear probe (SPEC §3.1, the cheap cached
+  variant ``locatdino compare`` runs: 320 iterations of batch 8 on the memory scenes' tokens,
+  scored on the same query scenes), each also for the same network at random initialisation (the
+  network the run starts from: the positive control, supervised must be clearly above it);
 - held-out top-1 (the run's last ``val/top1``, 128 val scenes).
 
 Variants: ``vit`` (ViT-T/8), ``locatvit`` (GAug + PRR), ``gaug_only`` (LocAtViT with timm's class
 token pooling, ``global_pool='token'``), ``prr_only`` (ViT with ``global_pool='prr'``). Every run
-appends one JSON line to ``<out>/results.jsonl``; ``--table`` prints per-variant mean ± std and
-the paired Δ per seed against ViT from that file. The frozen dense linear probe (SPEC §3.1) and
-the paired bootstrap interval (SPEC §3.2) are not in this checkout yet: run them on the exported
-backbones when they are.
+appends one JSON line to ``<out>/results.jsonl`` and keeps its per-query-image confusion matrices
+(``<run>/confusions/{hbird,linprobe}_{trained,random}.npz``); ``--table`` prints per-variant
+mean ± std, then each variant's paired Δ against ViT and trained − random: per seed, mean ± std
+over seeds, and the 95 % paired-bootstrap interval of the seed-mean Δ over the query scenes
+(SPEC §3.2; ``locatdino.retrieval.bootstrap.seed_mean_miou_interval``).
 
-    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_supervised.py --seeds 0 1 2 3 4
-    .venv/bin/python benchmarks/bench_supervised.py --table
+``--every N`` also keeps a checkpoint every N steps and scores each with Hummingbird (how the
+features move during the run); ``--backbone-kwargs`` changes every variant's backbone (e.g. timm's
+``global_pool='avg'``, with ``--variants vit``).
+
+    flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_supervised.py --seeds 0 1 2 3 4 --steps 96
+    .venv/bin/python benchmarks/bench_supervised.py --table --steps 96
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ import torch
 import yaml
 
 from locatdino.models import create_backbone
+from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
+from locatdino.retrieval.bootstrap import miou_interval, seed_mean_miou_interval
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.splits import CachedSplit, open_split
 from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.curves import stitched_metrics
@@ -57,18 +67,25 @@ LABELS: dict[str, list[str]] = {
 }
 
 
-def recipe_of(variant: str) -> tuple[Path, str, dict]:
-    """The recipe file, backbone name and backbone kwargs of a variant."""
+def recipe_of(variant: str, more: dict | None = None) -> tuple[Path, str, dict]:
+    """The recipe file, backbone name and backbone kwargs of a variant (``more`` on top)."""
     name, extra = VARIANTS[variant]
     path = ROOT / "configs" / f"{name}.yaml"
     model = yaml.safe_load(path.read_text())["model"]["init_args"]
-    return path, model["backbone"], {**model["backbone_kwargs"], **extra}
+    return path, model["backbone"], {**model["backbone_kwargs"], **extra, **(more or {})}
 
 
-def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: list[str]) -> tuple[Path, float]:
-    """One supervised run; its folder and wall seconds. The shards are shared by every run."""
-    recipe, _, kwargs = recipe_of(variant)
-    run = out / (labels + "".join("+" + a.lstrip("-").split(".")[-1] for a in extra[::2])) / variant / f"seed{seed}"
+def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: list[str], more: dict,
+          every: int | None) -> tuple[Path, float]:
+    """One supervised run; its folder and wall seconds. The shards are shared by every run.
+    ``every``: also keep a checkpoint every that many steps (``<run>/checkpoints/s<step>.ckpt``)."""
+    recipe, _, kwargs = recipe_of(variant, more)
+    setting = labels + "".join("+" + a.lstrip("-").split(".")[-1] for a in extra[::2])
+    setting += "".join(f"+{k}={v}" for k, v in more.items())
+    run = out / setting / variant / f"seed{seed}"
+    if every:
+        extra = [*extra, "--step_checkpoint.every_n_train_steps", str(every), "--step_checkpoint.save_top_k", "-1",
+                 "--step_checkpoint.filename", "s{step}"]
     argv = ["--config", str(recipe), "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
             "--data.init_args.train_urls", str(out / "scenes" / "train"),
             "--data.init_args.val_urls", str(out / "scenes" / "val"),
@@ -80,34 +97,56 @@ def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: li
     return run, time.perf_counter() - start
 
 
+def _hbird(model: torch.nn.Module, train_set, val_set, input_size: int):
+    return hummingbird(model.eval(), train_set, val_set,
+                       HummingbirdConfig(input_size=input_size, batch_size=32, progress=False, num_workers=0,
+                                         precision="fp32"))
+
+
+def score(model: torch.nn.Module, train_set, val_set, input_size: int, folder: Path, tag: str) -> dict[str, float]:
+    """Hummingbird and linear-probe mIoU of a frozen backbone (fp32); per-image matrices to ``folder``."""
+    hb = _hbird(model, train_set, val_set, input_size)
+    lp = linear_probe(model, train_set, val_set,
+                      LinearProbeConfig(input_size=input_size, iterations=320, batch_size=8, augment="off",
+                                        precision="fp32", num_workers=0, progress=False))
+    hb.image_confusions.save(folder / f"hbird_{tag}.npz")
+    ImageConfusions.from_matrices(lp.per_image_confusion, hb.image_confusions.class_mask).save(
+        folder / f"linprobe_{tag}.npz")
+    return {"hbird": round(hb.miou, 2), "linprobe": round(lp.miou, 2)}
+
+
 def evaluate(args: argparse.Namespace) -> None:
     train_set = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size))
     val_set = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size))
-    cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0)
-
-    def hbird(model: torch.nn.Module) -> float:
-        return round(hummingbird(model.eval(), train_set, val_set, cfg).miou, 2)
-
     out = Path(args.out)
     for seed in args.seeds:
         for variant in args.variants:
-            run, seconds = train(variant, seed, args.steps, args.labels, out, args.extra)
+            run, seconds = train(variant, seed, args.steps, args.labels, out, args.extra, args.backbone_kwargs,
+                                 args.every)
             exported = run / "backbone.pth"
             export_backbone(run / "checkpoints" / "last.ckpt", exported)
-            _, name, kwargs = recipe_of(variant)
+            _, name, kwargs = recipe_of(variant, args.backbone_kwargs)
             torch.manual_seed(seed)
             random = create_backbone(name, **kwargs)
             trained = create_backbone(name, exported, **kwargs)
+            (run / "confusions").mkdir(exist_ok=True)
+            scores = {k + suffix: v for model, tag, suffix in ((trained, "trained", ""), (random, "random", "_random"))
+                      for k, v in score(model, train_set, val_set, args.input_size, run / "confusions", tag).items()}
             metrics = stitched_metrics(run / "logs")
-            row = dict(variant=variant, labels=args.labels, extra=args.extra, seed=seed, steps=args.steps,
-                       fit_s=round(seconds, 1),
-                       hbird=hbird(trained), hbird_random=hbird(random),
-                       top1=round(metrics["val/top1"][-1][1], 1), backbone=str(exported),
+            trajectory = {}  # Hummingbird of each kept step checkpoint (--every)
+            for ckpt in sorted((run / "checkpoints").glob("s*.ckpt"), key=lambda f: int(f.stem.split("=")[-1])):
+                export_backbone(ckpt, run / "checkpoints" / f"{ckpt.stem}.pth")
+                model = create_backbone(name, run / "checkpoints" / f"{ckpt.stem}.pth", **kwargs)
+                trajectory[int(ckpt.stem.split("=")[-1])] = round(_hbird(model, train_set, val_set, args.input_size).miou, 2)
+            row = dict(variant=variant, labels=args.labels, extra=args.extra, more=args.backbone_kwargs, seed=seed,
+                       steps=args.steps, fit_s=round(seconds, 1), **scores, hbird_steps=trajectory,
+                       top1_steps=[(step, round(v, 1)) for step, v in metrics["val/top1"]],
+                       top1=round(metrics["val/top1"][-1][1], 1), backbone=str(exported), run=str(run),
                        backbone_kwargs=kwargs, name=name)
             with open(out / "results.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
             print(f"| {variant} | {seed} | {row['fit_s']:.0f} | {row['hbird']:.1f} | {row['hbird_random']:.1f} | "
-                  f"{row['top1']:.1f} |", flush=True)
+                  f"{row['linprobe']:.1f} | {row['linprobe_random']:.1f} | {row['top1']:.1f} |", flush=True)
 
 
 def precision_check(args: argparse.Namespace) -> None:
@@ -139,28 +178,44 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):+.1f} ± {statistics.stdev(values):.1f}"
 
 
-def table(out: Path, labels: str, steps: int, extra: list[str]) -> str:
-    """Markdown from ``results.jsonl``: per variant mean ± std, then paired Δ vs ViT per seed."""
+def _mark(interval) -> str:
+    """``+1.2 [+0.4, +2.0] ✓``: the tick when the interval excludes 0 (SPEC §3.2)."""
+    return interval.text(1) + ("" if interval.covers_zero else " ✓")
+
+
+def _confusions(row: dict, protocol: str, tag: str) -> ImageConfusions:
+    return ImageConfusions.load(Path(row["run"]) / "confusions" / f"{protocol}_{tag}.npz")
+
+
+def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> str:
+    """Markdown from ``results.jsonl``: per variant mean ± std, then paired differences (per seed,
+    mean ± std over seeds, and the bootstrap interval of the seed-mean difference) for each variant
+    against ViT and for each variant's trained network against its random init."""
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps and r.get("extra", []) == extra]
+    rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps and r.get("extra", []) == extra
+            and r.get("more", {}) == more]
     by = {(r["variant"], r["seed"]): r for r in rows}  # a rerun replaces its earlier line
     variants = [v for v in VARIANTS if any(k[0] == v for k in by)]
     seeds = sorted({s for _, s in by})
-    lines = ["| variant | seeds | Hummingbird mIoU | random init | trained − random | held-out top-1 | fit s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | seeds | Hummingbird | random init | linear probe | random init | held-out top-1 | fit s |",
+             "|---|---|---|---|---|---|---|---|"]
     for v in variants:
         rs = [by[(v, s)] for s in seeds if (v, s) in by]
         ms = lambda key: _mean_std([r[key] for r in rs]).lstrip("+")  # noqa: E731
-        lines.append(f"| {v} | {len(rs)} | {ms('hbird')} | {ms('hbird_random')} | "
-                     f"{_mean_std([r['hbird'] - r['hbird_random'] for r in rs])} | {ms('top1')} | {ms('fit_s')} |")
-    lines += ["", "| paired Δ vs vit | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |",
-              "|---|" + "---|" * (len(seeds) + 1)]
-    for v in variants[1:]:
-        for key, what in (("hbird", "mIoU"), ("top1", "top-1")):
-            deltas = [by[(v, s)][key] - by[("vit", s)][key] for s in seeds if (v, s) in by and ("vit", s) in by]
-            if deltas:
-                lines.append(f"| {v} − vit, {what} | " + " | ".join(f"{d:+.1f}" for d in deltas) + " | "
-                             f"{_mean_std(deltas)} |")
+        lines.append(f"| {v} | {len(rs)} | {ms('hbird')} | {ms('hbird_random')} | {ms('linprobe')} | "
+                     f"{ms('linprobe_random')} | {ms('top1')} | {ms('fit_s')} |")
+    lines += ["", "| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds)
+              + " | mean ± std | seed-mean Δ [95 %] |", "|---|---|" + "---|" * (len(seeds) + 2)]
+    pairs = [(f"{v} − random init", v, "trained", v, "random") for v in variants]
+    pairs += [(f"{v} − vit", v, "trained", "vit", "trained") for v in variants[1:]]
+    for label, va, ta, vb, tb in pairs:
+        common = [s for s in seeds if (va, s) in by and (vb, s) in by]
+        for protocol, name in (("hbird", "Hummingbird"), ("linprobe", "linear probe")):
+            a = [_confusions(by[(va, s)], protocol, ta) for s in common]
+            b = [_confusions(by[(vb, s)], protocol, tb) for s in common]
+            per_seed = [miou_interval(x, y) for x, y in zip(a, b)]
+            lines.append(f"| {label} | {name} | " + " | ".join(_mark(i) for i in per_seed) + " | "
+                         f"{_mean_std([i.delta for i in per_seed])} | {_mark(seed_mean_miou_interval(a, b))} |")
     return "\n".join(lines)
 
 
@@ -176,6 +231,10 @@ def main() -> None:
     p.add_argument("--num-train", type=int, default=100)
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--out", default="runs/bench_supervised")
+    p.add_argument("--backbone-kwargs", type=json.loads, default={},
+                   help='JSON added to every variant\'s backbone kwargs, e.g. \'{"global_pool": "avg"}\'')
+    p.add_argument("--every", type=int, default=None,
+                   help="also keep a checkpoint every N steps and score each with Hummingbird (the trajectory)")
     p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
     p.add_argument("--precision-check", action="store_true",
                    help="score the trained backbones of <out>/results.jsonl (--seeds, --variants) at "
@@ -183,13 +242,14 @@ def main() -> None:
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
-        print(table(Path(args.out), args.labels, args.steps, args.extra))
+        print(table(Path(args.out), args.labels, args.steps, args.extra, args.backbone_kwargs))
         return
     torch.set_num_threads(2)
     if args.precision_check:
         precision_check(args)
         return
-    print("| variant | seed | fit s | Hummingbird | random init | top-1 |\n|---|---|---|---|---|---|", flush=True)
+    print("| variant | seed | fit s | Hummingbird | random init | linear probe | random init | top-1 |\n"
+          "|---|---|---|---|---|---|---|---|", flush=True)
     evaluate(args)
 
 
