@@ -4,8 +4,8 @@ LocAtViT's headline result (SPEC §1.4, §6) is for ViTs trained supervised and 
 for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
 the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's recipe lightened for a minute,
 image-level scene labels, the same number of optimizer steps and scenes) for each seed, exports
-each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino hbird``/``compare`` without
-retraining), and scores it frozen:
+each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino
+hbird``/``compare`` without retraining), and scores it frozen:
 
 - Hummingbird mIoU on held-out scenes (100 memory / 50 query images at 128 px, the demo's
   protocol, fp32, exact search) and the frozen dense linear probe (SPEC §3.1, the cheap cached
