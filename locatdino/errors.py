@@ -22,13 +22,21 @@ def debug_requested(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of ``err``'s message (its type name when it has none): library
+    errors (torch, timm) often append pages of detail that a one-line report has no room for."""
+    for line in str(err).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(err).__name__
+
+
 def one_line(err: BaseException) -> str:
     """``err`` as one line: its message's first non-empty line (the type name when it has none);
     exceptions other than :class:`UserError`, ``ValueError`` and ``OSError`` (whose messages
     already say what is wrong) get their type and the ``--debug`` hint appended."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    text = lines[0] if lines else type(err).__name__
-    if len(lines) > 1:
+    text = first_line(err)
+    if sum(1 for line in str(err).splitlines() if line.strip()) > 1:
         text += " …"
     if not isinstance(err, (UserError, ValueError, OSError)):
         text += f" ({type(err).__name__}; --debug or {DEBUG_ENV}=1 for the traceback)"

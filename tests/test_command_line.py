@@ -9,7 +9,7 @@ import pytest
 
 import locatdino
 from locatdino import cli
-from locatdino.errors import DEBUG_ENV, UserError
+from locatdino.errors import DEBUG_ENV, UserError, first_line, one_line
 from locatdino.threads import pop_threads
 
 
@@ -163,3 +163,14 @@ def test_demo_help_keeps_real_defaults_and_the_words_for_unset_ones():
     text = " ".join(importlib.import_module("locatdino.demo")._parser().format_help().split())
     assert "--out OUT everything the demo writes goes here (default: runs/demo)" in text
     assert "training steps (default: the recipes' budget) --seed" in text
+
+
+@pytest.mark.parametrize("err, first, one", [
+    (RuntimeError("\n  \n  size mismatch for pos_embed  \ncopying a param ..."), "size mismatch for pos_embed",
+     f"size mismatch for pos_embed … (RuntimeError; --debug or {DEBUG_ENV}=1 for the traceback)"),
+    (ValueError(), "ValueError", "ValueError"),
+    (UserError("bad.yaml: no key model"), "bad.yaml: no key model", "bad.yaml: no key model"),
+])
+def test_first_line_and_one_line(err, first, one):
+    assert first_line(err) == first
+    assert one_line(err) == one

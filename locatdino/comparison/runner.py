@@ -47,6 +47,7 @@ from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe, predict_images
 from locatdino.retrieval.transfer import predict
 from locatdino.retrieval.views import load_pair
+from locatdino.errors import first_line
 
 
 @dataclass(frozen=True)
@@ -246,8 +247,7 @@ def compare(
         try:
             return step()
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
-            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            failed[spec.name] = f"{spec.model}:{spec.checkpoint or 'none'}: {first_line}"
+            failed[spec.name] = f"{spec.model}:{spec.checkpoint or 'none'}: {first_line(err)[:300]}"
             print(f"locatdino compare: model {spec.name!r} failed: {failed[spec.name]}", file=sys.stderr, flush=True)
             return None
 

@@ -27,6 +27,7 @@ from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.models.checkpoints.loading import network_name
 from locatdino.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.checkpoint_io import atomic_torch_save
+from locatdino.errors import first_line
 
 
 def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which: str = "teacher",
@@ -77,7 +78,7 @@ def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str,
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ValueError(f"{source}: the backbone weights do not load into {name}({kwargs}): "
-                         f"{str(err).splitlines()[0]}") from err
+                         f"{first_line(err)}") from err
     return f"{name} backbone" + (f" {kwargs}" if kwargs else "")
 
 

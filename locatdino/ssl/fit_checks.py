@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from timm.models import split_model_name_tag
 
 from locatdino.data.shard_stream import expand_urls
-from locatdino.errors import UserError
+from locatdino.errors import UserError, first_line
 from locatdino.models import create_backbone, load_checkpoint
 
 # ckpt_path values Lightning resolves itself
@@ -155,5 +155,4 @@ def _check_backbone(model: Namespace) -> Any:
         message = str(err).replace("as the checkpoint", "as model.backbone_checkpoint")
         raise UserError(f"model.backbone: {message}") from None
     except (TypeError, RuntimeError, AssertionError) as err:  # what timm makes of the kwargs
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"model.backbone_kwargs {kwargs} for {name}: {first}") from None
+        raise UserError(f"model.backbone_kwargs {kwargs} for {name}: {first_line(err)}") from None

@@ -40,6 +40,8 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from locatdino.errors import first_line
+
 _MAX_VARIANTS = 64
 _failure: str | None = None  # why FlexAttention is off in this process (None: usable)
 _proven: set[tuple] = set()  # variants whose first call (and backward) succeeded
@@ -101,8 +103,7 @@ def _first_call(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor
     except torch.OutOfMemoryError:
         raise
     except Exception as err:  # noqa: BLE001  (any compile / launch failure: the caller falls back)
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        _failure = f"{type(err).__name__}: {first}"
+        _failure = f"{type(err).__name__}: {first_line(err)[:200]}"
         raise FlexAttentionUnavailable(f"FlexAttention failed on {tensors[0].device.type}: {_failure}") from err
 
 
