@@ -30,6 +30,7 @@ from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
+from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.image_confusions import ImageConfusions
 from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
                                                   add_protocol_arguments, config_from_args, encoder_device)
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
     p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     p.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
-    p.add_argument("--linprobe-iters", type=at_least(1), default=LINPROBE_DEFAULTS["iterations"],
+    p.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
                    help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
                    "protocol: locatdino linprobe)")
     p.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
@@ -79,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="linear-probe training views: off (whole images, features cached once) or official "
                    "(the paper's augmentation, backbone every iteration)")
     p.add_argument("--out", default="compare_results", help="output folder")
-    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a report already in --out (report.md / .json, figures, per-image confusions)")
     return p
 
 
@@ -153,14 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise SystemExit(f"locatdino compare: model names must be unique, got {', '.join(names)}")
     out = Path(args.out)
-    if (out / "report.json").exists() and not args.overwrite:
-        raise SystemExit(f"locatdino compare: {out / 'report.json'} exists (pass --overwrite to replace it)")
+    earlier = earlier_report(out)
+    if earlier and not args.overwrite:
+        raise SystemExit(f"locatdino compare: --out {out} holds an earlier report ({', '.join(earlier[:3])}"
+                         f"{', ...' if len(earlier) > 3 else ''}): pass --overwrite to replace it, or another --out")
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
         linprobe = _linprobe_config(args, cfg)
         ensure_writable(out, "--out")
         train, val = _open_splits(args)
+        if linprobe is not None and train is not None:
+            linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
@@ -207,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
         return 1 if failed else 0
+
+
+def earlier_report(out: Path) -> list[str]:
+    """What a report in ``out`` consists of and ``--overwrite`` replaces (paths relative to ``out``):
+    ``report.md`` / ``report.json``, ``figures/*.png`` and ``per_image_confusion/*``."""
+    found = [out / name for name in ("report.json", "report.md")]
+    found += sorted((out / "figures").glob("*.png")) + sorted((out / "per_image_confusion").glob("*"))
+    return [str(p.relative_to(out)) for p in found if p.exists()]
 
 
 def report_classes(dataset: Any) -> list[str]:

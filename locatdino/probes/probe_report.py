@@ -18,6 +18,8 @@ import numpy as np
 from locatdino.output_files import atomic_write, atomic_write_text
 from locatdino.retrieval.report import _fmt, per_class_table
 
+PROBE_FILES = ("results.json", "per_image_confusion.npz", "summary.md")  # what write_probe_run writes
+
 
 def probe_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per run: mIoU, pixel accuracy, budget, time split and precision."""
