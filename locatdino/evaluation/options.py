@@ -58,11 +58,10 @@ def add_data_arguments(p: argparse.ArgumentParser, datasets: tuple[str, ...] = D
     p.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")
 
 
-def add_feature_arguments(p: argparse.ArgumentParser, defaults: Any) -> None:
+def add_feature_arguments(p: argparse.ArgumentParser, d: Any) -> None:
     """Which frozen tokens, computed where and in which arithmetic (Hummingbird and the linear
-    probe); ``defaults`` is the command's config, whose ``layer``, ``norm`` and ``precision`` the
-    options default to."""
-    d = defaults
+    probe); ``d`` is the command's default config, whose ``layer``, ``norm`` and ``precision`` the
+    options default to (``HummingbirdConfig()``, ``LinearProbeConfig()``)."""
     p.add_argument("--layer", type=at_least(0), default=d.layer, help="block whose patch tokens are used")
     p.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
                    help="apply the final norm to the features (the Hummingbird reference's default wrapper "
