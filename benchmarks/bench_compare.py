@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from locatdino.comparison.intervals import attach_differences, model_differences
-from locatdino.retrieval.bootstrap import RESAMPLES, SEED
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED
 
 MODELS = ("vit-dino", "locatvit-dino", "vit-random", "locatvit-random")
 METRICS = (("mIoU", lambda m: m["hbird"]["miou"]), ("mIoU Hungarian", lambda m: m["hbird"]["miou_matched"]),

@@ -104,7 +104,7 @@ def _vit_s(name: str = "vit_small_patch16_224"):
     """The benchmark's random-init backbone (ViT-S/16 unless ``--model`` names another)."""
     import torch
 
-    from locatdino.retrieval import load_backbone
+    from locatdino.evaluation.features import load_backbone
 
     torch.manual_seed(0)
     return load_backbone(name)
@@ -258,7 +258,7 @@ def _case_main(spec: str) -> None:
     elif kind == "index-sweep":
         out = {"rows": index_sweep_case(**case)}
     elif kind == "machine":
-        from locatdino.retrieval.provenance import cpu_info, software_versions
+        from locatdino.evaluation.provenance import cpu_info, software_versions
 
         out = {"cpu": cpu_info(), "software": software_versions()}
     else:
@@ -361,10 +361,11 @@ def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
     """One memory size (run in its own process): build the memory once, then per index the
     build time, the full query pass (features, search, transfer + metric), mIoU, recall@30."""
     from locatdino.data import build_segmentation_dataset
-    from locatdino.retrieval import FeatureExtractor, HummingbirdConfig, PatchIndex, build_memory, evaluate_queries
-    from locatdino.retrieval.evaluate import PhaseClock
-    from locatdino.retrieval.splits import SubsetSplit
-    from locatdino.retrieval.views import QueryViews, collate_views
+    from locatdino.evaluation.features import FeatureExtractor
+    from locatdino.evaluation.phase_clock import PhaseClock
+    from locatdino.evaluation.splits import SubsetSplit
+    from locatdino.evaluation.views import QueryViews, collate_views
+    from locatdino.retrieval import HummingbirdConfig, PatchIndex, build_memory, evaluate_queries
 
     train = build_segmentation_dataset("voc", str(voc_scenes()), "train")
     val = SubsetSplit(build_segmentation_dataset("voc", str(voc_scenes()), "val"), np.arange(n_val))
@@ -408,8 +409,9 @@ def index_sweep_case(size: int, n_train: int, n_val: int) -> list[dict]:
     """Every index of ``SWEEP`` on the same cached int8 features (exact search first: it also
     measures the memory size M)."""
     from locatdino.data import build_segmentation_dataset
-    from locatdino.retrieval import FeatureExtractor, HummingbirdConfig, hummingbird
-    from locatdino.retrieval.feature_cache import CachedExtractor
+    from locatdino.evaluation.feature_cache import CachedExtractor
+    from locatdino.evaluation.features import FeatureExtractor
+    from locatdino.retrieval import HummingbirdConfig, hummingbird
     from locatdino.retrieval.index_choice import ivf_cells
 
     root = str(voc_scenes(n_train, n_val))

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scenes_ranking import supervised  # noqa: E402
 
 from locatdino.comparison.cli import LINPROBE_DEFAULTS  # noqa: E402
+from locatdino.evaluation.splits import CachedSplit, open_split  # noqa: E402
 from locatdino.models import create_backbone  # noqa: E402
 from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe  # noqa: E402
-from locatdino.retrieval.splits import CachedSplit, open_split  # noqa: E402
 
 
 def main() -> None:

@@ -35,16 +35,16 @@ import numpy as np
 import torch
 import yaml
 
+from locatdino.comparison.runner import ShownImages
 from locatdino.data import MultiCropTransform, collate_multicrop, scenes, shard_sources
 from locatdino.data.scenes import ScenesSegmentation, scene_class
+from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
-from locatdino.retrieval import HummingbirdMonitor
-from locatdino.retrieval.augment import normalize
-from locatdino.comparison.runner import ShownImages
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.features import FeatureExtractor
 from locatdino.probes.class_token import knn_accuracy
-from locatdino.retrieval.splits import CachedSplit, open_split
+from locatdino.retrieval import HummingbirdMonitor
+from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.ssl import DINOModule
 from locatdino.ssl import cli as fit_cli
 

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
+from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
-from locatdino.retrieval.augment import normalize
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.patch_labels import patch_class_counts
-from locatdino.retrieval.splits import CachedSplit, open_split
 
 
 def supervised(name: str, img_size: int, steps: int, images: int, seed: int) -> torch.nn.Module:

@@ -20,7 +20,7 @@ appends one JSON line to ``<out>/results.jsonl`` and keeps its per-query-image c
 (``<run>/confusions/{hbird,linprobe}_{trained,random}.npz``); ``--table`` prints per-variant
 mean ± std, then each variant's paired Δ against ViT and trained − random: per seed, mean ± std
 over seeds, and the 95 % paired-bootstrap interval of the seed-mean Δ over the query scenes
-(SPEC §3.2; ``locatdino.retrieval.bootstrap.seed_mean_miou_interval``).
+(SPEC §3.2; ``locatdino.evaluation.bootstrap.seed_mean_miou_interval``).
 
 ``--every N`` also keeps a checkpoint every N steps and scores each with Hummingbird (how the
 features move during the run); ``--backbone-kwargs`` changes every variant's backbone (e.g. timm's
@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 import yaml
 
+from locatdino.evaluation.bootstrap import miou_interval, seed_mean_miou_interval
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
 from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
-from locatdino.retrieval.bootstrap import miou_interval, seed_mean_miou_interval
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.retrieval.splits import CachedSplit, open_split
 from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.curves import stitched_metrics
 from locatdino.ssl.export import export_backbone
@@ -110,8 +110,7 @@ def score(model: torch.nn.Module, train_set, val_set, input_size: int, folder: P
                       LinearProbeConfig(input_size=input_size, iterations=320, batch_size=8, augment="off",
                                         precision="fp32", num_workers=0, progress=False))
     hb.image_confusions.save(folder / f"hbird_{tag}.npz")
-    ImageConfusions.from_matrices(lp.per_image_confusion, hb.image_confusions.class_mask).save(
-        folder / f"linprobe_{tag}.npz")
+    lp.image_confusions.save(folder / f"linprobe_{tag}.npz")
     return {"hbird": round(hb.miou, 2), "linprobe": round(lp.miou, 2)}
 
 

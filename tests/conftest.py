@@ -1,7 +1,7 @@
 import pytest
 
 from locatdino.data import ScenesSegmentation
-from locatdino.retrieval.splits import CachedSplit
+from locatdino.evaluation.splits import CachedSplit
 from tests.retrieval.hbird_fixtures import tiny_vit_model
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.features import eval_mode
 from locatdino.models.gaug.attention import GAugAttention
-from locatdino.retrieval.augment import normalize
-from locatdino.retrieval.features import eval_mode
 
 
 def _queries_keys(attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:

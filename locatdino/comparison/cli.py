@@ -27,14 +27,13 @@ from locatdino.arguments import ArgumentParser, at_least
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.evaluation.options import POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device
+from locatdino.evaluation.splits import CachedSplit, SubsetSplit, open_split
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.retrieval.protocol_options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments,
-                                                  add_protocol_arguments, config_from_args, encoder_device)
-from locatdino.retrieval.splits import CachedSplit, SubsetSplit, open_split
+from locatdino.retrieval.options import add_protocol_arguments, config_from_args
 
 # compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
 # at equal cost, more updates of a smaller batch train the head further than fewer of batch 32
@@ -189,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 outcome.image_confusions.save(out / confusion_file(i))
                 model["hbird"]["per_image_confusion"] = confusion_file(i)
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
-                    ImageConfusions.from_matrices(outcome.linprobe_confusion, outcome.image_confusions.class_mask
-                                                  ).save(out / confusion_file(i, "linprobe"))
+                    outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe"))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
         attach_differences(models, out)
         report = {

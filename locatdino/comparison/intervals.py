@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from locatdino.probes.accuracy_interval import wilson_interval
-from locatdino.retrieval.bootstrap import PairedInterval, accuracy_interval, miou_interval
-from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.evaluation.bootstrap import PairedInterval, accuracy_interval, miou_interval
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.wilson import wilson_interval
 
 PROBES = ("knn", "logistic")  # class-token probes whose per-image hits a report keeps
 

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from locatdino.comparison.intervals import difference_text
-from locatdino.retrieval.bootstrap import RESAMPLES, SEED, PairedInterval
-from locatdino.retrieval.report import _fmt, search_text
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
+from locatdino.evaluation.tables import number_cell
+from locatdino.retrieval.report import search_text
 
 _METRICS = {"miou": "Hummingbird mIoU", "knn_top1": "class-token k-NN top-1",
             "logistic_top1": "class-token logistic top-1"}
@@ -35,7 +36,7 @@ def _difference(m: dict[str, Any], metric: str) -> PairedInterval | None:
 def _top1(probes: dict[str, Any], name: str) -> str:
     """``28.0 [16.5, 42.4]``: top-1 and its Wilson interval (older reports: top-1 alone)."""
     value, interval = probes.get(f"{name}_top1"), probes.get(f"{name}_top1_interval")
-    return _fmt(value, 1) + ("" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]")
+    return number_cell(value, 1) + ("" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]")
 
 
 def _delta_cell(m: dict[str, Any], metric: str, value: float | None, ref: float | None) -> str:
@@ -58,11 +59,11 @@ def headline_table(models: list[dict[str, Any]]) -> str:
         linear, ref_linear = m.get("linprobe") or {}, ref.get("linprobe") or {}
         rows.append(
             f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
-            f"{_fmt(hbird.get('miou'))} | {_delta_cell(m, 'miou', hbird.get('miou'), ref_hbird.get('miou'))} | "
-            f"{_fmt(hbird.get('miou_matched'))} | {_fmt(linear.get('miou'))} | "
+            f"{number_cell(hbird.get('miou'))} | {_delta_cell(m, 'miou', hbird.get('miou'), ref_hbird.get('miou'))} | "
+            f"{number_cell(hbird.get('miou_matched'))} | {number_cell(linear.get('miou'))} | "
             f"{_delta_cell(m, 'linprobe', linear.get('miou'), ref_linear.get('miou'))} | {_top1(probes, 'knn')} | "
-            f"{_top1(probes, 'logistic')} | {m['parameters']:,} | {_fmt(fwd.get('images_per_s'), 1)} | "
-            f"{_fmt(fwd.get('peak_forward_mb'), 0)} |"
+            f"{_top1(probes, 'logistic')} | {m['parameters']:,} | {number_cell(fwd.get('images_per_s'), 1)} | "
+            f"{number_cell(fwd.get('peak_forward_mb'), 0)} |"
         )
     return "\n".join(rows)
 
@@ -81,7 +82,7 @@ def memory_table(models: list[dict[str, Any]]) -> str:
     rows = ["| model | " + " | ".join(f"memory {f}" for f in fractions) + " |", "|" + "---|" * (len(fractions) + 1)]
     for m in models:
         by_fraction = {p["fraction"]: p for p in m["memory_curve"]}
-        cells = [f"{_fmt(by_fraction[f]['miou'])} ({by_fraction[f]['memory_patches']:,})" if f in by_fraction else "–"
+        cells = [f"{number_cell(by_fraction[f]['miou'])} ({by_fraction[f]['memory_patches']:,})" if f in by_fraction else "–"
                  for f in fractions]
         rows.append(f"| {_model_cell(m)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -93,10 +94,10 @@ def per_class_table(models: list[dict[str, Any]]) -> str:
     head = [_model_cell(ref)] + [c for m in models[1:] for c in (_model_cell(m), "Δ")]
     rows = ["| class | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 1)]
     for name, ref_iou in ref["hbird"]["per_class_iou"].items():
-        cells = [_fmt(ref_iou)]
+        cells = [number_cell(ref_iou)]
         for m in models[1:]:
             iou = m["hbird"]["per_class_iou"].get(name)
-            cells += [_fmt(iou), _delta(iou, ref_iou)]
+            cells += [number_cell(iou), _delta(iou, ref_iou)]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -113,7 +114,7 @@ def locality_table(models: list[dict[str, Any]]) -> str | None:
         cells = []
         for m in local:
             s = m["locality"][b] if b < len(m["locality"]) else None
-            cells += [_fmt(s and s["sigma"]), _fmt(s and s["alpha"], 3)]
+            cells += [number_cell(s and s["sigma"]), number_cell(s and s["alpha"], 3)]
         rows.append(f"| {b} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

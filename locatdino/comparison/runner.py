@@ -35,19 +35,19 @@ import torchvision.transforms.v2.functional as TF
 from torchvision import tv_tensors
 
 from locatdino.comparison.attention_maps import class_token_attention, locality_per_block
-from locatdino.retrieval.augment import NEAREST_EXACT, resize_image
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird, patch_scores
-from locatdino.retrieval.feature_cache import CachedExtractor
-from locatdino.retrieval.features import FeatureExtractor, load_backbone
 from locatdino.comparison.forward_cost import count_parameters, forward_cost
-from locatdino.comparison.pca_maps import PCAColours
 from locatdino.comparison.intervals import probe_record
-from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe, predict_images
-from locatdino.retrieval.transfer import predict
-from locatdino.retrieval.views import load_pair
+from locatdino.comparison.pca_maps import PCAColours
 from locatdino.errors import first_line
+from locatdino.evaluation.augment import NEAREST_EXACT, resize_image
+from locatdino.evaluation.feature_cache import CachedExtractor
+from locatdino.evaluation.features import FeatureExtractor, load_backbone
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.views import load_pair
+from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
+from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe, predict_images
+from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird, patch_scores
+from locatdino.retrieval.transfer import predict
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ class ModelOutcome:
     locality: list[dict[str, float]] | None = None
     visuals: dict[str, np.ndarray] = field(default_factory=dict)
     image_confusions: ImageConfusions | None = None  # full-memory Hummingbird, one matrix per query image
-    # the linear probe's confusion matrix of each query image [N, C, C] (for paired intervals)
-    linprobe_confusion: np.ndarray | None = None
+    # the linear probe's confusion matrix of each query image (for paired intervals)
+    linprobe_confusion: ImageConfusions | None = None
 
     def to_dict(self) -> dict[str, Any]:
         kept = replace(self, visuals={}, image_confusions=None, linprobe_confusion=None)
@@ -204,7 +204,7 @@ def evaluate_model(
                                                                      val_set.ignore_index).numpy()
 
             result = linear_probe(backbone, train_set, val_set, linprobe, inspect=show)
-            outcome.linprobe, outcome.linprobe_confusion = result.to_dict(), result.per_image_confusion
+            outcome.linprobe, outcome.linprobe_confusion = result.to_dict(), result.image_confusions
     _say(f"{spec.name}: attention maps and locality")
     outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
     outcome.locality = locality_per_block(backbone, shown.images)

@@ -21,9 +21,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler, normalize
 from torch import nn
 
-from locatdino.retrieval.augment import normalize as normalize_images
-from locatdino.retrieval.features import eval_mode
-from locatdino.retrieval.precision import autocast, encoder_for
+from locatdino.evaluation.augment import normalize as normalize_images
+from locatdino.evaluation.features import eval_mode
+from locatdino.evaluation.precision import autocast, encoder_for
 
 
 def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray):

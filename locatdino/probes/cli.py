@@ -17,16 +17,14 @@ import sys
 from pathlib import Path
 
 from locatdino.arguments import ArgumentParser, at_least, non_negative_float, positive_float
-
 from locatdino.data.segmentation import DATASETS
+from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
+                                          add_model_arguments, encoder_device, load_backbones, model_runs, record_run)
+from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
-from locatdino.retrieval.protocol_options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                                  add_model_arguments, encoder_device, load_backbones, model_runs,
-                                                  record_run)
-from locatdino.retrieval.splits import CachedSplit, open_split
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_model_arguments(p)
     add_data_arguments(p, DATASETS)
-    add_feature_arguments(p)
+    add_feature_arguments(p, d)
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
                    help="training crop side and evaluation short side (paper: 512)")
     budget = p.add_mutually_exclusive_group()
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
         result = record_run(probe.to_dict(), args, name, ckpt, label, model)
         try:
-            write_probe_run(result, probe.per_image_confusion, out if len(runs) == 1 else out / label)
+            write_probe_run(result, probe.image_confusions, out if len(runs) == 1 else out / label)
         except DiskFullError as err:
             raise SystemExit(f"locatdino linprobe: {err}") from None
         results.append(result)

@@ -4,7 +4,7 @@
     val split ─── EvalViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix
 
 The backbone is frozen (eval mode, ``requires_grad=False``, inference mode) and gives the last
-block's patch tokens without final norm or PRR (:class:`~locatdino.retrieval.features.
+block's patch tokens without final norm or PRR (:class:`~locatdino.evaluation.features.
 FeatureExtractor` with ``l2_normalize=False``); only the head trains, with the paper's AdamW and
 OneCycle schedule (:mod:`~locatdino.probes.one_cycle`), batch 32, for ``iterations`` steps (or
 ``epochs`` passes over the training set). ``augment="official"`` is the paper's augmentation
@@ -13,9 +13,9 @@ OneCycle schedule (:mod:`~locatdino.probes.one_cycle`), batch 32, for ``iteratio
 computes each image's tokens once (:class:`~locatdino.probes.feature_store.FeatureStore`) — the
 cheap, deterministic variant; both paths feed the head the same batches in the same order.
 
-The score is the mIoU of the identity mapping from :class:`~locatdino.retrieval.metric.
-ConfusionMatrix` (Hummingbird's code) over every original pixel of the query images; one
-confusion matrix per query image is kept (``per_image_confusion``) for paired bootstraps.
+The score is the mIoU of the identity mapping from :class:`~locatdino.evaluation.metric.
+ConfusionMatrix` (Hummingbird's metric) over every original pixel of the query images; one
+confusion matrix per query image is kept (``image_confusions``) for paired bootstraps.
 """
 
 from __future__ import annotations
@@ -36,15 +36,16 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.metric import ConfusionMatrix
+from locatdino.evaluation.phase_clock import PhaseClock
+from locatdino.evaluation.provenance import run_provenance
 from locatdino.probes.feature_store import FeatureStore
 from locatdino.probes.linear_head import LinearSegHead
 from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
 from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
-from locatdino.retrieval.evaluate import PhaseClock
-from locatdino.retrieval.features import FeatureExtractor
-from locatdino.retrieval.metric import ConfusionMatrix
-from locatdino.retrieval.provenance import run_provenance
 
 PROBE_AUGMENT = ("official", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve
@@ -67,7 +68,7 @@ class LinearProbeConfig:
     layer: int = -1
     norm: bool = False
     prr: bool = False
-    precision: str = "auto"  # encoder arithmetic (locatdino.retrieval.precision)
+    precision: str = "auto"  # encoder arithmetic (locatdino.evaluation.precision)
     eval_batch_size: int = 16
     num_workers: int | None = None  # None: 1 for a CPU encoder, else min(8, cores)
     seed: int = 0
@@ -112,8 +113,8 @@ class LinearProbeConfig:
 
 @dataclass
 class LinearProbeResult:
-    """Scores in percent, timings in seconds; ``per_image_confusion`` ``[N, C, C]`` (rows ground
-    truth, columns predictions, one matrix per scored query image) is left out of :meth:`to_dict`."""
+    """Scores in percent, timings in seconds; ``image_confusions`` (one confusion matrix per scored
+    query image, for paired intervals) is left out of :meth:`to_dict`."""
 
     miou: float
     pixel_accuracy: float
@@ -129,10 +130,10 @@ class LinearProbeResult:
     config: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
-    per_image_confusion: np.ndarray | None = field(default=None, repr=False)
+    image_confusions: ImageConfusions | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "per_image_confusion"}
+        return {k: v for k, v in vars(self).items() if k != "image_confusions"}
 
 
 def _workers(cfg: LinearProbeConfig, device: torch.device) -> int:
@@ -283,12 +284,12 @@ def predict_images(extractor: FeatureExtractor, head: nn.Module, images: Tensor,
 
 @torch.no_grad()
 def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cfg: LinearProbeConfig,
-                  clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, np.ndarray, int]:
-    """Score ``head`` on every image of ``dataset`` at its original resolution: the total confusion
-    matrix, one matrix per scored image ``[N, C, C]`` (int64) and the number of skipped samples."""
+                  clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, int]:
+    """Score ``head`` on every image of ``dataset`` at its original resolution: the confusion matrix,
+    with one matrix per scored image (``.images``), and the number of skipped samples."""
     clock = clock or PhaseClock()
-    c, ignore = dataset.num_classes, dataset.ignore_index
-    total, per_image, skipped = ConfusionMatrix(c, ignore), [], 0
+    ignore = dataset.ignore_index
+    cm, skipped = ConfusionMatrix(dataset.num_classes, ignore, keep_images=True), 0
     views = EvalViews(dataset, cfg.input_size, extractor.patch_size)
     loader = DataLoader(views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device),
                         collate_fn=collate_items)
@@ -308,12 +309,8 @@ def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cf
                     one = F.interpolate(one[None, :, :h, :w], size=tuple(mask.shape), mode="bilinear",
                                         align_corners=False)
                     pred = predict_labels(one, ignore)[0].cpu()
-                cm = ConfusionMatrix(c, ignore)
                 cm.update(pred, mask)
-                total.merge(cm)
-                per_image.append(cm.matrix.numpy())
-    stacked = np.stack(per_image) if per_image else np.zeros((0, c, c), dtype=np.int64)
-    return total, stacked, skipped
+    return cm, skipped
 
 
 def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProbeConfig | None = None,
@@ -333,7 +330,7 @@ def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProb
     extractor.grid(cfg.input_size)  # an input size the patch does not divide fails before any work
     clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()
     head, curve, skipped_train = train_head(extractor, train_set, cfg, clock)
-    cm, per_image, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
+    cm, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
     if inspect is not None:
@@ -355,5 +352,5 @@ def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProb
                   "cached": cfg.cached},
         config=asdict(cfg),
         provenance=provenance,
-        per_image_confusion=per_image,
+        image_confusions=cm.images,
     )

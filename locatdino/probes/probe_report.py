@@ -1,8 +1,9 @@
 """``results.json``, ``per_image_confusion.npz`` and markdown of ``locatdino linprobe`` runs.
 
 A run's ``results.json`` is :meth:`LinearProbeResult.to_dict` plus the model and the dataset; the
-per-image confusion matrices (``[N, C, C]``, one per scored query image, for paired bootstrap
-intervals) go beside it, compressed. Written atomically (``locatdino.output_files``).
+per-image confusion matrices (one per scored query image, for paired bootstrap intervals) go beside
+it in Hummingbird's file format (:class:`~locatdino.evaluation.image_confusions.ImageConfusions`).
+Written atomically (``locatdino.output_files``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.tables import number_cell, per_class_table
+from locatdino.output_files import atomic_write_text
 
-from locatdino.output_files import atomic_write, atomic_write_text
-from locatdino.retrieval.report import _fmt, per_class_table
-
-PROBE_FILES = ("results.json", "per_image_confusion.npz", "summary.md")  # what write_probe_run writes
+PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe_run writes
 
 
 def probe_table(results: Sequence[dict[str, Any]]) -> str:
@@ -28,9 +28,9 @@ def probe_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         t, curve = r.get("timings", {}), r.get("loss_curve") or [[0, None]]
         rows.append(
-            f"| {r['model'].get('label', r['model'].get('name'))} | {_fmt(r['miou'])} | {_fmt(r['pixel_accuracy'])} | "
-            f"{r['iterations']:,} | {_fmt(curve[-1][1], 3)} | {_fmt(t.get('features'), 1)} | {_fmt(t.get('head'), 1)} | "
-            f"{_fmt(t.get('data'), 1)} | {_fmt(t.get('total'), 1)} | {r['features'].get('precision')} | "
+            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | {number_cell(r['pixel_accuracy'])} | "
+            f"{r['iterations']:,} | {number_cell(curve[-1][1], 3)} | {number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
+            f"{number_cell(t.get('data'), 1)} | {number_cell(t.get('total'), 1)} | {r['features'].get('precision')} | "
             f"{r['features'].get('cached')} |")
     return "\n".join(rows)
 
@@ -49,12 +49,12 @@ def probe_summary(results: Sequence[dict[str, Any]], title: str = "Dense linear 
     return "\n".join(lines)
 
 
-def write_probe_run(result: dict[str, Any], per_image: np.ndarray | None, out_dir: str | os.PathLike) -> Path:
-    """``results.json`` + ``summary.md`` (+ ``per_image_confusion.npz``) of one run; returns the JSON path."""
+def write_probe_run(result: dict[str, Any], confusions: ImageConfusions | None, out_dir: str | os.PathLike) -> Path:
+    """``results.json`` + ``summary.md`` (+ ``per_image_confusion.npz``, Hummingbird's format) of one
+    run; returns the JSON path."""
     out_dir = Path(out_dir)
-    if per_image is not None:
-        atomic_write(out_dir / "per_image_confusion.npz",
-                     lambda f: np.savez_compressed(f, confusion=per_image.astype(np.int64)))
+    if confusions is not None:
+        confusions.save(out_dir / CONFUSION_FILE)
     path = atomic_write_text(out_dir / "results.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out_dir / "summary.md", probe_summary([result]))
     return path

@@ -18,9 +18,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
+from locatdino.evaluation.augment import NEAREST_EXACT, resize_image
+from locatdino.evaluation.views import load_pair, view_generator
 from locatdino.probes.seg_transforms import ProbeAugmentation, eval_view, training_targets
-from locatdino.retrieval.augment import NEAREST_EXACT, resize_image
-from locatdino.retrieval.views import load_pair, view_generator
 
 
 def draw_order(num_images: int, iterations: int, batch_size: int, seed: int) -> np.ndarray:

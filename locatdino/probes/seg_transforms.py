@@ -38,7 +38,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 
 from locatdino.data.photometric import adjust_hue
-from locatdino.retrieval.augment import MEAN_RGB, NEAREST_EXACT
+from locatdino.evaluation.augment import MEAN_RGB, NEAREST_EXACT
 
 IGNORE = -1
 """Target value of pixels that take no part in the loss: void / ignored labels and padding."""

@@ -1,9 +1,12 @@
 """Hummingbird in-context segmentation (FAISS nearest-neighbour patch retrieval): memory bank,
-FAISS index, label transfer, mIoU, reports.
+FAISS index, label transfer, the evaluator, its reports and monitor.
 
-Typical use::
+What every frozen-backbone evaluation shares (splits, views, the frozen encoder, the mIoU,
+per-image confusions and intervals, provenance, options) is one floor below, in
+:mod:`locatdino.evaluation`. Typical use::
 
-    from locatdino.retrieval import HummingbirdConfig, hummingbird, load_backbone
+    from locatdino.evaluation import load_backbone
+    from locatdino.retrieval import HummingbirdConfig, hummingbird
     result = hummingbird(load_backbone("locatvit_small", "last.ckpt"), train_set, val_set,
                          HummingbirdConfig(input_size=448))
     print(result.miou)
@@ -12,7 +15,6 @@ Command line: ``locatdino hbird`` (:mod:`locatdino.retrieval.cli`). During pretr
 the Lightning callback :class:`HummingbirdMonitor` (imported lazily: it needs Lightning).
 """
 
-from locatdino.retrieval.augment import PairedAugmentation
 from locatdino.retrieval.evaluate import (
     HummingbirdConfig,
     HummingbirdResult,
@@ -20,29 +22,22 @@ from locatdino.retrieval.evaluate import (
     evaluate_queries,
     hummingbird,
 )
-from locatdino.retrieval.features import FeatureExtractor, load_backbone
 from locatdino.retrieval.index import PatchIndex
 from locatdino.retrieval.memory import MemoryBank
-from locatdino.retrieval.metric import ConfusionMatrix, IoUResult
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
 from locatdino.retrieval.report import load_results, summary_markdown
 from locatdino.retrieval.sampling import patches_per_image, rare_class_first
 from locatdino.retrieval.transfer import predict, transfer_labels
 
 __all__ = [
-    "ConfusionMatrix",
-    "FeatureExtractor",
     "HummingbirdConfig",
     "HummingbirdMonitor",
     "HummingbirdResult",
-    "IoUResult",
     "MemoryBank",
-    "PairedAugmentation",
     "PatchIndex",
     "build_memory",
     "evaluate_queries",
     "hummingbird",
-    "load_backbone",
     "load_results",
     "patch_class_counts",
     "patches_per_image",

@@ -21,17 +21,17 @@ import torch
 from torch import nn
 
 from locatdino.arguments import ArgumentParser
+from locatdino.evaluation.options import (add_data_arguments, add_model_arguments, encoder_device, load_backbones,
+                                          model_runs, record_run)
+from locatdino.evaluation.splits import SubsetSplit, open_split
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.memory import check_bank_folder
-from locatdino.retrieval.protocol_options import (add_data_arguments, add_model_arguments, add_protocol_arguments,
-                                                  config_from_args, encoder_device, load_backbones, model_runs,
-                                                  record_run)
+from locatdino.retrieval.options import add_protocol_arguments, config_from_args
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         miou_deltas, results_table, run_confusions, summary_markdown, write_run)
-from locatdino.retrieval.splits import SubsetSplit, open_split
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,13 +17,11 @@ which drops or duplicates ground-truth pixels unevenly (thin structures, aspect 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import resource
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -34,19 +32,20 @@ from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from tqdm.auto import tqdm
 
-from locatdino.retrieval.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
-from locatdino.retrieval.features import FeatureExtractor
-from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.evaluation.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
+from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
+from locatdino.evaluation.phase_clock import PhaseClock
+from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
 from locatdino.retrieval.index import PatchIndex
-from locatdino.retrieval.torch_knn import TorchExactSearch
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank
-from locatdino.retrieval.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
-from locatdino.retrieval.provenance import run_provenance
 from locatdino.retrieval.sampling import patches_per_image, rare_class_first
+from locatdino.retrieval.torch_knn import TorchExactSearch
 from locatdino.retrieval.transfer import predict, transfer_labels
-from locatdino.retrieval.views import MemoryViews, QueryViews, collate_views
 
 _TRANSFER_CHUNK_BYTES = 64 << 20  # bound on the gathered [n, k, C] labels / [n, k, D] features
 
@@ -129,31 +128,6 @@ class HummingbirdResult:
     def to_dict(self) -> dict[str, Any]:
         """The JSON record (without the per-image matrices)."""
         return {k: v for k, v in asdict(replace(self, image_confusions=None)).items() if k != "image_confusions"}
-
-
-class PhaseClock:
-    """Wall time per phase: ``with clock("search"): ...``; ``clock.iterate(loader, "data")``
-    times the waits on a DataLoader."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[phase] += time.perf_counter() - start
-
-    def iterate(self, iterable: Iterable, phase: str) -> Iterator:
-        iterator = iter(iterable)
-        while True:
-            with self(phase):
-                item = next(iterator, StopIteration)
-            if item is StopIteration:
-                return
-            yield item
 
 
 def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
+from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.splits import CachedSplit, open_split
 
 
 class HummingbirdMonitor(pl.Callback):

@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-PAD = -1
-"""Mask value of canvas pixels that lie outside the source image (zoom-out crops, see
-:mod:`locatdino.retrieval.augment`). Never a class: padded pixels are left out of the fractions."""
+from locatdino.evaluation.augment import PAD
 
 
 def patch_class_counts(masks: Tensor, patch_size: int, num_classes: int) -> tuple[Tensor, Tensor]:

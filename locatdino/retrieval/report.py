@@ -21,33 +21,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
+from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.tables import number_cell, per_class_table, run_label
 from locatdino.output_files import atomic_write_text
-from locatdino.retrieval.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
-from locatdino.retrieval.image_confusions import ImageConfusions
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
 _QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
 _SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
                  "augment", "norm", "hungarian", "seed", "train_split")
-
-
-def run_label(result: dict[str, Any]) -> str:
-    """Short name of a run: its report label (run folder or ``--label``), else the model name plus
-    the checkpoint's file stem when there is one."""
-    if result.get("label"):
-        return result["label"]
-    model = result.get("model", {})
-    name = model.get("label") or model.get("name") or "model"
-    ckpt = model.get("checkpoint")
-    return f"{name} ({Path(ckpt).stem})" if ckpt and not model.get("label") else name
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None or value != value else f"{value:.{digits}f}"
-
-
-CONFUSION_FILE = "per_image_confusion.npz"
 INTERVAL_NOTE = (f"Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval over the query "
                  f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
                  "difference.")
@@ -77,10 +60,10 @@ def results_table(results: Sequence[dict[str, Any]], deltas: Sequence[PairedInte
         t = r.get("timings", {})
         delta = "" if deltas is None else f"{'–' if deltas[i] is None else deltas[i].text()} | "
         rows.append(
-            f"| {run_label(r)} | {_fmt(r['miou'])} | {delta}{_fmt(r['miou_matched'])} | "
-            f"{_fmt(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
-            + " | ".join(_fmt(t.get(p), 1) for p in _PHASES)
-            + f" | {_fmt(t.get('total'), 1)} | {_fmt(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
+            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | "
+            f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
+            + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
+            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
         )
     return "\n".join(rows)
 
@@ -99,22 +82,6 @@ def _search_cells(search: dict[str, Any] | None) -> str:
     if not search:
         return "– | –"
     return f"{search.get('precision') or '–'} | {search_text(search)}"
-
-
-def per_class_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown per-class IoU, one column per run (plus Δ = last − first for two or more)."""
-    labels = [run_label(r) for r in results]
-    delta = len(results) > 1
-    head = "| class | " + " | ".join(labels) + (" | Δ |" if delta else " |")
-    rows = [head, "|" + "---|" * (len(labels) + 1 + delta)]
-    for name in results[0]["per_class_iou"]:
-        values = [r["per_class_iou"].get(name) for r in results]
-        cells = [_fmt(v) for v in values]
-        if delta:
-            first, last = values[0], values[-1]
-            cells.append("–" if first is None or last is None else f"{last - first:+.2f}")
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
 
 
 def _values(results: Sequence[dict[str, Any]], key: str) -> list[str]:

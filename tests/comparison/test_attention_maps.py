@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from locatdino.models import create_backbone
 from locatdino.comparison.attention_maps import class_token_attention, locality_per_block
-from locatdino.retrieval.augment import normalize
+from locatdino.evaluation.augment import normalize
+from locatdino.models import create_backbone
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "locatvit_tiny"])

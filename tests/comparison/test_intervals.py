@@ -6,8 +6,8 @@ import pytest
 from locatdino import demo
 from locatdino.comparison.intervals import attach_differences, difference_text, probe_record
 from locatdino.comparison.report import difference_lines, headline_table
-from locatdino.retrieval.bootstrap import PairedInterval
-from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.evaluation.bootstrap import PairedInterval
+from locatdino.evaluation.image_confusions import ImageConfusions
 
 
 @pytest.mark.parametrize("low,high,covers", [(-0.4, 0.9, True), (0.0, 1.2, True), (-2.0, -0.0, True),

@@ -7,8 +7,8 @@ import torch
 
 from locatdino.comparison import cli as compare_cli
 from locatdino.comparison.runner import ModelSpec, memory_sizes
-from locatdino.retrieval.feature_cache import CachedExtractor
-from locatdino.retrieval.features import FeatureExtractor
+from locatdino.evaluation.feature_cache import CachedExtractor
+from locatdino.evaluation.features import FeatureExtractor
 
 TINY = ["--num-train", "8", "--num-val", "3", "--scene-size", "64", "--input-size", "64", "--k", "5",
         "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8", "--linprobe-iters", "6"]
@@ -99,7 +99,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 def test_protocol_options_are_hbird_s(tmp_path):
     """compare takes the Hummingbird options of hbird, with the same defaults and meaning."""
     from locatdino.retrieval import cli as hbird_cli
-    from locatdino.retrieval.protocol_options import config_from_args
+    from locatdino.retrieval.options import config_from_args
 
     options = ["--augment", "off", "--aug-epochs", "1", "--no-norm", "--hungarian", "pixels", "--knn-backend",
                "faiss", "--eval-resolution", "input", "--seed", "3"]

@@ -142,7 +142,7 @@ def _coco_stuff_tree(root):
 
 def test_pascal_context_59_reader_and_its_ignore_rule(tmp_path):
     from locatdino.data import PascalContextSegmentation
-    from locatdino.retrieval.metric import ConfusionMatrix
+    from locatdino.evaluation.metric import ConfusionMatrix
 
     masks = _pascal_context_tree(tmp_path)
     for root in (tmp_path, tmp_path / "VOCdevkit", tmp_path / "VOCdevkit" / "VOC2010"):
@@ -168,7 +168,7 @@ def test_pascal_context_59_reader_and_its_ignore_rule(tmp_path):
 
 def test_coco_stuff_164k_reader_and_its_ignore_rule(tmp_path):
     from locatdino.data import COCOStuffSegmentation
-    from locatdino.retrieval.metric import ConfusionMatrix
+    from locatdino.evaluation.metric import ConfusionMatrix
 
     masks = _coco_stuff_tree(tmp_path)
     ds = build_segmentation_dataset("coco_stuff", tmp_path, "val")

@@ -57,7 +57,7 @@ def test_bad_shapes_name_the_problem():
 def test_class_embeddings_are_the_image_embedding(tiny_vit):
     images = torch.randint(0, 256, (5, 3, 32, 32), dtype=torch.uint8)
     emb = class_embeddings(tiny_vit, images, batch_size=2)
-    from locatdino.retrieval.augment import normalize
+    from locatdino.evaluation.augment import normalize
 
     with torch.no_grad():
         expected = tiny_vit(normalize(images)).numpy()

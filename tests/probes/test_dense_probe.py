@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from locatdino.evaluation.features import FeatureExtractor
 from locatdino.probes.dense_probe import LinearProbeConfig, evaluate_head, linear_probe, train_head
 from locatdino.probes.probe_views import draw_order
-from locatdino.retrieval.features import FeatureExtractor
 
 
 class Stripes:
@@ -51,7 +51,8 @@ def test_probe_reaches_100_percent_on_linearly_separable_features():
     head, curve, skipped = train_head(ColourTokens(), Stripes(24, 0), cfg)
     assert skipped == 0 and len(curve) == 50 and curve[-1][1] < 0.2 * curve[0][1]
     val = Stripes(6, 1)
-    cm, per_image, skipped = evaluate_head(ColourTokens(), head, val, cfg)
+    cm, skipped = evaluate_head(ColourTokens(), head, val, cfg)
+    per_image = cm.images.dense()
     assert cm.compute().miou > 0.99 and cm.compute().pixel_accuracy > 0.99
     assert per_image.shape == (6, 3, 3) and per_image.sum() == 6 * 32 * 32
     np.testing.assert_array_equal(per_image.sum(0), cm.matrix.numpy())
@@ -86,10 +87,10 @@ def test_cached_and_uncached_paths_agree(scenes, tiny_vit, tmp_path):
     assert [i for i, _ in cached.loss_curve] == [i for i, _ in uncached.loss_curve] == list(range(1, 13))
     np.testing.assert_allclose([v for _, v in cached.loss_curve], [v for _, v in uncached.loss_curve], rtol=1e-4)
     assert cached.miou == pytest.approx(uncached.miou, abs=1e-6)
-    np.testing.assert_array_equal(cached.per_image_confusion.sum(0), uncached.per_image_confusion.sum(0))
-    assert cached.per_image_confusion.shape == (6, 10, 10)
-    assert cached.per_image_confusion.sum() == 6 * 96 * 96  # scenes label every pixel
-    assert "per_image_confusion" not in cached.to_dict() and cached.to_dict()["iterations"] == 12
+    np.testing.assert_array_equal(cached.image_confusions.dense().sum(0), uncached.image_confusions.dense().sum(0))
+    assert cached.image_confusions.dense().shape == (6, 10, 10)
+    assert cached.image_confusions.dense().sum() == 6 * 96 * 96  # scenes label every pixel
+    assert "image_confusions" not in cached.to_dict() and cached.to_dict()["iterations"] == 12
     assert not any(p.requires_grad for p in tiny_vit.parameters()) and not tiny_vit.training
 
 

@@ -2,10 +2,10 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from locatdino import cli
+from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 
 SMALL = ["--dataset", "scenes", "--num-train", "6", "--num-val", "3", "--scene-size", "32", "--input-size", "32",
          "--iters", "6", "--batch-size", "4", "--augment", "off", "--precision", "fp32", "--workers", "0",
@@ -26,7 +26,7 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
         assert result["features"]["cached"] is True and result["features"]["precision"] == "fp32"
         assert result["config"]["augment"] == "off" and result["config"]["dataset"] == "scenes"
         assert result["provenance"]["software"]["torch"] and result["provenance"]["checkpoint"] is None
-        confusion = np.load(out / label / "per_image_confusion.npz")["confusion"]
+        confusion = ImageConfusions.load(out / label / CONFUSION_FILE).dense()  # Hummingbird's file format
         assert confusion.shape == (3, 10, 10) and confusion.sum() == 3 * 32 * 32
     assert "Dense linear probe comparison" in (out / "summary.md").read_text()
 

@@ -5,8 +5,9 @@ import pytest
 import timm
 import torch
 
+from locatdino.evaluation.options import encoder_device
 from locatdino.retrieval import cli
-from locatdino.retrieval.protocol_options import config_from_args, encoder_device
+from locatdino.retrieval.options import config_from_args
 
 TINY = ["--num-train", "6", "--num-val", "2", "--scene-size", "64", "--input-size", "64", "--workers", "0",
         "--no-progress", "--k", "10"]
@@ -231,7 +232,7 @@ def test_out_of_range_options_are_one_usage_line_before_any_work(tmp_path, capsy
 
 
 def test_open_split_refuses_zero_images():
-    from locatdino.retrieval.splits import open_split
+    from locatdino.evaluation.splits import open_split
 
     with pytest.raises(ValueError, match="number of val images must be at least 1, got 0"):
         open_split("scenes", None, "val", 0)

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from locatdino.evaluation.metric import ConfusionMatrix
+from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.retrieval.evaluate import HummingbirdConfig, build_memory, hummingbird
 from locatdino.retrieval.memory import MemoryBank
-from locatdino.retrieval.metric import ConfusionMatrix
-from locatdino.retrieval.splits import CachedSplit, SubsetSplit
 from tests.retrieval.hbird_fixtures import MaskAsImage, OracleEncoder
 
 # The oracle reads labels from grey levels, which bilinear crops would blend: no augmentation.
@@ -67,7 +67,7 @@ def test_budgeted_memory_size_and_eval_at_input_resolution(scenes, tiny_vit):
 
 
 def test_memory_directory_bank_matches_in_ram_bank(scenes, tiny_vit, tmp_path):
-    from locatdino.retrieval.features import FeatureExtractor
+    from locatdino.evaluation.features import FeatureExtractor
 
     extractor = FeatureExtractor(tiny_vit)
     base = dict(input_size=64, num_workers=0, progress=False, aug_epochs=1)
@@ -95,7 +95,7 @@ def test_torch_knn_backend_gives_the_faiss_result(scenes, tiny_vit, monkeypatch)
 
 
 def test_augment_off_memory_is_the_same_for_every_seed(scenes, tiny_vit):
-    from locatdino.retrieval.features import FeatureExtractor
+    from locatdino.evaluation.features import FeatureExtractor
 
     extractor = FeatureExtractor(tiny_vit)
     train = SubsetSplit(scenes[0], np.arange(6))

@@ -1,6 +1,7 @@
 import torch
 
-from locatdino.retrieval.patch_labels import PAD, patch_class_counts, soft_labels
+from locatdino.evaluation.augment import PAD
+from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
 
 
 def naive_counts(masks, p, c):

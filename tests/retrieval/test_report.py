@@ -3,11 +3,12 @@ import json
 import numpy as np
 import pytest
 
-from locatdino.retrieval.bootstrap import miou_interval
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.retrieval.report import (CONFUSION_FILE, atomic_write_text, differing_settings, incompatibilities, label_by_folder,
-                                        load_results, per_class_table, results_table, summary_markdown,
-                                        write_run)
+from locatdino.evaluation.bootstrap import miou_interval
+from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.tables import per_class_table
+from locatdino.output_files import atomic_write_text
+from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
+                                        results_table, summary_markdown, write_run)
 
 
 def _result(label, miou, classes=(("a", 50.0), ("b", None))):

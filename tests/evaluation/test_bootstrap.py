@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.retrieval.bootstrap import (accuracy_interval, miou_interval, miou_score, resample_weights,
+from locatdino.evaluation.bootstrap import (accuracy_interval, miou_interval, miou_score, resample_weights,
                                            seed_mean_miou_interval)
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.retrieval.metric import ConfusionMatrix
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.metric import ConfusionMatrix
 
 C = 5
 

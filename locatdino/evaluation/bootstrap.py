@@ -10,7 +10,7 @@ resample's sums are one row of ``weights @ counts``, where ``weights [resamples,
 often each image was drawn. All resamples of both models are one matrix product; ADE20K's
 2,000 images × 150 classes × 1,000 resamples take well under a second.
 
-The mIoU of a resample follows :func:`~locatdino.retrieval.metric.class_iou` (the reported
+The mIoU of a resample follows :func:`~locatdino.evaluation.metric.class_iou` (the reported
 mIoU's rule: a class absent from the resample and never predicted leaves the mean). The
 Hungarian-matched mIoU has no interval: its matching would have to be redone per resample.
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from locatdino.retrieval.image_confusions import ImageConfusions
-from locatdino.retrieval.metric import class_iou, mean_iou
+from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.metric import class_iou, mean_iou
 
 RESAMPLES = 1000
 SEED = 0

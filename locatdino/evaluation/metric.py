@@ -21,7 +21,7 @@ stack of per-class counts, so the paired bootstrap (``bootstrap.py``) scores its
 exactly the rule of the reported mIoU.
 
 With ``keep_images`` the matrix also keeps one sparse confusion matrix per image
-(:class:`~locatdino.retrieval.image_confusions.ImageConfusions`), what the bootstrap resamples.
+(:class:`~locatdino.evaluation.image_confusions.ImageConfusions`), what the bootstrap resamples.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from locatdino.retrieval.image_confusions import ImageConfusions
+from locatdino.evaluation.image_confusions import ImageConfusions
 
 HUNGARIAN_CRITERIA = ("iou", "pixels")
 
@@ -107,10 +107,6 @@ class ConfusionMatrix:
         self.matrix += torch.from_numpy(per_image.sum(0))
         if self.images is not None:
             self.images.append(per_image)
-
-    def merge(self, other: ConfusionMatrix) -> None:
-        """Add another matrix of the same classes (e.g. from another process)."""
-        self.matrix += other.matrix
 
     def class_mask(self) -> np.ndarray:
         """Classes that take part in the mean: all but an in-range ignore index."""

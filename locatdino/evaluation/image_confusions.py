@@ -5,8 +5,9 @@ A query image holds a handful of classes, so its ``C×C`` matrix has few non-zer
 The cells are kept as three flat arrays (image, ``target · C + prediction``, pixel count), written
 next to a run's ``results.json`` as one compressed ``.npz`` (:meth:`save`, :meth:`load`).
 
-Any producer of per-image matrices can build one (:meth:`from_matrices`): Hummingbird
-(``ConfusionMatrix(keep_images=True)``) and the dense linear probe alike.
+Hummingbird and the dense linear probe both keep theirs with ``ConfusionMatrix(keep_images=True)``
+and write them in this one format (:data:`CONFUSION_FILE` beside ``results.json``); any other
+producer of per-image matrices can build one (:meth:`from_matrices`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from locatdino.output_files import atomic_write
+
+CONFUSION_FILE = "per_image_confusion.npz"  # its name beside a run's results.json (hbird, linprobe)
 
 
 @dataclass

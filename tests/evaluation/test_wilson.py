@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from locatdino.probes.accuracy_interval import wilson_interval
+from locatdino.evaluation.wilson import wilson_interval
 
 
 def _wilson(k, n, z=1.959963984540054):

@@ -1,4 +1,4 @@
-"""Opening the labelled splits a Hummingbird run needs, by dataset name.
+"""Opening the labelled splits an evaluation needs (Hummingbird, the probes), by dataset name.
 
 Readers come from ``locatdino.data.build_segmentation_dataset`` (VOC, ADE20K, shards, built-in
 scenes). Here only what evaluation adds: a seeded random subset of a split (the reference

@@ -1,9 +1,10 @@
-"""Dense patch features of a frozen timm ViT / LocAtViT for Hummingbird evaluation (SPEC §1.3).
+"""Dense patch features of a frozen timm ViT / LocAtViT for evaluation (Hummingbird, the dense
+linear probe; SPEC §1.3).
 
 The features are the patch tokens of one block — by default the last block, before the final
 norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
 under ``torch.inference_mode`` in the precision that is fastest on the device unless told otherwise
-(``locatdino.retrieval.precision``: bf16 autocast, int8 Linear layers or fp32) and L2-normalised so
+(``locatdino.evaluation.precision``: bf16 autocast, int8 Linear layers or fp32) and L2-normalised so
 inner product = cosine similarity.
 """
 
@@ -16,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
-from locatdino.retrieval.augment import normalize
-from locatdino.retrieval.precision import autocast, encoder_for
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:

@@ -17,7 +17,7 @@ import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from locatdino.retrieval.augment import PairedAugmentation, resize_image
+from locatdino.evaluation.augment import PairedAugmentation, resize_image
 
 
 def view_generator(seed: int, epoch: int, index: int) -> torch.Generator:

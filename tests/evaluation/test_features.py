@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.features import FeatureExtractor
 from locatdino.models import dense_features
-from locatdino.retrieval.augment import normalize
-from locatdino.retrieval.features import FeatureExtractor
 
 
 def _images(b=2, size=32):

@@ -2,10 +2,10 @@ import pytest
 import torch
 from torch import nn
 
+from locatdino.evaluation import precision as precision_module
+from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.precision import int8_encoder, resolve_precision
 from locatdino.models import create_backbone
-from locatdino.retrieval import precision as precision_module
-from locatdino.retrieval.features import FeatureExtractor
-from locatdino.retrieval.precision import int8_encoder, resolve_precision
 
 CPU = torch.device("cpu")
 

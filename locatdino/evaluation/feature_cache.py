@@ -16,7 +16,7 @@ from torch import Tensor
 
 
 class CachedExtractor:
-    """Wraps a :class:`~locatdino.retrieval.features.FeatureExtractor` (same interface)."""
+    """Wraps a :class:`~locatdino.evaluation.features.FeatureExtractor` (same interface)."""
 
     def __init__(self, extractor: Any, max_bytes: int = 1 << 30):
         self.extractor, self.max_bytes = extractor, max_bytes

@@ -2,8 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.retrieval.augment import PairedAugmentation, normalize, resize_image
-from locatdino.retrieval.patch_labels import PAD
+from locatdino.evaluation.augment import PAD, PairedAugmentation, normalize, resize_image
 
 
 def _pair():

@@ -3,8 +3,8 @@ import pytest
 import torch
 from PIL import Image
 
-from locatdino.retrieval.augment import PairedAugmentation
-from locatdino.retrieval.views import MemoryViews, QueryViews, collate_views, view_generator
+from locatdino.evaluation.augment import PairedAugmentation
+from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views, view_generator
 
 
 class TinySet:

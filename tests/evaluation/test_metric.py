@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import confusion_matrix
 
-from locatdino.retrieval.metric import ConfusionMatrix
+from locatdino.evaluation.metric import ConfusionMatrix
 
 
 def _reference_miou(pred, target, num_classes, ignore):

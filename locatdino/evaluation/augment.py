@@ -1,5 +1,5 @@
-"""Image preprocessing for Hummingbird evaluation: the paired memory augmentation and the query
-resize (SPEC §3).
+"""Image preprocessing of frozen-backbone evaluation: ImageNet normalisation, the query resize and
+Hummingbird's paired memory augmentation (SPEC §3).
 
 Memory images go through a random-resized crop of image *and* mask (scale (0.5, 2.0), aspect
 (3/4, 4/3)) and mild colour jitter (brightness, contrast, saturation, hue 0.1, each applied with
@@ -11,7 +11,7 @@ image and *rejects* such draws: for a 4:3 VOC image 83 % of its draws are reject
 effective range is (0.5, 1], and 15 % of views silently fall back to the whole image. Here a box that
 overflows the image along a side is a zoom-out along that side instead: the whole image extent
 there is shown smaller, at a random offset on a canvas filled with the ImageNet mean colour (0
-after normalisation), and the canvas pixels get the mask value :data:`~.patch_labels.PAD`. Padding is
+after normalisation), and the canvas pixels get the mask value :data:`PAD`. Padding is
 never a class: soft labels count image pixels only, and a patch that is mostly padding is not
 stored. So the memory sees objects from twice to half their size, and only real pixels label it.
 
@@ -42,12 +42,13 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 
-from locatdino.retrieval.patch_labels import PAD
-
 # timm's ImageNet mean/std; the Hummingbird reference has 0.255 for the blue std: a typo of 0.225.
 MEAN_RGB = [round(255 * m) for m in IMAGENET_DEFAULT_MEAN]
 NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
 AUGMENT_MODES = ("zoom-out", "reference", "off")
+PAD = -1
+"""Mask value of canvas pixels that lie outside the source image (zoom-out crops). Never a class:
+Hummingbird's soft labels (``locatdino.retrieval.patch_labels``) leave padded pixels out."""
 
 
 def _uniform(low: float, high: float, generator: torch.Generator) -> float:

@@ -29,7 +29,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
-    from locatdino.retrieval.provenance import cpu_model_and_flags
+    from locatdino.evaluation.provenance import cpu_model_and_flags
 
     return cpu_model_and_flags()[1] or set()
 

@@ -1,4 +1,4 @@
-"""Where a Hummingbird result was measured: software, machine, checkpoint and time.
+"""Where an evaluation result was measured: software, machine, checkpoint and time.
 
 Two ``results.json`` can only be compared honestly when it is known what produced each: a
 library upgrade changes kernels, another CPU changes speed by integer factors (bf16 is fast only
