@@ -39,6 +39,14 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def integer(text: str) -> int:
+    """argparse ``type`` of any integer (a block index, negative from the end)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def positive_float(text: str) -> float:
     """argparse ``type`` of a finite number ``> 0`` (temperatures, scales)."""
     try:

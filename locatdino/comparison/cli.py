@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from locatdino.arguments import ArgumentParser, at_least
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.options import POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit, open_split
 from locatdino.help_format import DefaultsOnceHelpFormatter
+from locatdino.models import create_backbone
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        _check_layer(specs, cfg.layer)
         linprobe = _linprobe_config(args, cfg)
         ensure_writable(out, "--out")
         train, val = _open_splits(args)
@@ -211,6 +215,19 @@ def main(argv: list[str] | None = None) -> int:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
         return 1 if failed else 0
+
+
+def _check_layer(specs: list[ModelSpec], layer: int) -> None:
+    """``--layer`` against every model's depth (built on the meta device: no memory, no weights)
+    before the first model runs; a model that cannot be built is left to its own load, which
+    reports it as that model's failure."""
+    for spec in specs:
+        try:
+            with torch.device("meta"):
+                depth = len(create_backbone(spec.model).blocks)
+        except Exception:  # noqa: BLE001 - reported by load_model, per model
+            continue
+        check_layer(depth, layer, spec.model)
 
 
 def earlier_report(out: Path) -> list[str]:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from locatdino.errors import UserError
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
@@ -30,6 +31,14 @@ def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "au
     ``pos_embed`` picks how position embeddings are resampled there (``create_backbone``)."""
     model = create_backbone(name, checkpoint, pos_embed=pos_embed, dynamic_img_size=True)
     return model.eval().requires_grad_(False)
+
+
+def check_layer(depth: int, layer: int, model_name: str) -> None:
+    """:class:`UserError` unless ``layer`` indexes one of the ``depth`` blocks of ``model_name``
+    (``-depth .. depth - 1``): checked when the model is built, before any feature is computed."""
+    if not -depth <= layer < depth:
+        raise UserError(f"--layer {layer}: {model_name} has {depth} blocks (use 0 to {depth - 1}, or -1 to -{depth} "
+                        "from the end)")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from locatdino.arguments import ArgumentParser, at_least, non_negative_float, positive_float
-from locatdino.data.segmentation import DATASETS
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
                                           add_model_arguments, encoder_device, load_backbones, model_runs, record_run)
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -36,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_model_arguments(p)
-    add_data_arguments(p, DATASETS)
+    add_data_arguments(p)
     add_feature_arguments(p, d)
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
                    help="training crop side and evaluation short side (paper: 512)")
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
-    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     out = Path(args.out)
     _check_outputs(out, [label for *_, label in runs], args.cache_dir, args.overwrite)
     results = []

@@ -136,6 +136,11 @@ def report_main(argv: list[str]) -> int:
     if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
         raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
                          "choose another file")
+    owner = next((r for r in results if args.out and Path(args.out).resolve() == Path(r["source"]).resolve().parent
+                  / "summary.md"), None)
+    if owner is not None:  # a run's own summary is part of that run
+        raise SystemExit(f"locatdino hbird report: --out {args.out} is the summary of the input run {owner['source']}: "
+                         "choose another file")
     deltas = None
     if len(results) > 1 and not mixed:  # intervals pair the same query images
         try:
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     _check_outputs(args, runs)
     with output_lock(args.out, "--out"):  # a second run into --out is refused, not raced
         return _evaluate(args, runs, models, train_set, val_set, device)

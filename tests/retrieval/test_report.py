@@ -154,4 +154,10 @@ def test_report_out_never_replaces_an_input(tmp_path, capsys):
         with pytest.raises(SystemExit, match=f"--out {target} exists and is not a Hummingbird summary"):
             cli.main(["report", str(results), "--out", str(target)])
     assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "my notes"
-    assert cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")]) == 0  # its own
+    own = (tmp_path / "run" / "summary.md").read_text()
+    with pytest.raises(SystemExit, match=f"^locatdino hbird report: --out {tmp_path / 'run' / 'summary.md'} is the "
+                                         f"summary of the input run {results}: choose another file$"):
+        cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")])  # an input run's own
+    assert (tmp_path / "run" / "summary.md").read_text() == own
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0  # its own earlier report
