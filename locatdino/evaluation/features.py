@@ -107,5 +107,9 @@ class FeatureExtractor:
             feats = dense_features(
                 self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
             )
+            if not torch.isfinite(feats).all():  # else NaN neighbours and labels get scored as an mIoU
+                raise UserError(f"the encoder's patch features (block {self.layer}) are not finite in {self.precision}: "
+                                "its weights overflow (a diverged run, or a checkpoint with huge values?); nothing "
+                                "was scored")
             feats = F.normalize(feats.float(), dim=-1) if self.l2_normalize else feats.float()
             return feats.cpu() if self.to_cpu else feats
