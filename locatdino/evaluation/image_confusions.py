@@ -13,12 +13,14 @@ producer of per-image matrices can build one (:meth:`from_matrices`).
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from locatdino.errors import first_line
 from locatdino.output_files import atomic_write
 
 CONFUSION_FILE = "per_image_confusion.npz"  # its name beside a run's results.json (hbird, linprobe)
@@ -106,10 +108,34 @@ class ImageConfusions:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ImageConfusions:
+        """Read a file :meth:`save` wrote; ``ValueError`` naming the file and what is wrong when it
+        is not one, or holds cells outside its own images and classes."""
+        if not zipfile.is_zipfile(path):  # np.load would try a pickle and say "pickled data"
+            raise ValueError(f"{path}: not a per-image confusion file (not an .npz archive)")
         try:
             with np.load(path) as data:
-                return cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
-                           data["image"].astype(np.int64), data["cell"].astype(np.int64),
-                           data["count"].astype(np.int64))
-        except (OSError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: not a per-image confusion file ({err})") from None
+                loaded = cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
+                             data["image"].astype(np.int64), data["cell"].astype(np.int64),
+                             data["count"].astype(np.int64))
+        except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
+        problem = loaded.inconsistency()
+        if problem:
+            raise ValueError(f"{path}: damaged per-image confusion file ({problem})")
+        return loaded
+
+    def inconsistency(self) -> str | None:
+        """What makes the stored cells impossible (None when they are consistent)."""
+        self._merge()
+        c, n = self.num_classes, self.num_images
+        if c < 1 or n < 0 or self.class_mask.shape != (c,):
+            return f"{c} classes, {n} images, class mask of shape {self.class_mask.shape}"
+        if not len(self.image) == len(self.cell) == len(self.count):
+            return f"cell arrays of lengths {len(self.image)}, {len(self.cell)}, {len(self.count)}"
+        for name, values, high in (("image", self.image, n), ("cell", self.cell, c * c)):
+            bad = (values < 0) | (values >= high)
+            if bad.any():
+                return f"{name} index {values[bad][0]} outside [0, {high})"
+        if (self.count < 0).any():
+            return "negative pixel count"
+        return None

@@ -67,6 +67,13 @@ def mean_iou(iou: np.ndarray) -> np.ndarray:
         return np.where(count > 0, np.where(finite, iou, 0.0).sum(-1) / count, np.nan)
 
 
+def images_miou(confusions: ImageConfusions) -> float:
+    """The mIoU in percent of all of ``confusions``' images together, by the reported rule: what a
+    run's stored ``miou`` must equal (``hbird report`` checks it)."""
+    tp, target, pred = confusions.class_counts().sum(0)
+    return float(100 * mean_iou(class_iou(tp, target, pred, confusions.class_mask)))
+
+
 class ConfusionMatrix:
     """Accumulates ``(prediction, target)`` pixel pairs of ``num_classes`` classes.
 

@@ -141,12 +141,12 @@ def report_main(argv: list[str]) -> int:
     if owner is not None:  # a run's own summary is part of that run
         raise SystemExit(f"locatdino hbird report: --out {args.out} is the summary of the input run {owner['source']}: "
                          "choose another file")
+    try:  # every run's stored figure checked against its own per-image matrices
+        confusions = [run_confusions(r) for r in results]
+    except ValueError as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
     deltas = None
     if len(results) > 1 and not mixed:  # intervals pair the same query images
-        try:
-            confusions = [run_confusions(r) for r in results]
-        except ValueError as err:
-            raise SystemExit(f"locatdino hbird report: {err}") from None
         without = [r["label"] for r, c in zip(results, confusions) if c is None]
         if without:
             print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "

@@ -16,6 +16,7 @@ and marked. Runs loaded from disk are labelled by their run folder.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
 from locatdino.output_files import atomic_write_text
 
@@ -208,12 +210,38 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
                 data["miou"]
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
+            for key in SCORES:
+                value = data.get(key)
+                if key == "miou" or value is not None:
+                    _check_percentage(f, key, value)
             data["source"] = str(f)
             results.append(data)
     return results
 
 
+SCORES = ("miou", "miou_matched", "pixel_accuracy")  # percentages a report prints
+_TOLERANCE = 1e-3  # percent: a stored mIoU against its own per-image matrices (float rounding only)
+
+
+def _check_percentage(path: Path, key: str, value: Any) -> None:
+    """``ValueError`` unless ``value`` is a finite number in [0, 100] (an edited or damaged file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{path}: {key} is {value!r}, not a number")
+    if not (math.isfinite(value) and 0 <= value <= 100):
+        raise ValueError(f"{path}: {key} {value:.6g} is not a percentage in [0, 100]")
+
+
 def run_confusions(result: dict[str, Any]) -> ImageConfusions | None:
-    """The per-image confusion matrices of a loaded run (None for runs written without them)."""
+    """The per-image confusion matrices of a loaded run (None for runs written without them),
+    checked against the run's stored ``miou``: a report never rests on a figure its own matrices
+    contradict (an edited results.json, or matrices of another run)."""
     name = result.get("per_image_confusion")
-    return None if name is None else ImageConfusions.load(Path(result["source"]).parent / name)
+    if name is None:
+        return None
+    path = Path(result["source"]).parent / name
+    confusions = ImageConfusions.load(path)
+    recomputed = images_miou(confusions)
+    if not abs(recomputed - result["miou"]) <= _TOLERANCE:
+        raise ValueError(f"{result['source']}: miou {result['miou']:.4f} but its per-image matrices ({path.name}) "
+                         f"give {recomputed:.4f}: an edited results.json, or matrices of another run")
+    return confusions
