@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
                     outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe"))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
-        attach_differences(models, out)
+        attach_differences(models, out, cfg.hungarian)
         report = {
             "command": "locatdino compare " + shlex.join(argv),
             "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,

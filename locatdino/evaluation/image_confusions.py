@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
 from locatdino.errors import first_line
 from locatdino.output_files import atomic_write
@@ -85,6 +86,13 @@ class ImageConfusions:
         out = np.zeros((self.num_images, c * c), np.int64)
         out[self.image, self.cell] = self.count
         return out.reshape(-1, c, c)
+
+    def sparse(self) -> csr_matrix:
+        """All matrices as one sparse ``[N, C·C]`` float64 matrix (row: image, column: target · C +
+        prediction): sums over weighted images are one product, whatever the number of classes."""
+        self._merge()
+        c = self.num_classes
+        return csr_matrix((self.count.astype(np.float64), (self.image, self.cell)), shape=(self.num_images, c * c))
 
     def class_counts(self) -> np.ndarray:
         """Per image and class, what IoU needs: ``[N, 3, C]`` true positives, ground-truth pixels

@@ -151,7 +151,7 @@ def report_main(argv: list[str]) -> int:
         if without:
             print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
                   f"confusion matrices (written before they were kept)", file=sys.stderr)
-        deltas = miou_deltas(confusions)
+        deltas = miou_deltas(confusions, results[0].get("config", {}).get("hungarian", "iou"))
     print(results_table(results, deltas))
     if args.out:
         atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
@@ -200,7 +200,7 @@ def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, s
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
         confusions.append(run.image_confusions)
-    deltas = miou_deltas(confusions) if len(results) > 1 else None
+    deltas = miou_deltas(confusions, args.hungarian) if len(results) > 1 else None
     if len(results) > 1:
         atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
     print(results_table(results, deltas))

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
@@ -33,36 +33,42 @@ _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 _QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
 _SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
                  "augment", "norm", "hungarian", "seed", "train_split")
-INTERVAL_NOTE = (f"Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval over the query "
+INTERVAL_NOTE = (f"Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval over the query "
                  f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
                  "difference.")
 
 
-def miou_deltas(confusions: Sequence[ImageConfusions | None]) -> list[PairedInterval | None]:
-    """Δ mIoU of every run to the first, with its interval; None for the first run and for runs
-    without per-image matrices (older ``results.json``) or scored on other images."""
+def miou_deltas(confusions: Sequence[ImageConfusions | None],
+                hungarian: str = "iou") -> list[tuple[PairedInterval, PairedInterval] | None]:
+    """Δ mIoU and Δ Hungarian-matched mIoU (criterion ``hungarian``) of every run to the first,
+    each with its interval; None for the first run and for runs without per-image matrices (older
+    ``results.json``) or scored on other images."""
     first = confusions[0]
-    deltas: list[PairedInterval | None] = [None]
+    deltas: list[tuple[PairedInterval, PairedInterval] | None] = [None]
     for other in confusions[1:]:
         paired = first is not None and other is not None and other.num_images == first.num_images
-        deltas.append(miou_interval(other, first) if paired else None)
+        deltas.append((miou_interval(other, first), matched_miou_interval(other, first, hungarian)) if paired else None)
     return deltas
 
 
-def results_table(results: Sequence[dict[str, Any]], deltas: Sequence[PairedInterval | None] | None = None) -> str:
+def results_table(results: Sequence[dict[str, Any]],
+                  deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
     """Markdown table, one row per run: scores, memory size, time split; with ``deltas``
-    (:func:`miou_deltas`), a column of Δ mIoU to the first run and its interval."""
+    (:func:`miou_deltas`), columns of Δ mIoU and Δ matched mIoU to the first run with their intervals."""
     delta_head = "Δ mIoU [95 % interval] | " if deltas is not None else ""
-    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
+    matched_head = "Δ mIoU (Hungarian) [95 %] | " if deltas is not None else ""
+    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | {matched_head}pixel acc. | memory patches | " + " | ".join(
         f"{p} s" for p in _PHASES
     ) + " | total s | peak RSS MB | encoder | index (recall@k) |"
     rule = "|" + "---|" * (head.count("|") - 1)
     rows = [head, rule]
     for i, r in enumerate(results):
         t = r.get("timings", {})
-        delta = "" if deltas is None else f"{'–' if deltas[i] is None else deltas[i].text()} | "
+        delta = matched = ""
+        if deltas is not None:
+            delta, matched = (f"{'–' if d is None else d.text()} | " for d in (deltas[i] or (None, None)))
         rows.append(
-            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | "
+            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | {matched}"
             f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
             + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
@@ -139,7 +145,7 @@ def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation",
-                     deltas: Sequence[PairedInterval | None] | None = None) -> str:
+                     deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
     """The markdown report of one or several runs (a comparison when several, with ``deltas``:
     :func:`miou_deltas`)."""
     def common(key: str) -> str:

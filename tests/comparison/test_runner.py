@@ -84,7 +84,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
-    assert set(locat["differences"]) == {"miou", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
+    assert set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
     assert "## Differences to vit" in md and "Hummingbird mIoU: " in md
     assert "Δ linear probe" in md and f"| {linear['miou']:.2f} | +0.00 |" in md

@@ -116,8 +116,11 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
     loaded = [ImageConfusions.load(tmp_path / "runs" / n / CONFUSION_FILE) for n in ("a", "b")]
     assert f"| b | {scores['b']:.2f} | {miou_interval(loaded[1], loaded[0]).text()} |" in out
     assert miou_interval(loaded[1], loaded[0]).low > 0  # 90 % vs 50 % of the pixels right
-    assert f"| itself | {scores['a']:.2f} | +0.00 [+0.00, +0.00] |" in out
-    assert "Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
+    assert f"| itself | {scores['a']:.2f} | +0.00 [+0.00, +0.00] | {scores['a'] + 1:.2f} | +0.00 [+0.00, +0.00] |" in out
+    from locatdino.evaluation.bootstrap import matched_miou_interval
+
+    assert f"| {matched_miou_interval(loaded[1], loaded[0]).text()} | 80.00 |" in out  # b's matched Δ
+    assert "Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
 
 
 def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
