@@ -18,7 +18,7 @@ every command it runs, so it doubles as a worked example. ``--quick`` (what the 
 shortens the step budget and the evaluation; everything else is the recipes'. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
 
-``--recipe supervised`` runs the same comparison with the paper's own pretraining (SPEC §6):
+``--recipe supervised`` runs the same comparison with the paper's own pretraining (docs/pretraining.md):
 both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
 ``sup_tiny_locatvit.yaml``: image-level labels, timm's recipe lightened for a minute), exported and compared the
 same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).

@@ -50,3 +50,12 @@ def test_docs_are_linked_from_readme_index():
     index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and f"({p.name})" not in index]
     assert not missing, f"docs/README.md does not list {missing}"
+
+
+def test_no_shipped_text_points_to_internal_notes():
+    """Docstrings, configs and pages cite docs/ (which ships), not the developers' SPEC.md."""
+    files = [*ROOT.joinpath("locatdino").rglob("*.py"), *ROOT.joinpath("locatdino").rglob("*.yaml"),
+             *ROOT.joinpath("benchmarks").glob("*.py"), *PAGES]
+    cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"SPEC ?§|SPEC\.md", line)]
+    assert not cited, f"references to the internal SPEC.md: {cited}"

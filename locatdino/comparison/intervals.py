@@ -1,4 +1,4 @@
-"""Intervals of a comparison and what they allow to be said (SPEC §3.2).
+"""Intervals of a comparison and what they allow to be said (docs/evaluation.md).
 
 Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and
 Δ Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image confusion matrices,

@@ -1,4 +1,4 @@
-"""Paired bootstrap interval of a difference between two models scored on the same images (SPEC §3.2).
+"""Paired bootstrap interval of a difference between two models scored on the same images (docs/evaluation.md).
 
 Resample the query images with replacement — the *same* draws for both models —, recompute both
 scores and their difference, and take the 2.5 / 97.5 percentiles of the differences over
@@ -47,7 +47,7 @@ class PairedInterval:
 
     @property
     def covers_zero(self) -> bool:
-        """No measurable difference: the interval holds 0 (SPEC §3.2: "A beats B" only when it does not)."""
+        """No measurable difference: the interval holds 0 (docs/evaluation.md: "A beats B" only when it does not)."""
         return self.low <= 0 <= self.high
 
     def text(self, digits: int = 2) -> str:
@@ -124,7 +124,7 @@ def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfu
 
     Each resample draws the query images once and uses the draw for every seed and both models,
     so the interval is the image-sampling uncertainty of the seed-averaged difference; how much
-    the difference moves between seeds is not in it (report the per-seed std beside it, SPEC §3.2).
+    the difference moves between seeds is not in it (report the per-seed std beside it, docs/evaluation.md).
     """
     if len(a) != len(b) or not a:
         raise ValueError(f"seed-mean interval needs the same seeds for both models, got {len(a)} and {len(b)} runs")

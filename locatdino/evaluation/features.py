@@ -1,5 +1,5 @@
 """Dense patch features of a frozen timm ViT / LocAtViT for evaluation (Hummingbird, the dense
-linear probe; SPEC §1.3).
+linear probe; docs/locatvit.md).
 
 The features are the patch tokens of one block — by default the last block, before the final
 norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
@@ -56,7 +56,7 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 class FeatureExtractor:
     """``images uint8 [B, 3, S, S]`` → L2-normalised float32 patch features ``[B, h, w, D]`` on CPU
     (raw tokens on the model's device with ``l2_normalize=False, to_cpu=False``: the dense linear
-    probe trains on them, SPEC §3.1).
+    probe trains on them, docs/evaluation.md).
 
     Args:
         model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen.

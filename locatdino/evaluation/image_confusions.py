@@ -1,4 +1,4 @@
-"""One confusion matrix per query image, stored sparse: what a paired bootstrap resamples (SPEC §3.2).
+"""One confusion matrix per query image, stored sparse: what a paired bootstrap resamples (docs/evaluation.md).
 
 A query image holds a handful of classes, so its ``C×C`` matrix has few non-zero cells: ADE20K's
 2,000 validation images × 150² cells would be 45 M integers dense, a few hundred thousand sparse.

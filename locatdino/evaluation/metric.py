@@ -1,4 +1,4 @@
-"""Streaming confusion-matrix mIoU (SPEC §3).
+"""Streaming confusion-matrix mIoU (docs/evaluation.md).
 
 One ``C×C`` int64 matrix accumulated with ``np.bincount`` per batch, so memory is bounded by
 the batch, not the dataset (the reference keeps every predicted pixel in a Python list: tens of

@@ -1,4 +1,4 @@
-"""``locatdino linprobe``: the paper's dense linear probe from the command line (SPEC §3.1).
+"""``locatdino linprobe``: the paper's dense linear probe from the command line (docs/evaluation.md).
 
     locatdino linprobe --model locatvit_small --checkpoint last.ckpt --dataset ade20k \\
         --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade

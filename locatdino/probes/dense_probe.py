@@ -1,4 +1,4 @@
-"""The dense linear probe, end to end (SPEC §3.1): the paper's segmentation metric.
+"""The dense linear probe, end to end (docs/evaluation.md): the paper's segmentation metric.
 
     train split ─ TrainViews ─ frozen backbone ─ [FeatureStore] ─ LinearSegHead ─ cross-entropy
     val split ─── EvalViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix

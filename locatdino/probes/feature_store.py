@@ -1,7 +1,7 @@
 """Frozen features of every training image, computed once: the dense probe's fast path.
 
 With augmentation off every pass over an image feeds the head the same patch tokens, so they are
-computed once and the head trains on the stored copy (SPEC §3.1: the head then trains in seconds
+computed once and the head trains on the stored copy (docs/evaluation.md: the head then trains in seconds
 to minutes instead of re-running the backbone every iteration). ``features [N, D, h, w]`` float32
 and ``targets [N, S, S]`` int16 (:data:`~locatdino.probes.seg_transforms.IGNORE` included) stay in
 RAM up to ``max_ram_bytes`` and are memory-mapped files otherwise (ADE20K's 20,210 images at

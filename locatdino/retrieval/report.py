@@ -3,7 +3,7 @@
 A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
 timings in seconds, memory size, the full config, the model); its per-image confusion matrices go
 beside it (``per_image_confusion.npz``, named in the JSON), so that a comparison of finished runs
-gives every Δ mIoU its paired-bootstrap interval (SPEC §3.2). Files are written atomically
+gives every Δ mIoU its paired-bootstrap interval (docs/evaluation.md). Files are written atomically
 (``locatdino.output_files``), so an interrupted run never leaves a truncated report.
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,

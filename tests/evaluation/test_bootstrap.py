@@ -1,4 +1,4 @@
-"""Paired bootstrap intervals (SPEC §3.2) and the per-image confusion matrices they resample."""
+"""Paired bootstrap intervals (docs/evaluation.md) and the per-image confusion matrices they resample."""
 
 import numpy as np
 import pytest
