@@ -90,21 +90,28 @@ def _raw(formula: Callable[..., int]) -> Callable[..., int]:
 
 
 class DinoStep:
-    """One DINO training step on a fixed batch, with the ladder's switches."""
+    """One DINO training step of ``module`` on a fixed random batch of ``crops`` ``(G, L, V_l)``
+    px, with the ladder's switches; ``autocast``: bf16 autocast (off: the weights' dtype)."""
 
-    def __init__(self, model: str, batch: int, sizes: dict, device: torch.device, fused: bool = False,
-                 compiled: bool = False, bf16_weights: bool = False) -> None:
-        torch.manual_seed(0)
-        self.module = m = DINOModule(model, dict(sizes["backbone_kwargs"]), batch_size=batch, **sizes["head"])
-        m.to(device, torch.bfloat16 if bf16_weights else torch.float32)
-        self.device, self.autocast = device, not bf16_weights
+    def __init__(self, module: DINOModule, batch: int, crops: tuple[int, int, int], device: torch.device,
+                 fused: bool = False, compiled: bool = False, bf16_weights: bool = False, autocast: bool = True) -> None:
+        self.module = m = module
+        dtype = torch.bfloat16 if bf16_weights else torch.float32
+        m.to(device, dtype)
+        self.device, self.autocast = device, autocast and not bf16_weights
         self.params = [p for p in m.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, fused=True if fused else None)
-        dtype = torch.bfloat16 if bf16_weights else torch.float32
-        g, loc, n_local = sizes["crops"]
+        g, loc, n_local = crops
         self.crops = (torch.randn(2, batch, 3, g, g, device=device, dtype=dtype),
                       torch.randn(n_local, batch, 3, loc, loc, device=device, dtype=dtype))
         self.forward_loss = torch.compile(self._forward_loss) if compiled else self._forward_loss
+
+    @classmethod
+    def of(cls, model: str, batch: int, sizes: dict, device: torch.device, **switches) -> DinoStep:
+        """The step of a freshly built (seed 0) ``MODELS`` backbone at ``sizes`` (``FULL``, ``TOY``)."""
+        torch.manual_seed(0)
+        module = DINOModule(model, dict(sizes["backbone_kwargs"]), batch_size=batch, **sizes["head"])
+        return cls(module, batch, sizes["crops"], device, **switches)
 
     def _forward_loss(self, crops_global: torch.Tensor, crops_local: torch.Tensor):
         m = self.module
@@ -163,14 +170,14 @@ class Row:
 
 def ladder(model: str, batch: int, sizes: dict, device: torch.device, peak_tflops: float, warmup: int,
            reps: int, configs: tuple[str, ...] = LADDER) -> list[Row]:
-    flops = DinoStep(MODELS[model], batch, sizes, device).model_flops()
+    flops = DinoStep.of(MODELS[model], batch, sizes, device).model_flops()
     rows: list[Row] = []
     for i, name in enumerate(configs):
         switches = dict(fused=LADDER.index(name) >= 1, compiled=LADDER.index(name) >= 2,
                         bf16_weights=LADDER.index(name) >= 3)
         try:
-            first, median = median_step_s(DinoStep(MODELS[model], batch, sizes, device, **switches), device, warmup,
-                                          reps)
+            first, median = median_step_s(DinoStep.of(MODELS[model], batch, sizes, device, **switches), device,
+                                          warmup, reps)
         except Exception as exc:  # noqa: BLE001  (out of memory, a compile error: report the row, go on)
             print(f"{model} batch {batch} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             continue

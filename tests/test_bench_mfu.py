@@ -35,7 +35,7 @@ def test_a_tiny_vit_forward_matches_the_hand_count():
 def test_model_flops_of_the_dino_step_are_what_one_step_computes():
     """Teacher forward + 3 x student forward = every FLOP counted in one whole step (toy size, CPU),
     but the input gradient of the patch embedding, which nobody asks for."""
-    step = bench_mfu.DinoStep("vit_small_patch16_224", 2, bench_mfu.TOY, torch.device("cpu"))
+    step = bench_mfu.DinoStep.of("vit_small_patch16_224", 2, bench_mfu.TOY, torch.device("cpu"))
     g, loc = step.crops
     patches = g.shape[0] * g.shape[1] * (g.shape[-1] // 16) ** 2 + loc.shape[0] * loc.shape[1] * (loc.shape[-1] // 16) ** 2
     conv_input_grad = 2 * patches * 3 * 16 * 16 * 64
