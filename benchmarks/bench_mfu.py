@@ -215,11 +215,12 @@ def main() -> None:
           f"TFLOP/s, crops 2 x {sizes['crops'][0]} + {sizes['crops'][2]} x {sizes['crops'][1]} px")
     print(f"{'model':<11} {'batch':>5} {'config':<15} {'step ms':>9} {'img/s':>9} {'GFLOP':>8} {'TFLOP/s':>9} "
           f"{'MFU %':>6} {'gain':>7} {'first s':>7}")
-    rows = [row for model in args.models for batch in args.batch
-            for row in ladder(model, batch, sizes, device, args.peak_tflops, args.warmup, args.reps,
-                              tuple(args.configs))]
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    rows: list[Row] = []
+    for model in args.models:
+        for batch in args.batch:
+            rows += ladder(model, batch, sizes, device, args.peak_tflops, args.warmup, args.reps, tuple(args.configs))
+            if args.json:  # after every ladder: a run cut short keeps what it measured
+                args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
 
 
 if __name__ == "__main__":
