@@ -15,6 +15,16 @@ YAML (LightningCLI)::
         num_workers: 8
         resampled: true                                        # multi-node recipe
         multicrop: {num_local_crops: 8, local_crop_size: 96}   # MultiCropTransform fields
+        augment_on: gpu                                        # multi-crop on the training device
+
+``augment_on: gpu``: the workers only decode (a uint8 ``[3, S, S]`` image and its decoded size per
+sample, ``locatdino.data.decoded_images``) and ``on_after_batch_transfer`` — run by Lightning on
+every rank, after the batch reached the device — applies the multi-crop to the whole batch
+(:class:`~locatdino.data.gpu_multicrop.GPUMultiCrop`, kornia). Its random draws are seeded by
+``(seed, rank, augmented batches so far)``; the count is part of ``state_dict``, so a resumed run
+draws what the uninterrupted one would have. On a CPU-only machine the same path runs on CPU
+tensors in the training process, which is slower than the default ``cpu`` (augmentation in the
+workers; benchmarks/RESULTS.md, "Multi-crop on the device").
 
 A tiny CPU recipe needs no prior step: ``synthetic: 512`` writes 512 built-in scenes as shards
 into ``train_urls`` (a directory) in ``prepare_data`` when it holds no shards yet.
@@ -27,11 +37,14 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
+from webdataset.utils import make_seed
 
+from locatdino.data.decoded_images import DecodedImage, collate_decoded, default_image_size
+from locatdino.data.gpu_multicrop import GPUMultiCrop
 from locatdino.data.multicrop import MultiCropTransform
 from locatdino.data.shard_sources import ScenesSource
 from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, shard_sizes
@@ -63,21 +76,32 @@ class ShardDataModule(L.LightningDataModule):
             built-in scenes there in ``prepare_data``.
         synthetic_size: side of the generated scenes in pixels.
         synthetic_seed: seed of the generated scenes.
+        augment_on: ``cpu``: the multi-crop runs in the DataLoader workers; ``gpu``: they only
+            decode and the multi-crop runs batched on the training device (see the module docstring).
+        decoded_size: with ``augment_on: gpu``, the side the workers resize every image to
+            (default: ``decoded_images.default_image_size``, 368 px for 224 px global crops).
     """
 
     def __init__(self, train_urls: str | list[str] = "shards/scenes", batch_size: int = 64, num_workers: int = 8,
                  multicrop: MultiCropTransform | None = None, resampled: bool = False,
                  batches_per_epoch: int | None = None, shuffle_buffer: int = 1000, seed: int = 0,
                  pin_memory: bool = True, synthetic: int = 0, synthetic_size: int = 224,
-                 synthetic_seed: int = 0) -> None:
+                 synthetic_seed: int = 0, augment_on: Literal["cpu", "gpu"] = "cpu",
+                 decoded_size: int | None = None) -> None:
         super().__init__()
+        if augment_on not in ("cpu", "gpu"):
+            raise ValueError(f"augment_on must be 'cpu' or 'gpu', got {augment_on!r}")
         self.train_urls, self.batch_size, self.num_workers = train_urls, batch_size, num_workers
         self.multicrop = multicrop or MultiCropTransform()
         self.resampled, self.batches_per_epoch = resampled, batches_per_epoch
         self.shuffle_buffer, self.seed, self.pin_memory = shuffle_buffer, seed, pin_memory
         self.synthetic, self.synthetic_size, self.synthetic_seed = synthetic, synthetic_size, synthetic_seed
+        self.augment_on = augment_on
+        self.decoded_size = decoded_size or default_image_size(self.multicrop)
+        self.gpu_multicrop: GPUMultiCrop | None = None
         self.stream: ShardStream | None = None
         self._epoch = 0
+        self._augmented = 0  # batches augmented on the device: the seed of the next one
 
     def prepare_data(self) -> None:
         """Write built-in scene shards into ``train_urls`` when asked and none are there yet."""
@@ -119,12 +143,27 @@ class ShardDataModule(L.LightningDataModule):
         return stream
 
     def train_transform(self) -> Callable[[Any], Any]:
-        """Image → what a batch is made of: the multi-crop views."""
-        return self.multicrop
+        """Image → what a batch is made of: the multi-crop views, or (``augment_on: gpu``) the
+        decoded image at its fixed size."""
+        return self.multicrop if self.augment_on == "cpu" else DecodedImage(self.decoded_size)
 
     def stream_options(self) -> dict[str, Any]:
-        """More ``ShardStream`` arguments of a subclass (labels, collate)."""
-        return {}
+        """More ``ShardStream`` arguments (a subclass: labels, collate)."""
+        if self.augment_on == "cpu":
+            return {}
+        return {"collate": collate_decoded, "decode": DecodedImage(self.decoded_size).decode}
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """``augment_on: gpu``: the decoded images → the multi-crop batch, on the batch's device."""
+        if self.augment_on != "gpu" or not isinstance(batch, dict) or "images" not in batch:
+            return batch
+        images, sizes = batch.pop("images"), batch.pop("sizes")
+        if self.gpu_multicrop is None:
+            self.gpu_multicrop = GPUMultiCrop(self.multicrop)
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        seed = make_seed(self.seed, rank, self._augmented)
+        self._augmented += 1
+        return {**batch, **self.gpu_multicrop.to(images.device)(images, sizes, seed=seed)}
 
     def train_dataloader(self) -> ShardLoader:
         if self.stream is None:
@@ -133,11 +172,16 @@ class ShardDataModule(L.LightningDataModule):
         return ShardLoader(self.stream, num_workers=self.num_workers, pin_memory=pin)
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch counter of the stream, so a resumed run continues the shuffle sequence."""
-        return {"epoch": self.stream.epoch if self.stream is not None else self._epoch}
+        """The epoch counter of the stream, so a resumed run continues the shuffle sequence, and
+        (``augment_on: gpu``) the augmented-batch counter, so it continues the crops' draws."""
+        state = {"epoch": self.stream.epoch if self.stream is not None else self._epoch}
+        if self.augment_on == "gpu":
+            state["augmented_batches"] = self._augmented
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epoch = int(state_dict.get("epoch", 0))
+        self._augmented = int(state_dict.get("augmented_batches", 0))
         if self.stream is not None:
             self.stream.epoch = self._epoch
 

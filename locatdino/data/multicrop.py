@@ -85,13 +85,18 @@ class MultiCropTransform:
                                  f"({self.num_global_crops}), got {getattr(self, name)}")
         if self.num_global_crops < 1 or self.num_local_crops < 0:
             raise ValueError("MultiCropTransform: need >= 1 global crop and >= 0 local crops")
-        scale = self.global_crop_scale or ((0.4, 1.0) if self.num_local_crops else (0.14, 1.0))
         bicubic = v2.InterpolationMode.BICUBIC
-        self._global_crop = v2.RandomResizedCrop(self.global_crop_size, scale, interpolation=bicubic, antialias=True)
+        self._global_crop = v2.RandomResizedCrop(self.global_crop_size, self.global_scale, interpolation=bicubic,
+                                                 antialias=True)
         self._local_crop = v2.RandomResizedCrop(self.local_crop_size, tuple(self.local_crop_scale),
                                                 interpolation=bicubic, antialias=True)
         self._mean = torch.tensor(self.mean).view(1, 3, 1, 1)
         self._std = torch.tensor(self.std).view(1, 3, 1, 1)
+
+    @property
+    def global_scale(self) -> tuple[float, float]:
+        """The global crops' area range: ``global_crop_scale`` or DINO's default."""
+        return tuple(self.global_crop_scale or ((0.4, 1.0) if self.num_local_crops else (0.14, 1.0)))
 
     def __call__(self, image: Image.Image | np.ndarray | torch.Tensor) -> list[torch.Tensor]:
         x = to_uint8_rgb(image)

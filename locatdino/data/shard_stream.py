@@ -215,13 +215,15 @@ class ShardStream(IterableDataset):
         target: ``sample → label`` (e.g. its ``cls``) for labelled streams: each item is then
             ``(transform(image), target(sample))``; a sample it fails on is skipped and counted.
         collate: items → batch dict; default :func:`collate_multicrop` (the DINO batch).
+        decode: encoded bytes → what ``transform`` takes; default :func:`decode_rgb` (PIL RGB).
     """
 
     def __init__(self, urls: Sequence[str], transform: Callable[[Any], list[torch.Tensor]], batch_size: int, *,
                  num_batches: int | None = None, rank: int = 0, world_size: int = 1, resampled: bool = False,
                  shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0,
                  shard_sizes: Sequence[int] | None = None, target: Callable[[dict[str, Any]], Any] | None = None,
-                 collate: Callable[[list[Any]], dict[str, Any]] | None = None) -> None:
+                 collate: Callable[[list[Any]], dict[str, Any]] | None = None,
+                 decode: Callable[[bytes], Any] = decode_rgb) -> None:
         super().__init__()
         if not urls:
             raise ValueError("ShardStream: no shard URLs")
@@ -234,7 +236,7 @@ class ShardStream(IterableDataset):
         self.resampled, self.shuffle_shards, self.shuffle_buffer, self.seed = (
             resampled, shuffle_shards, shuffle_buffer, seed)
         self.expected = dict(zip(self.urls, shard_sizes)) if shard_sizes is not None else {}
-        self.target, self.collate = target, collate
+        self.target, self.collate, self.decode = target, collate, decode
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -297,7 +299,7 @@ class ShardStream(IterableDataset):
         buf: list[Any] = []
         for sample in samples:
             try:
-                item = self.transform(decode_rgb(find_image(sample)))
+                item = self.transform(self.decode(find_image(sample)))
                 buf.append(item if self.target is None else (item, self.target(sample)))
             except Exception as exc:  # a bad sample is skipped and counted, never fatal
                 log.sample(sample, exc)

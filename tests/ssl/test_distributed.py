@@ -76,6 +76,17 @@ def test_ddp_uneven_shards_and_a_step_skipped_on_one_rank(tmp_path):
     assert int(ranks[0]["_skipped_steps"]) == int(ranks[1]["_skipped_steps"]) == 1
 
 
+def test_ddp_two_ranks_with_the_multicrop_on_the_device(tmp_path):
+    """``augment_on: gpu`` (on CPU tensors here): every rank's batch hook augments its own decoded
+    images (first batches differ), the weights stay identical, the checkpoint counts the batches."""
+    ranks = fit_in_subprocess(tmp_path, "--trainer.strategy", "ddp", "--trainer.max_steps", "2",
+                              "--data.init_args.augment_on", "gpu")
+    assert_same_training_state(ranks)
+    assert ranks[0]["_first_batch"].shape == (2, 4, 3, 32, 32)
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["ShardDataModule"] == {"epoch": 1, "augmented_batches": 2}
+
+
 def test_fsdp_vitl_recipe_constructs_and_steps(tmp_path):
     """configs/fsdp_vitl16.yaml on 2 CPU ranks: ViT-L/16 widths (1024, 16 heads, MLP 4096) and
     head, but 4 of the 24 identical blocks to keep the suite fast (every block is the same FSDP
