@@ -6,7 +6,7 @@ prints markdown tables for ``benchmarks/RESULTS.md``: Hummingbird mIoU, Hungaria
 class-token probes of the four models (ViT / LocAtViT, DINO teacher / random init) as mean ±
 std over seeds, the paired differences LocAtViT − ViT and teacher − random init as mean ± std,
 and each seed's paired differences with their 95 % paired-bootstrap intervals over the query
-(test) images (SPEC §3.2; ``locatdino.comparison.intervals``), with the time the bootstrap adds
+(test) images (docs/evaluation.md; ``locatdino.comparison.intervals``), with the time the bootstrap adds
 to each compare. The figures of the first seed are copied to ``--figures`` (small PNGs to commit
 next to the tables).
 

@@ -1,6 +1,6 @@
 """Does LocAtViT help when the network is trained to classify? The paper's experiment on the scenes.
 
-LocAtViT's headline result (SPEC §1.4, §6) is for ViTs trained supervised and evaluated frozen
+LocAtViT's headline result (docs/locatvit.md, docs/pretraining.md) is for ViTs trained supervised and evaluated frozen
 for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
 the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's recipe lightened for a minute,
 image-level scene labels, the same number of optimizer steps and scenes) for each seed, exports
@@ -8,7 +8,7 @@ each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by `
 hbird``/``compare`` without retraining), and scores it frozen:
 
 - Hummingbird mIoU on held-out scenes (100 memory / 50 query images at 128 px, the demo's
-  protocol, fp32, exact search) and the frozen dense linear probe (SPEC §3.1, the cheap cached
+  protocol, fp32, exact search) and the frozen dense linear probe (docs/evaluation.md, the cheap cached
   variant ``locatdino compare`` runs: 320 iterations of batch 8 on the memory scenes' tokens,
   scored on the same query scenes), each also for the same network at random initialisation (the
   network the run starts from: the positive control, supervised must be clearly above it);
@@ -20,7 +20,7 @@ appends one JSON line to ``<out>/results.jsonl`` and keeps its per-query-image c
 (``<run>/confusions/{hbird,linprobe}_{trained,random}.npz``); ``--table`` prints per-variant
 mean ± std, then each variant's paired Δ against ViT and trained − random: per seed, mean ± std
 over seeds, and the 95 % paired-bootstrap interval of the seed-mean Δ over the query scenes
-(SPEC §3.2; ``locatdino.evaluation.bootstrap.seed_mean_miou_interval``).
+(docs/evaluation.md; ``locatdino.evaluation.bootstrap.seed_mean_miou_interval``).
 
 ``--every N`` also keeps a checkpoint every N steps and scores each with Hummingbird (how the
 features move during the run); ``--backbone-kwargs`` changes every variant's backbone (e.g. timm's
@@ -178,7 +178,7 @@ def _mean_std(values: list[float]) -> str:
 
 
 def _mark(interval) -> str:
-    """``+1.2 [+0.4, +2.0] ✓``: the tick when the interval excludes 0 (SPEC §3.2)."""
+    """``+1.2 [+0.4, +2.0] ✓``: the tick when the interval excludes 0 (docs/evaluation.md)."""
     return interval.text(1) + ("" if interval.covers_zero else " ✓")
 
 

@@ -39,6 +39,14 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def integer(text: str) -> int:
+    """argparse ``type`` of any integer (a block index, negative from the end)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def positive_float(text: str) -> float:
     """argparse ``type`` of a finite number ``> 0`` (temperatures, scales)."""
     try:
@@ -47,4 +55,15 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse ``type`` of a finite number ``>= 0`` (weight decay)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value

@@ -18,7 +18,7 @@ every command it runs, so it doubles as a worked example. ``--quick`` (what the 
 shortens the step budget and the evaluation; everything else is the recipes'. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
 
-``--recipe supervised`` runs the same comparison with the paper's own pretraining (SPEC §6):
+``--recipe supervised`` runs the same comparison with the paper's own pretraining (docs/pretraining.md):
 both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
 ``sup_tiny_locatvit.yaml``: image-level labels, timm's recipe lightened for a minute), exported and compared the
 same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-train", type=at_least(1), default=None, help="memory images of the evaluation")
     p.add_argument("--num-val", type=at_least(1), default=None, help="query images of the evaluation")
     p.add_argument("--input-size", type=at_least(1), default=None, help="evaluation input size in px")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo in --out (its runs and report)")
     return p
 
 
@@ -126,9 +127,10 @@ def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
     torch.save(model.state_dict(), path)
 
 
-def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> None:
+def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, overwrite: bool = False) -> None:
     """What would fail after the pretraining, checked before it: the evaluation input size
-    against each recipe's patch size (backbones built on the meta device), and ``--out``."""
+    against each recipe's patch size (backbones built on the meta device), and ``--out`` (writable,
+    and not holding an earlier demo unless ``overwrite``)."""
     for label, recipe in zip(LABELS, recipes):
         name = model_args(recipe)["backbone"]
         with torch.device("meta"):
@@ -137,6 +139,11 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path) -> 
             below = input_size // patch * patch
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
                             f"recipe's {name}: use {below or patch} or {below + patch}")
+    earlier = sorted(str(p.relative_to(out)) for p in [*out.glob("fit-*/checkpoints/*.ckpt"),
+                                                        *out.glob("compare/report.*")])
+    if earlier and not overwrite:
+        raise UserError(f"--out {out} holds an earlier demo ({', '.join(earlier[:2])}"
+                        f"{', ...' if len(earlier) > 2 else ''}): pass --overwrite to replace it, or another --out")
     ensure_writable(out, "--out")
 
 
@@ -186,11 +193,12 @@ def main(argv: list[str]) -> int:
     if differences:
         print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
               file=sys.stderr)
-    check_options(recipes, budget["input_size"], out)
+    check_options(recipes, budget["input_size"], out, args.overwrite)
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):
-        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"), *_data_args(recipe, out)]
+        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"), *_data_args(recipe, out),
+               *(["--overwrite"] if args.overwrite else [])]
         if budget["max_steps"] is not None:
             fit += ["--trainer.max_steps", str(budget["max_steps"])]
         if args.seed is not None:
@@ -214,7 +222,8 @@ def main(argv: list[str]) -> int:
                    "--dataset", "scenes", "--num-train", str(budget["num_train"]),
                    "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
                    "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),
-                   "--linprobe-iters", str(budget["linprobe_iters"]), "--out", str(report_dir), "--overwrite"])
+                   "--linprobe-iters", str(budget["linprobe_iters"]), "--out", str(report_dir),
+                   *(["--overwrite"] if args.overwrite else [])])
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
     print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir, tag)))

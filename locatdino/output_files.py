@@ -163,6 +163,8 @@ def ensure_writable(folder: str | os.PathLike, what: str = "output folder") -> P
     start instead of after the work it would have held.
     """
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{what} {folder} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = temporary_sibling(folder / "write-probe")

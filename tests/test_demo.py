@@ -71,6 +71,25 @@ def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_pat
     assert capsys.readouterr().err == expected.format(file=blocker) + "\n"
 
 
+def test_an_earlier_demo_is_kept_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """A second demo into one --out replaced the first one's runs; now it is refused before any work."""
+    from locatdino import cli
+
+    out = tmp_path / "out"
+    (out / "fit-vit" / "checkpoints").mkdir(parents=True)
+    (out / "fit-vit" / "checkpoints" / "last.ckpt").write_bytes(b"earlier")
+    monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
+    assert cli.main(["demo", "--quick", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds an earlier demo "
+                                       "(fit-vit/checkpoints/last.ckpt): pass --overwrite to replace it, or another --out\n")
+    assert (out / "fit-vit" / "checkpoints" / "last.ckpt").read_bytes() == b"earlier"
+    ran = []
+    monkeypatch.setattr(demo, "_run", lambda argv: ran.append(argv) or 1)  # the first fit "fails": stop there
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--quick", "--out", str(out), "--overwrite"])
+    assert ran[0][0] == "fit" and "--overwrite" in ran[0]
+
+
 def test_supervised_recipes_are_like_for_like_and_named_sup(tmp_path):
     recipes = [yaml.safe_load(p.read_text()) for p in demo.RECIPE_SETS["supervised"][0]]
     assert demo.recipe_differences(*recipes) == []

@@ -4,7 +4,7 @@ for LocAtViT, the learned locality (GAug σ and α) of every block.
 Both read each block's attention *input* through a forward hook and recompute the queries and
 keys with the block's own layers (``qkv``, ``q_norm``, ``k_norm``, as timm's ``Attention``
 does): fused attention kernels never materialise the attention matrix. The class-token row needs
-no GAug term, since the locality bias is zero on every row of a prefix token (SPEC §1.1).
+no GAug term, since the locality bias is zero on every row of a prefix token (docs/locatvit.md).
 """
 
 from __future__ import annotations

@@ -22,16 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from locatdino.arguments import ArgumentParser, at_least
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.options import POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit, open_split
 from locatdino.help_format import DefaultsOnceHelpFormatter
+from locatdino.models import create_backbone
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
+from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.options import add_protocol_arguments, config_from_args
 
 # compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
@@ -69,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
     p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     p.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
-    p.add_argument("--linprobe-iters", type=at_least(1), default=LINPROBE_DEFAULTS["iterations"],
+    p.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
                    help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
                    "protocol: locatdino linprobe)")
     p.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
@@ -78,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="linear-probe training views: off (whole images, features cached once) or official "
                    "(the paper's augmentation, backbone every iteration)")
     p.add_argument("--out", default="compare_results", help="output folder")
-    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a report already in --out (report.md / .json, figures, per-image confusions)")
     return p
 
 
@@ -152,14 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise SystemExit(f"locatdino compare: model names must be unique, got {', '.join(names)}")
     out = Path(args.out)
-    if (out / "report.json").exists() and not args.overwrite:
-        raise SystemExit(f"locatdino compare: {out / 'report.json'} exists (pass --overwrite to replace it)")
+    earlier = earlier_report(out)
+    if earlier and not args.overwrite:
+        raise SystemExit(f"locatdino compare: --out {out} holds an earlier report ({', '.join(earlier[:3])}"
+                         f"{', ...' if len(earlier) > 3 else ''}): pass --overwrite to replace it, or another --out")
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        _check_layer(specs, cfg.layer)
         linprobe = _linprobe_config(args, cfg)
         ensure_writable(out, "--out")
         train, val = _open_splits(args)
+        if linprobe is not None and train is not None:
+            linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
                     outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe"))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
-        attach_differences(models, out)
+        attach_differences(models, out, cfg.hungarian)
         report = {
             "command": "locatdino compare " + shlex.join(argv),
             "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
@@ -205,6 +215,27 @@ def main(argv: list[str] | None = None) -> int:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
         return 1 if failed else 0
+
+
+def _check_layer(specs: list[ModelSpec], layer: int) -> None:
+    """``--layer`` against every model's depth (built on the meta device: no memory, no weights)
+    before the first model runs; a model that cannot be built is left to its own load, which
+    reports it as that model's failure."""
+    for spec in specs:
+        try:
+            with torch.device("meta"):
+                depth = len(create_backbone(spec.model).blocks)
+        except Exception:  # noqa: BLE001 - reported by load_model, per model
+            continue
+        check_layer(depth, layer, spec.model)
+
+
+def earlier_report(out: Path) -> list[str]:
+    """What a report in ``out`` consists of and ``--overwrite`` replaces (paths relative to ``out``):
+    ``report.md`` / ``report.json``, ``figures/*.png`` and ``per_image_confusion/*``."""
+    found = [out / name for name in ("report.json", "report.md")]
+    found += sorted((out / "figures").glob("*.png")) + sorted((out / "per_image_confusion").glob("*"))
+    return [str(p.relative_to(out)) for p in found if p.exists()]
 
 
 def report_classes(dataset: Any) -> list[str]:

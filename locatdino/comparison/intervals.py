@@ -1,7 +1,7 @@
-"""Intervals of a comparison and what they allow to be said (SPEC §3.2).
+"""Intervals of a comparison and what they allow to be said (docs/evaluation.md).
 
-Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU with
-its paired bootstrap over the query images (from each model's per-image confusion matrices,
+Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and
+Δ Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image confusion matrices,
 written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each class-token
 probe with the same bootstrap over the test images (from each model's per-image hits, kept in
 ``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from locatdino.evaluation.bootstrap import PairedInterval, accuracy_interval, miou_interval
+from locatdino.evaluation.bootstrap import PairedInterval, accuracy_interval, matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.wilson import wilson_interval
 
@@ -39,15 +39,20 @@ def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
             f"{name}_hits": hits.astype(int).tolist()}
 
 
-def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path) -> dict[str, PairedInterval]:
+def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path,
+                      hungarian: str = "iou") -> dict[str, PairedInterval]:
     """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
-    with intervals: ``miou`` (Hummingbird), ``linprobe`` (the dense linear probe's mIoU) and
+    with intervals: ``miou`` and ``miou_matched`` (Hummingbird, identity and Hungarian-matched
+    under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU) and
     ``{probe}_top1``, for whatever both models measured."""
     out = {}
     for protocol, metric in (("hbird", "miou"), ("linprobe", "linprobe")):
         files = [(m.get(protocol) or {}).get("per_image_confusion") for m in (a, b)]
         if all(files):
-            out[metric] = miou_interval(*(ImageConfusions.load(Path(folder) / f) for f in files))
+            confusions = [ImageConfusions.load(Path(folder) / f) for f in files]
+            out[metric] = miou_interval(*confusions)
+            if protocol == "hbird":
+                out["miou_matched"] = matched_miou_interval(*confusions, criterion=hungarian)
     for probe in PROBES:
         hits = [(m.get("probes") or {}).get(f"{probe}_hits") for m in (a, b)]
         if all(h is not None for h in hits) and len(hits[0]) == len(hits[1]):
@@ -55,11 +60,11 @@ def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path) 
     return out
 
 
-def attach_differences(models: list[dict[str, Any]], folder: str | Path) -> None:
+def attach_differences(models: list[dict[str, Any]], folder: str | Path, hungarian: str = "iou") -> None:
     """Give every model record after the first its ``differences`` to the first (the reference of
     the comparison): ``{metric: PairedInterval.to_dict()}``."""
     for m in models[1:]:
-        m["differences"] = {k: v.to_dict() for k, v in model_differences(m, models[0], folder).items()}
+        m["differences"] = {k: v.to_dict() for k, v in model_differences(m, models[0], folder, hungarian).items()}
 
 
 def difference_text(a: str, b: str, interval: PairedInterval, unit: str = "points") -> str:

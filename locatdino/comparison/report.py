@@ -16,7 +16,8 @@ from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
 from locatdino.evaluation.tables import number_cell
 from locatdino.retrieval.report import search_text
 
-_METRICS = {"miou": "Hummingbird mIoU", "knn_top1": "class-token k-NN top-1",
+_METRICS = {"miou": "Hummingbird mIoU", "miou_matched": "Hummingbird mIoU (Hungarian-matched)",
+            "knn_top1": "class-token k-NN top-1",
             "logistic_top1": "class-token logistic top-1"}
 
 

@@ -8,7 +8,7 @@ For each named model (``NAME=MODEL[:CHECKPOINT]``) on the *same* memory views an
 - what the figures need, read from the full-memory run's bank while it exists: predictions and
   PCA-to-RGB feature maps of a few query images (the same rows for every model), the class
   token's last-block attention and, for LocAtViT, the learned locality per block;
-- the dense linear probe (SPEC §3.1, :func:`~locatdino.probes.dense_probe.linear_probe`) on the
+- the dense linear probe (docs/evaluation.md, :func:`~locatdino.probes.dense_probe.linear_probe`) on the
   memory images, scored on the queries, with its predictions of the figure images and one
   confusion matrix per query image;
 - class-token probes (k-NN and logistic regression) when the images have labels;

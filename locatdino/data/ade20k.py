@@ -5,7 +5,7 @@
         annotations/{training,validation}/ADE_{train,val}_<n>.png   grayscale, values 0..150
 
 Labels: values 1..150 are the 150 SceneParsing classes; 0 means "other / unlabelled" and is the
-**ignore index (0)** of the benchmark (SPEC §3: 151 label values, 0 ignored). ``num_classes`` is
+**ignore index (0)** of the benchmark (docs/evaluation.md: 151 label values, 0 ignored). ``num_classes`` is
 therefore 151 and ``class_names[0] == "other"``; an evaluator excludes ``ignore_index`` pixels and
 averages IoU over classes 1..150. (mmsegmentation's ``reduce_zero_label`` shifts the same labels to
 0..149 with ignore 255; the mIoU is identical.) ``root`` may be ``ADEChallengeData2016`` or its parent.

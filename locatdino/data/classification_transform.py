@@ -1,4 +1,4 @@
-"""The image augmentation of supervised pretraining: timm's ImageNet recipe (SPEC §6).
+"""The image augmentation of supervised pretraining: timm's ImageNet recipe (docs/pretraining.md).
 
 A thin, YAML-configurable record of ``timm.data.create_transform``'s arguments; the transforms
 themselves are timm's (random-resized crop, flip, RandAugment, colour jitter, normalisation,

@@ -64,7 +64,7 @@ class ShardDataModule(L.LightningDataModule):
             parts or a list.
         batch_size: samples per batch on each rank.
         num_workers: DataLoader worker processes per rank.
-        multicrop: the DINO augmentation (default: SPEC §2, 2 × 224 px + 8 × 96 px).
+        multicrop: the DINO augmentation (default: docs/pretraining.md, 2 × 224 px + 8 × 96 px).
         resampled: draw shards with replacement in each worker (recommended for multi-node:
             no rank waits for a slow shard assignment and any shard count works).
         batches_per_epoch: batches per rank per epoch; default: samples in the shards (from

@@ -1,4 +1,4 @@
-"""``LabelledShardDataModule``: image-level labelled batches for supervised pretraining (SPEC §6).
+"""``LabelledShardDataModule``: image-level labelled batches for supervised pretraining (docs/pretraining.md).
 
 The shard pipeline of :class:`~locatdino.data.ShardDataModule` (rank split, fixed batch count per
 rank, skipped-sample counting, built-in scenes on first use), with timm's classification

@@ -1,4 +1,4 @@
-"""DINO multi-crop augmentation (SPEC §2) and the batch collation the DINO module consumes.
+"""DINO multi-crop augmentation (docs/pretraining.md) and the batch collation the DINO module consumes.
 
 Reference recipe (Caron et al. 2021, ``main_dino.py: DataAugmentationDINO``): 2 global crops
 (224 px, RandomResizedCrop scale (0.4, 1), bicubic) and N local crops (96 px, scale

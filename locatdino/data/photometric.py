@@ -1,6 +1,6 @@
 """Batched photometric augmentations with one random parameter per image.
 
-The DINO multi-crop recipe (SPEC §2) applies colour jitter, grayscale, Gaussian blur and
+The DINO multi-crop recipe (docs/pretraining.md) applies colour jitter, grayscale, Gaussian blur and
 solarization to each crop independently. torchvision's functional ops take one parameter per
 call, so a per-crop loop would re-enter the library 40+ times per image; here every op works on a
 stack ``x [N, 3, H, W]`` (float, values in [0, 1]) of same-size crops with per-crop parameters

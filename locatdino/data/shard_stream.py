@@ -1,6 +1,6 @@
 """Stream multi-crop batches from WebDataset shards, split over ranks and DataLoader workers.
 
-Order of operations in each worker (SPEC §4): shard list → rank split → worker split → tar
+Order of operations in each worker (docs/data.md): shard list → rank split → worker split → tar
 reading → sample shuffle buffer → robust decode → multi-crop → batch. Two modes:
 
 - **one pass** (``num_batches=None``): every shard is read once, split round-robin over ranks

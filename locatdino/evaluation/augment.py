@@ -1,5 +1,5 @@
 """Image preprocessing of frozen-backbone evaluation: ImageNet normalisation, the query resize and
-Hummingbird's paired memory augmentation (SPEC §3).
+Hummingbird's paired memory augmentation (docs/evaluation.md).
 
 Memory images go through a random-resized crop of image *and* mask (scale (0.5, 2.0), aspect
 (3/4, 4/3)) and mild colour jitter (brightness, contrast, saturation, hue 0.1, each applied with

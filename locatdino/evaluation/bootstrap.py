@@ -1,4 +1,4 @@
-"""Paired bootstrap interval of a difference between two models scored on the same images (SPEC §3.2).
+"""Paired bootstrap interval of a difference between two models scored on the same images (docs/evaluation.md).
 
 Resample the query images with replacement — the *same* draws for both models —, recompute both
 scores and their difference, and take the 2.5 / 97.5 percentiles of the differences over
@@ -12,7 +12,9 @@ often each image was drawn. All resamples of both models are one matrix product;
 
 The mIoU of a resample follows :func:`~locatdino.evaluation.metric.class_iou` (the reported
 mIoU's rule: a class absent from the resample and never predicted leaves the mean). The
-Hungarian-matched mIoU has no interval: its matching would have to be redone per resample.
+Hungarian-matched mIoU is not a function of summed per-class counts (the matching depends on the
+whole matrix), so :func:`matched_miou_interval` sums each resample's full matrices (sparse, in
+chunks of resamples) and redoes the matching per resample, with the same draws.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from locatdino.evaluation.image_confusions import ImageConfusions
-from locatdino.evaluation.metric import class_iou, mean_iou
+from locatdino.evaluation.metric import class_iou, hungarian_matched, matrix_miou, mean_iou
 
 RESAMPLES = 1000
 SEED = 0
@@ -45,7 +47,7 @@ class PairedInterval:
 
     @property
     def covers_zero(self) -> bool:
-        """No measurable difference: the interval holds 0 (SPEC §3.2: "A beats B" only when it does not)."""
+        """No measurable difference: the interval holds 0 (docs/evaluation.md: "A beats B" only when it does not)."""
         return self.low <= 0 <= self.high
 
     def text(self, digits: int = 2) -> str:
@@ -88,12 +90,16 @@ def paired_bootstrap(
     weights = resample_weights(n, resamples, seed).astype(np.float64)
     both = np.concatenate([counts_a.reshape(n, -1), counts_b.reshape(n, -1)], axis=1)
     sums = (weights @ both).reshape(resamples, 2, *counts_a.shape[1:])  # exact: integer counts < 2⁵³
-    diffs = score(sums[:, 0]) - score(sums[:, 1])
-    diffs = diffs[np.isfinite(diffs)]  # a resample with no scorable class at all
     full = score(np.stack([counts_a.sum(0), counts_b.sum(0)]))
+    return _interval(float(full[0] - full[1]), score(sums[:, 0]) - score(sums[:, 1]), resamples, seed, level)
+
+
+def _interval(delta: float, diffs: np.ndarray, resamples: int, seed: int, level: float) -> PairedInterval:
+    """``delta`` with the central ``level`` percentiles of the resampled differences ``diffs``."""
+    diffs = diffs[np.isfinite(diffs)]  # a resample with no scorable class at all
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(diffs, [tail, 100 - tail]) if len(diffs) else (np.nan, np.nan)
-    return PairedInterval(float(full[0] - full[1]), float(low), float(high), resamples, seed, level)
+    return PairedInterval(delta, float(low), float(high), resamples, seed, level)
 
 
 def miou_score(class_mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -118,7 +124,7 @@ def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfu
 
     Each resample draws the query images once and uses the draw for every seed and both models,
     so the interval is the image-sampling uncertainty of the seed-averaged difference; how much
-    the difference moves between seeds is not in it (report the per-seed std beside it, SPEC §3.2).
+    the difference moves between seeds is not in it (report the per-seed std beside it, docs/evaluation.md).
     """
     if len(a) != len(b) or not a:
         raise ValueError(f"seed-mean interval needs the same seeds for both models, got {len(a)} and {len(b)} runs")
@@ -147,3 +153,30 @@ def accuracy_interval(correct_a: np.ndarray, correct_b: np.ndarray, resamples: i
         return np.stack([correct, np.ones_like(correct)], axis=1)
 
     return paired_bootstrap(counts(correct_a), counts(correct_b), top1, resamples, seed)
+
+
+def _resampled_matrices(confusions: ImageConfusions, weights: np.ndarray) -> np.ndarray:
+    """``[R, C, C]``: each resample's summed confusion matrix (``weights [R, N]`` draws per image)."""
+    c = confusions.num_classes
+    return np.asarray((confusions.sparse().T @ weights.T).T).reshape(len(weights), c, c)
+
+
+def matched_miou_interval(a: ImageConfusions, b: ImageConfusions, criterion: str = "iou",
+                          resamples: int = RESAMPLES, seed: int = SEED, chunk: int = 100) -> PairedInterval:
+    """Δ Hungarian-matched mIoU (percent) of model ``a`` over model ``b`` on the same query images,
+    with its paired interval: every resample (the draws of :func:`miou_interval`) is matched anew."""
+    if a.num_images != b.num_images or a.num_classes != b.num_classes:
+        raise ValueError(f"paired bootstrap needs the same query images and classes: {a.num_images} images × "
+                         f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}")
+    mask = a.class_mask & b.class_mask
+    score = lambda cm: matrix_miou(hungarian_matched(cm, mask, criterion), mask)  # noqa: E731
+    weights = resample_weights(a.num_images, resamples, seed).astype(np.float64)
+    diffs = []
+    for start in range(0, resamples, chunk):
+        block = weights[start:start + chunk]
+        for cm_a, cm_b in zip(_resampled_matrices(a, block), _resampled_matrices(b, block)):
+            diffs.append(score(cm_a) - score(cm_b))
+    ones = np.ones((1, a.num_images))
+    full = score(_resampled_matrices(a, ones)[0]) - score(_resampled_matrices(b, ones)[0])
+    return _interval(full, np.asarray(diffs), resamples, seed, LEVEL)
+

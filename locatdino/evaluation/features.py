@@ -1,5 +1,5 @@
 """Dense patch features of a frozen timm ViT / LocAtViT for evaluation (Hummingbird, the dense
-linear probe; SPEC §1.3).
+linear probe; docs/locatvit.md).
 
 The features are the patch tokens of one block — by default the last block, before the final
 norm and without PRR, the reference choice — from ``locatdino.models.dense_features``, computed
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from locatdino.errors import UserError
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
@@ -30,6 +31,14 @@ def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "au
     ``pos_embed`` picks how position embeddings are resampled there (``create_backbone``)."""
     model = create_backbone(name, checkpoint, pos_embed=pos_embed, dynamic_img_size=True)
     return model.eval().requires_grad_(False)
+
+
+def check_layer(depth: int, layer: int, model_name: str) -> None:
+    """:class:`UserError` unless ``layer`` indexes one of the ``depth`` blocks of ``model_name``
+    (``-depth .. depth - 1``): checked when the model is built, before any feature is computed."""
+    if not -depth <= layer < depth:
+        raise UserError(f"--layer {layer}: {model_name} has {depth} blocks (use 0 to {depth - 1}, or -1 to -{depth} "
+                        "from the end)")
 
 
 @contextlib.contextmanager
@@ -47,7 +56,7 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 class FeatureExtractor:
     """``images uint8 [B, 3, S, S]`` → L2-normalised float32 patch features ``[B, h, w, D]`` on CPU
     (raw tokens on the model's device with ``l2_normalize=False, to_cpu=False``: the dense linear
-    probe trains on them, SPEC §3.1).
+    probe trains on them, docs/evaluation.md).
 
     Args:
         model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen.
@@ -98,5 +107,9 @@ class FeatureExtractor:
             feats = dense_features(
                 self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
             )
+            if not torch.isfinite(feats).all():  # else NaN neighbours and labels get scored as an mIoU
+                raise UserError(f"the encoder's patch features (block {self.layer}) are not finite in {self.precision}: "
+                                "its weights overflow (a diverged run, or a checkpoint with huge values?); nothing "
+                                "was scored")
             feats = F.normalize(feats.float(), dim=-1) if self.l2_normalize else feats.float()
             return feats.cpu() if self.to_cpu else feats

@@ -1,4 +1,4 @@
-"""One confusion matrix per query image, stored sparse: what a paired bootstrap resamples (SPEC §3.2).
+"""One confusion matrix per query image, stored sparse: what a paired bootstrap resamples (docs/evaluation.md).
 
 A query image holds a handful of classes, so its ``C×C`` matrix has few non-zero cells: ADE20K's
 2,000 validation images × 150² cells would be 45 M integers dense, a few hundred thousand sparse.
@@ -13,12 +13,15 @@ producer of per-image matrices can build one (:meth:`from_matrices`).
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
+from locatdino.errors import first_line
 from locatdino.output_files import atomic_write
 
 CONFUSION_FILE = "per_image_confusion.npz"  # its name beside a run's results.json (hbird, linprobe)
@@ -84,6 +87,13 @@ class ImageConfusions:
         out[self.image, self.cell] = self.count
         return out.reshape(-1, c, c)
 
+    def sparse(self) -> csr_matrix:
+        """All matrices as one sparse ``[N, C·C]`` float64 matrix (row: image, column: target · C +
+        prediction): sums over weighted images are one product, whatever the number of classes."""
+        self._merge()
+        c = self.num_classes
+        return csr_matrix((self.count.astype(np.float64), (self.image, self.cell)), shape=(self.num_images, c * c))
+
     def class_counts(self) -> np.ndarray:
         """Per image and class, what IoU needs: ``[N, 3, C]`` true positives, ground-truth pixels
         and predicted pixels (the diagonal, row sums and column sums of each matrix)."""
@@ -106,10 +116,34 @@ class ImageConfusions:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ImageConfusions:
+        """Read a file :meth:`save` wrote; ``ValueError`` naming the file and what is wrong when it
+        is not one, or holds cells outside its own images and classes."""
+        if not zipfile.is_zipfile(path):  # np.load would try a pickle and say "pickled data"
+            raise ValueError(f"{path}: not a per-image confusion file (not an .npz archive)")
         try:
             with np.load(path) as data:
-                return cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
-                           data["image"].astype(np.int64), data["cell"].astype(np.int64),
-                           data["count"].astype(np.int64))
-        except (OSError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: not a per-image confusion file ({err})") from None
+                loaded = cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
+                             data["image"].astype(np.int64), data["cell"].astype(np.int64),
+                             data["count"].astype(np.int64))
+        except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
+        problem = loaded.inconsistency()
+        if problem:
+            raise ValueError(f"{path}: damaged per-image confusion file ({problem})")
+        return loaded
+
+    def inconsistency(self) -> str | None:
+        """What makes the stored cells impossible (None when they are consistent)."""
+        self._merge()
+        c, n = self.num_classes, self.num_images
+        if c < 1 or n < 0 or self.class_mask.shape != (c,):
+            return f"{c} classes, {n} images, class mask of shape {self.class_mask.shape}"
+        if not len(self.image) == len(self.cell) == len(self.count):
+            return f"cell arrays of lengths {len(self.image)}, {len(self.cell)}, {len(self.count)}"
+        for name, values, high in (("image", self.image, n), ("cell", self.cell, c * c)):
+            bad = (values < 0) | (values >= high)
+            if bad.any():
+                return f"{name} index {values[bad][0]} outside [0, {high})"
+        if (self.count < 0).any():
+            return "negative pixel count"
+        return None

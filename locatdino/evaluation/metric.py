@@ -1,4 +1,4 @@
-"""Streaming confusion-matrix mIoU (SPEC §3).
+"""Streaming confusion-matrix mIoU (docs/evaluation.md).
 
 One ``C×C`` int64 matrix accumulated with ``np.bincount`` per batch, so memory is bounded by
 the batch, not the dataset (the reference keeps every predicted pixel in a Python list: tens of
@@ -67,6 +67,35 @@ def mean_iou(iou: np.ndarray) -> np.ndarray:
         return np.where(count > 0, np.where(finite, iou, 0.0).sum(-1) / count, np.nan)
 
 
+def hungarian_matched(cm: np.ndarray, class_mask: np.ndarray, criterion: str = "iou") -> np.ndarray:
+    """``cm [C, C]`` with prediction columns permuted by the best one-to-one matching of the
+    ``class_mask`` classes under ``criterion`` (``"iou"``: summed IoU of the pairs; ``"pixels"``:
+    summed overlap)."""
+    if criterion not in HUNGARIAN_CRITERIA:
+        raise ValueError(f"Hungarian criterion must be one of {HUNGARIAN_CRITERIA}, got {criterion!r}")
+    classes = np.flatnonzero(class_mask)
+    sub = cm[np.ix_(classes, classes)].astype(np.float64)
+    if criterion == "iou":  # IoU of ground truth g matched to prediction p
+        union = sub.sum(1, keepdims=True) + sub.sum(0, keepdims=True) - sub
+        sub = np.divide(sub, union, out=np.zeros_like(sub), where=union > 0)
+    rows, cols = linear_sum_assignment(sub, maximize=True)
+    matched = cm.copy()
+    matched[:, classes[rows]] = cm[:, classes[cols]]
+    return matched
+
+
+def matrix_miou(cm: np.ndarray, class_mask: np.ndarray) -> float:
+    """mIoU in percent of one confusion matrix ``[C, C]`` (rows ground truth), by :func:`class_iou`."""
+    return float(100 * mean_iou(class_iou(np.diag(cm), cm.sum(1), cm.sum(0), class_mask)))
+
+
+def images_miou(confusions: ImageConfusions) -> float:
+    """The mIoU in percent of all of ``confusions``' images together, by the reported rule: what a
+    run's stored ``miou`` must equal (``hbird report`` checks it)."""
+    tp, target, pred = confusions.class_counts().sum(0)
+    return float(100 * mean_iou(class_iou(tp, target, pred, confusions.class_mask)))
+
+
 class ConfusionMatrix:
     """Accumulates ``(prediction, target)`` pixel pairs of ``num_classes`` classes.
 
@@ -117,19 +146,8 @@ class ConfusionMatrix:
 
     def hungarian_matched(self, criterion: str = "iou") -> np.ndarray:
         """The matrix with prediction columns permuted by the best one-to-one matching under
-        ``criterion`` (``"iou"``: summed IoU of the pairs; ``"pixels"``: summed overlap)."""
-        if criterion not in HUNGARIAN_CRITERIA:
-            raise ValueError(f"Hungarian criterion must be one of {HUNGARIAN_CRITERIA}, got {criterion!r}")
-        cm = self.matrix.numpy()
-        classes = np.flatnonzero(self.class_mask())
-        sub = cm[np.ix_(classes, classes)].astype(np.float64)
-        if criterion == "iou":  # IoU of ground truth g matched to prediction p
-            union = sub.sum(1, keepdims=True) + sub.sum(0, keepdims=True) - sub
-            sub = np.divide(sub, union, out=np.zeros_like(sub), where=union > 0)
-        rows, cols = linear_sum_assignment(sub, maximize=True)
-        matched = cm.copy()
-        matched[:, classes[rows]] = cm[:, classes[cols]]
-        return matched
+        ``criterion`` (:func:`hungarian_matched`)."""
+        return hungarian_matched(self.matrix.numpy(), self.class_mask(), criterion)
 
     def compute(self, matching: str = "identity", criterion: str = "iou") -> IoUResult:
         """IoU per class and their mean; ``matching`` is ``"identity"`` or ``"hungarian"`` (with

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import at_least
+from locatdino.arguments import at_least, integer
+from locatdino.data.segmentation import DATASETS
 from locatdino.errors import UserError
-from locatdino.evaluation.features import load_backbone
+from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 
-DATASETS = ("scenes", "voc", "ade20k", "shards")
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
 POS_EMBED_HELP = ("position-embedding resampling at other grids: dino (the reference ViT's), timm, or auto "
                   "(dino for DINO-format files: full DINO checkpoints and plain state dicts of vanilla ViTs; "
@@ -45,9 +45,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help=POS_EMBED_HELP + "; once for all models or once per --model")
 
 
-def add_data_arguments(p: argparse.ArgumentParser, datasets: tuple[str, ...] = DATASETS) -> None:
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The labelled dataset and its memory (training) / query splits."""
-    p.add_argument("--dataset", choices=datasets, default="scenes", help="labelled dataset")
+    p.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
     p.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
                    "not needed for the built-in scenes")
     p.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
@@ -62,7 +62,8 @@ def add_feature_arguments(p: argparse.ArgumentParser, d: Any) -> None:
     """Which frozen tokens, computed where and in which arithmetic (Hummingbird and the linear
     probe); ``d`` is the command's default config, whose ``layer``, ``norm`` and ``precision`` the
     options default to (``HummingbirdConfig()``, ``LinearProbeConfig()``)."""
-    p.add_argument("--layer", type=at_least(0), default=d.layer, help="block whose patch tokens are used")
+    p.add_argument("--layer", type=integer, default=d.layer,
+                   help="block whose patch tokens are used (negative: from the end, -1 the last)")
     p.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
                    help="apply the final norm to the features (the Hummingbird reference's default wrapper "
                    "does for timm models: it takes forward_features)")
@@ -122,9 +123,11 @@ def model_runs(args: argparse.Namespace, command: str) -> list[tuple[str, str | 
     return runs
 
 
-def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int) -> list[nn.Module]:
+def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, input_size: int,
+                   layer: int = -1) -> list[nn.Module]:
     """Every backbone, built and checked before the first evaluation starts: a wrong second
-    checkpoint or an input size the patch does not divide must not cost the first model's run."""
+    checkpoint, an input size the patch does not divide or a ``--layer`` the model does not have
+    must not cost the first model's run."""
     models = []
     for name, ckpt, rule, _ in runs:
         if ckpt is None:
@@ -139,6 +142,7 @@ def load_backbones(runs: list[tuple[str, str | None, str, str]], seed: int, inpu
             below = input_size // patch * patch
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
                             f"use {below or patch} or {below + patch}")
+        check_layer(len(model.blocks), layer, name)
         models.append(model)
     return models
 

@@ -1,4 +1,4 @@
-"""Dense patch features of a timm ViT for in-context segmentation (SPEC §1.3)."""
+"""Dense patch features of a timm ViT for in-context segmentation (docs/locatvit.md)."""
 
 from __future__ import annotations
 

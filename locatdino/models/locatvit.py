@@ -1,7 +1,7 @@
 """timm registry entries for LocAtViT: ``locatvit_{tiny,small,base}_patch16_224`` (+ short aliases).
 
 A LocAtViT is timm's ``VisionTransformer`` with ``attn_layer=GAugAttention`` and
-``global_pool='prr'`` (SPEC §1); ``dynamic_img_size`` is on by default because DINO feeds 224 px
+``global_pool='prr'`` (docs/locatvit.md); ``dynamic_img_size`` is on by default because DINO feeds 224 px
 and 96 px crops to the same model. No pretrained weights are hosted: load checkpoints with
 :func:`locatdino.models.create_backbone`.
 """

@@ -1,5 +1,5 @@
 """Probes on frozen features, apart from Hummingbird: the class-token k-NN and logistic
-regression (SPEC §2.2), and the paper's dense linear probe on patch tokens (SPEC §3.1,
+regression (docs/evaluation.md), and the paper's dense linear probe on patch tokens (docs/evaluation.md,
 :mod:`locatdino.probes.dense_probe`, ``locatdino linprobe``)."""
 
 from locatdino.probes.class_token import class_embeddings, knn_accuracy, logistic_accuracy

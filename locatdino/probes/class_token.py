@@ -1,4 +1,4 @@
-"""Class-token probes on frozen embeddings (SPEC §2.2): DINO's weighted k-NN and a linear probe.
+"""Class-token probes on frozen embeddings (docs/evaluation.md): DINO's weighted k-NN and a linear probe.
 
 Both take ``[N, D]`` train / test embeddings with integer labels and return which test
 embeddings they label right (``*_hits``, for intervals) or the top-1 accuracy in [0, 1]. The k-NN vote is the reference's: L2-normalised features, the k most cosine-similar train

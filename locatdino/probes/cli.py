@@ -1,4 +1,4 @@
-"""``locatdino linprobe``: the paper's dense linear probe from the command line (SPEC §3.1).
+"""``locatdino linprobe``: the paper's dense linear probe from the command line (docs/evaluation.md).
 
     locatdino linprobe --model locatvit_small --checkpoint last.ckpt --dataset ade20k \\
         --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade
@@ -6,7 +6,8 @@
 Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are probed one after
 another on the same data, batches and seed. One model writes ``OUT/results.json``,
 ``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
-``OUT/<model>/`` plus ``OUT/summary.md`` comparing them.
+``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. Results already there are kept unless
+``--overwrite`` (checked before any work).
 """
 
 from __future__ import annotations
@@ -15,34 +16,38 @@ import argparse
 import sys
 from pathlib import Path
 
-from locatdino.data.segmentation import DATASETS
+from locatdino.arguments import ArgumentParser, at_least, non_negative_float, positive_float
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
                                           add_model_arguments, encoder_device, load_backbones, model_runs, record_run)
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
-from locatdino.probes.probe_report import probe_summary, probe_table, write_probe_run
+from locatdino.probes.one_cycle import MIN_STEPS
+from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
 
 
 def _parser() -> argparse.ArgumentParser:
     d = LinearProbeConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="locatdino linprobe",
         description="The paper's segmentation metric: train a linear head (1x1 conv -> 512, GroupNorm(1, 512), "
         "GELU, 1x1 conv) on the frozen last-block patch tokens, report the mIoU on the query split.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_model_arguments(p)
-    add_data_arguments(p, DATASETS)
+    add_data_arguments(p)
     add_feature_arguments(p, d)
     p.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
                    help="training crop side and evaluation short side (paper: 512)")
-    p.add_argument("--iters", type=int, default=d.iterations, help="training iterations (paper: 20,000)")
-    p.add_argument("--epochs", type=float, default=None,
-                   help="training budget in passes over the training images instead of --iters")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="training batch (paper: 32)")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate of the OneCycle schedule")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--iters", type=at_least(MIN_STEPS), default=None,
+                        help=f"training iterations (default {d.iterations:,}, the paper's)")
+    budget.add_argument("--epochs", type=positive_float, default=None,
+                        help="training budget in passes over the training images instead of --iters")
+    p.add_argument("--batch-size", type=at_least(1), default=d.batch_size,
+                   help="training batch (paper: 32; at most the training images)")
+    p.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
+    p.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
     p.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
                    help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
                    "every iteration); off: whole images resized to S x S, features cached once")
@@ -56,22 +61,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help="head init, batch order, augmentation, subsets, random init")
     add_loader_arguments(p)
     p.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
+    p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
     """The :class:`LinearProbeConfig` of parsed options (``ValueError`` when they disagree)."""
     return LinearProbeConfig(
-        input_size=args.input_size, iterations=args.iters, epochs=args.epochs, batch_size=args.batch_size,
+        input_size=args.input_size, iterations=LinearProbeConfig.iterations if args.iters is None else args.iters,
+        epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, weight_decay=args.weight_decay, augment=args.augment, cache=not args.no_cache,
         cache_dir=args.cache_dir, max_cache_ram_mb=args.cache_ram_mb, layer=args.layer, norm=args.norm,
         prr=args.prr, precision=args.precision, eval_batch_size=args.eval_batch_size, num_workers=args.workers,
         seed=args.seed, progress=not args.no_progress)
 
 
-def _check_outputs(out: Path, labels: list[str], cache_dir: str | None) -> None:
-    """Fail before any training when an output folder cannot be written."""
+def _check_outputs(out: Path, labels: list[str], cache_dir: str | None, overwrite: bool) -> None:
+    """Fail before any training when an output folder cannot be written, or holds results of an
+    earlier run that only ``--overwrite`` may replace."""
     folders = [(out if len(labels) == 1 else out / label, "--out") for label in labels]
+    earlier = [path for folder, _ in folders for path in (folder / name for name in PROBE_FILES) if path.exists()]
+    if len(labels) > 1 and (out / "summary.md").exists():
+        earlier.append(out / "summary.md")
+    if earlier and not overwrite:
+        raise SystemExit(f"locatdino linprobe: --out {out} holds results of an earlier run ({earlier[0]}"
+                         f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): pass --overwrite to "
+                         "replace them, or another --out")
     if cache_dir is not None:
         folders.append((Path(cache_dir), "--cache-dir"))
     try:
@@ -93,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
                                default_scenes=300, **common)
         val_set = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+        cfg.check_train_size(len(train_set))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino linprobe: {err}") from None
+    asked = cfg.epoch_iterations(len(train_set))
+    if asked is not None and asked < MIN_STEPS:
+        print(f"[linprobe] note: --epochs {args.epochs:g} is {asked} iteration{'s' * (asked != 1)} of {cfg.batch_size} "
+              f"over {len(train_set)} images; raised to {MIN_STEPS}, the OneCycle schedule's minimum",
+              file=sys.stderr)
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
-    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     out = Path(args.out)
-    _check_outputs(out, [label for *_, label in runs], args.cache_dir)
+    _check_outputs(out, [label for *_, label in runs], args.cache_dir, args.overwrite)
     results = []
     for (name, ckpt, _, label), model in zip(runs, models):
         iterations = cfg.total_iterations(len(train_set))

@@ -1,4 +1,4 @@
-"""The dense linear probe, end to end (SPEC §3.1): the paper's segmentation metric.
+"""The dense linear probe, end to end (docs/evaluation.md): the paper's segmentation metric.
 
     train split ─ TrainViews ─ frozen backbone ─ [FeatureStore] ─ LinearSegHead ─ cross-entropy
     val split ─── EvalViews ─── frozen backbone ─ LinearSegHead ─ upsample ─ ConfusionMatrix
@@ -81,13 +81,30 @@ class LinearProbeConfig:
             raise ValueError("batch sizes must be >= 1")
         if self.epochs is None and self.iterations < MIN_STEPS:
             raise ValueError(f"iterations (--iters) must be >= {MIN_STEPS} (the OneCycle schedule), got {self.iterations}")
-        if self.epochs is not None and self.epochs <= 0:
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr (--lr) must be a positive number, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight decay (--weight-decay) must be a number >= 0, got {self.weight_decay}")
+
+    def epoch_iterations(self, num_train: int) -> int | None:
+        """Iterations ``epochs`` passes over ``num_train`` images ask for, before the schedule's
+        minimum is applied (None without ``epochs``)."""
+        return None if self.epochs is None else math.ceil(self.epochs * num_train / self.batch_size)
 
     def total_iterations(self, num_train: int) -> int:
         if self.epochs is None:
             return self.iterations
-        return max(MIN_STEPS, math.ceil(self.epochs * num_train / self.batch_size))
+        return max(MIN_STEPS, self.epoch_iterations(num_train))
+
+    def check_train_size(self, num_train: int, flag: str = "--batch-size") -> None:
+        """``ValueError`` when a training batch would exceed the training set (each image drawn
+        several times per batch; a huge batch once allocated its whole draw order and was
+        killed for memory)."""
+        if self.batch_size > num_train:
+            raise ValueError(f"batch size ({flag}) {self.batch_size} is more than the {num_train} training "
+                             f"images: use at most {num_train}")
 
     @property
     def cached(self) -> bool:
@@ -306,6 +323,7 @@ def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProb
         raise ValueError(f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}")
     if len(train_set) == 0 or len(val_set) == 0:
         raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
+    cfg.check_train_size(len(train_set))
     model.eval().requires_grad_(False)
     extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision,
                                  l2_normalize=False, to_cpu=False)

@@ -1,12 +1,14 @@
 """Frozen features of every training image, computed once: the dense probe's fast path.
 
 With augmentation off every pass over an image feeds the head the same patch tokens, so they are
-computed once and the head trains on the stored copy (SPEC §3.1: the head then trains in seconds
+computed once and the head trains on the stored copy (docs/evaluation.md: the head then trains in seconds
 to minutes instead of re-running the backbone every iteration). ``features [N, D, h, w]`` float32
 and ``targets [N, S, S]`` int16 (:data:`~locatdino.probes.seg_transforms.IGNORE` included) stay in
 RAM up to ``max_ram_bytes`` and are memory-mapped files otherwise (ADE20K's 20,210 images at
 512 px make 32 GB of ViT-S tokens), in a temporary folder that :meth:`close` deletes, with their
-disk space claimed before the first image is encoded.
+disk space claimed before the first image is encoded. The folder is named as every locatdino
+temporary (:func:`~locatdino.output_files.temporary_sibling`), so one left by a killed run
+(SIGKILL, a node failure) is removed by the next store allocated in the same place.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import reserved_memmap
+from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap
 
 TARGET_DTYPE = np.int16
 
@@ -36,7 +38,9 @@ class FeatureStore:
         if nbytes <= max_ram_bytes:
             self.features, self.targets = (np.zeros(shape, dtype) for shape, dtype in shapes.values())
         else:
-            self.folder = Path(tempfile.mkdtemp(prefix=".linprobe-features-", dir=directory))
+            parent = Path(directory if directory is not None else tempfile.gettempdir())
+            remove_stale_temporaries(parent)
+            self.folder = make_temporary_dir(parent / "linprobe-features")
             try:
                 self.features, self.targets = (reserved_memmap(self.folder / f"{name}.bin", dtype, shape)
                                                for name, (shape, dtype) in shapes.items())

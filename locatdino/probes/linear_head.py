@@ -1,4 +1,4 @@
-"""The paper's segmentation decoder on frozen patch tokens (SPEC §3.1).
+"""The paper's segmentation decoder on frozen patch tokens (docs/evaluation.md).
 
 The official LocAtViT segmentation config (MMSegmentation) trains, on the frozen last-block patch
 tokens, a 1×1 conv D → 512, a norm its config calls "LN" but which is ``nn.GroupNorm(1, 512)``:

@@ -1,4 +1,4 @@
-"""The optimiser and learning-rate schedule of the dense linear probe (SPEC §3.1).
+"""The optimiser and learning-rate schedule of the dense linear probe (docs/evaluation.md).
 
 AdamW (lr 1e-3, betas (0.9, 0.999), weight decay 0.01 on every parameter) with a per-iteration
 OneCycle schedule: linear warm-up over the first 25 % of the iterations from lr / 1e4 to lr, then

@@ -18,6 +18,8 @@ from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusion
 from locatdino.evaluation.tables import number_cell, per_class_table
 from locatdino.output_files import atomic_write_text
 
+PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe_run writes
+
 
 def probe_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per run: mIoU, pixel accuracy, budget, time split and precision."""

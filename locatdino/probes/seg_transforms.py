@@ -1,4 +1,4 @@
-"""Image and label preprocessing of the dense linear probe (SPEC §3.1), MMSegmentation's pipelines
+"""Image and label preprocessing of the dense linear probe (docs/evaluation.md), MMSegmentation's pipelines
 re-written on torch tensors.
 
 Training (``ProbeAugmentation``, the paper's ADE20K / Pascal Context / COCO-Stuff recipe at crop

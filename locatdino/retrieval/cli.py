@@ -136,17 +136,22 @@ def report_main(argv: list[str]) -> int:
     if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
         raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
                          "choose another file")
+    owner = next((r for r in results if args.out and Path(args.out).resolve() == Path(r["source"]).resolve().parent
+                  / "summary.md"), None)
+    if owner is not None:  # a run's own summary is part of that run
+        raise SystemExit(f"locatdino hbird report: --out {args.out} is the summary of the input run {owner['source']}: "
+                         "choose another file")
+    try:  # every run's stored figure checked against its own per-image matrices
+        confusions = [run_confusions(r) for r in results]
+    except ValueError as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
     deltas = None
     if len(results) > 1 and not mixed:  # intervals pair the same query images
-        try:
-            confusions = [run_confusions(r) for r in results]
-        except ValueError as err:
-            raise SystemExit(f"locatdino hbird report: {err}") from None
         without = [r["label"] for r, c in zip(results, confusions) if c is None]
         if without:
             print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
                   f"confusion matrices (written before they were kept)", file=sys.stderr)
-        deltas = miou_deltas(confusions)
+        deltas = miou_deltas(confusions, results[0].get("config", {}).get("hungarian", "iou"))
     print(results_table(results, deltas))
     if args.out:
         atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                              default_scenes=100, **common)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-    models = load_backbones(runs, args.seed, args.input_size)  # a bad model creates no output folder
+    models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     _check_outputs(args, runs)
     with output_lock(args.out, "--out"):  # a second run into --out is refused, not raced
         return _evaluate(args, runs, models, train_set, val_set, device)
@@ -195,7 +200,7 @@ def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, s
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
         confusions.append(run.image_confusions)
-    deltas = miou_deltas(confusions) if len(results) > 1 else None
+    deltas = miou_deltas(confusions, args.hungarian) if len(results) > 1 else None
     if len(results) > 1:
         atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
     print(results_table(results, deltas))

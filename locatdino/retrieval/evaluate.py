@@ -1,4 +1,4 @@
-"""Hummingbird in-context segmentation, end to end (SPEC §3).
+"""Hummingbird in-context segmentation, end to end (docs/evaluation.md).
 
     train split ─ MemoryViews ─ encoder ─ soft labels (+ budget) ─ MemoryBank ─ PatchIndex
     val split ─── QueryViews ─── encoder ─ k-NN search ─ label transfer ─ upsample ─ ConfusionMatrix
@@ -121,7 +121,7 @@ class HummingbirdResult:
     # what ran: the resolved encoder precision, index and nprobe, and for an approximate index
     # its recall@k against exact search on a sample of query patches
     search: dict[str, Any] = field(default_factory=dict)
-    # one confusion matrix per scored query image, for paired intervals (SPEC §3.2); written beside
+    # one confusion matrix per scored query image, for paired intervals (docs/evaluation.md); written beside
     # results.json (report.write_run), not into it
     image_confusions: ImageConfusions | None = field(default=None, repr=False)
 

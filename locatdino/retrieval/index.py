@@ -1,4 +1,4 @@
-"""k-NN search over the patch memory with FAISS (SPEC §3).
+"""k-NN search over the patch memory with FAISS (docs/evaluation.md).
 
 Cosine similarity = inner product of L2-normalised vectors, so every index uses
 ``METRIC_INNER_PRODUCT``. ``"Flat"`` (``IndexFlatIP``, exact, BLAS-blocked) is the default; any

@@ -1,4 +1,4 @@
-"""The labelled patch memory of Hummingbird evaluation (SPEC §3).
+"""The labelled patch memory of Hummingbird evaluation (docs/evaluation.md).
 
 Two dense arrays, never per-patch Python objects: ``features [N, D]`` (L2-normalised, float32 or
 float16) and ``labels [N, C]`` (soft labels, float16 — patch fractions k/256 of a 16 px patch are

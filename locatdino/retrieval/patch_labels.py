@@ -1,4 +1,4 @@
-"""Per-patch soft labels of segmentation masks (SPEC §3).
+"""Per-patch soft labels of segmentation masks (docs/evaluation.md).
 
 Each memory patch carries the fraction of its pixels that belong to each class. Computed for a
 whole batch with one ``torch.bincount`` over (image, patch, class) keys: no per-patch Python loop

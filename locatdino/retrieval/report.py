@@ -3,7 +3,7 @@
 A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
 timings in seconds, memory size, the full config, the model); its per-image confusion matrices go
 beside it (``per_image_confusion.npz``, named in the JSON), so that a comparison of finished runs
-gives every Δ mIoU its paired-bootstrap interval (SPEC §3.2). Files are written atomically
+gives every Δ mIoU its paired-bootstrap interval (docs/evaluation.md). Files are written atomically
 (``locatdino.output_files``), so an interrupted run never leaves a truncated report.
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,
@@ -16,13 +16,15 @@ and marked. Runs loaded from disk are labelled by their run folder.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, miou_interval
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
 from locatdino.output_files import atomic_write_text
 
@@ -31,36 +33,42 @@ _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 _QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
 _SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
                  "augment", "norm", "hungarian", "seed", "train_split")
-INTERVAL_NOTE = (f"Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval over the query "
+INTERVAL_NOTE = (f"Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval over the query "
                  f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
                  "difference.")
 
 
-def miou_deltas(confusions: Sequence[ImageConfusions | None]) -> list[PairedInterval | None]:
-    """Δ mIoU of every run to the first, with its interval; None for the first run and for runs
-    without per-image matrices (older ``results.json``) or scored on other images."""
+def miou_deltas(confusions: Sequence[ImageConfusions | None],
+                hungarian: str = "iou") -> list[tuple[PairedInterval, PairedInterval] | None]:
+    """Δ mIoU and Δ Hungarian-matched mIoU (criterion ``hungarian``) of every run to the first,
+    each with its interval; None for the first run and for runs without per-image matrices (older
+    ``results.json``) or scored on other images."""
     first = confusions[0]
-    deltas: list[PairedInterval | None] = [None]
+    deltas: list[tuple[PairedInterval, PairedInterval] | None] = [None]
     for other in confusions[1:]:
         paired = first is not None and other is not None and other.num_images == first.num_images
-        deltas.append(miou_interval(other, first) if paired else None)
+        deltas.append((miou_interval(other, first), matched_miou_interval(other, first, hungarian)) if paired else None)
     return deltas
 
 
-def results_table(results: Sequence[dict[str, Any]], deltas: Sequence[PairedInterval | None] | None = None) -> str:
+def results_table(results: Sequence[dict[str, Any]],
+                  deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
     """Markdown table, one row per run: scores, memory size, time split; with ``deltas``
-    (:func:`miou_deltas`), a column of Δ mIoU to the first run and its interval."""
+    (:func:`miou_deltas`), columns of Δ mIoU and Δ matched mIoU to the first run with their intervals."""
     delta_head = "Δ mIoU [95 % interval] | " if deltas is not None else ""
-    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | pixel acc. | memory patches | " + " | ".join(
+    matched_head = "Δ mIoU (Hungarian) [95 %] | " if deltas is not None else ""
+    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | {matched_head}pixel acc. | memory patches | " + " | ".join(
         f"{p} s" for p in _PHASES
     ) + " | total s | peak RSS MB | encoder | index (recall@k) |"
     rule = "|" + "---|" * (head.count("|") - 1)
     rows = [head, rule]
     for i, r in enumerate(results):
         t = r.get("timings", {})
-        delta = "" if deltas is None else f"{'–' if deltas[i] is None else deltas[i].text()} | "
+        delta = matched = ""
+        if deltas is not None:
+            delta, matched = (f"{'–' if d is None else d.text()} | " for d in (deltas[i] or (None, None)))
         rows.append(
-            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | "
+            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | {matched}"
             f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
             + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
@@ -137,7 +145,7 @@ def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation",
-                     deltas: Sequence[PairedInterval | None] | None = None) -> str:
+                     deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
     """The markdown report of one or several runs (a comparison when several, with ``deltas``:
     :func:`miou_deltas`)."""
     def common(key: str) -> str:
@@ -208,12 +216,38 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
                 data["miou"]
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
+            for key in SCORES:
+                value = data.get(key)
+                if key == "miou" or value is not None:
+                    _check_percentage(f, key, value)
             data["source"] = str(f)
             results.append(data)
     return results
 
 
+SCORES = ("miou", "miou_matched", "pixel_accuracy")  # percentages a report prints
+_TOLERANCE = 1e-3  # percent: a stored mIoU against its own per-image matrices (float rounding only)
+
+
+def _check_percentage(path: Path, key: str, value: Any) -> None:
+    """``ValueError`` unless ``value`` is a finite number in [0, 100] (an edited or damaged file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{path}: {key} is {value!r}, not a number")
+    if not (math.isfinite(value) and 0 <= value <= 100):
+        raise ValueError(f"{path}: {key} {value:.6g} is not a percentage in [0, 100]")
+
+
 def run_confusions(result: dict[str, Any]) -> ImageConfusions | None:
-    """The per-image confusion matrices of a loaded run (None for runs written without them)."""
+    """The per-image confusion matrices of a loaded run (None for runs written without them),
+    checked against the run's stored ``miou``: a report never rests on a figure its own matrices
+    contradict (an edited results.json, or matrices of another run)."""
     name = result.get("per_image_confusion")
-    return None if name is None else ImageConfusions.load(Path(result["source"]).parent / name)
+    if name is None:
+        return None
+    path = Path(result["source"]).parent / name
+    confusions = ImageConfusions.load(path)
+    recomputed = images_miou(confusions)
+    if not abs(recomputed - result["miou"]) <= _TOLERANCE:
+        raise ValueError(f"{result['source']}: miou {result['miou']:.4f} but its per-image matrices ({path.name}) "
+                         f"give {recomputed:.4f}: an edited results.json, or matrices of another run")
+    return confusions

@@ -1,4 +1,4 @@
-"""Budgeted memory: which patches of each image enter a memory of at most M patches (SPEC §3).
+"""Budgeted memory: which patches of each image enter a memory of at most M patches (docs/evaluation.md).
 
 With a budget M, N images and E augmentation epochs, every image view keeps exactly
 ``n = ⌊M / (N·E)⌋`` patches. The Hummingbird reference prefers patches of rare classes: a patch's

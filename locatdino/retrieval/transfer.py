@@ -1,4 +1,4 @@
-"""Label transfer: class scores of query patches from their retrieved neighbours (SPEC §3).
+"""Label transfer: class scores of query patches from their retrieved neighbours (docs/evaluation.md).
 
 Each query patch attends over its k nearest memory patches with weights
 ``softmax(cos / β)`` (β = 0.02, i.e. a temperature that makes the nearest few neighbours

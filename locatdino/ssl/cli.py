@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import warnings
 from typing import Any
@@ -48,7 +49,7 @@ from locatdino.errors import UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.curves import CURVES_NAME, write_curves
-from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config
+from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config, checkpoint_dir, earlier_checkpoints
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -58,11 +59,6 @@ DEFAULT_OBJECTIVE = "locatdino.ssl.DINOModule"
 
 class MissingDefaultConfigError(FileNotFoundError):
     """``default.yaml`` is not there (a broken install): without it no recipe has all its keys."""
-
-
-def checkpoint_dir(default_root_dir: str | None) -> str:
-    """``<default_root_dir>/checkpoints``: one folder per run, found again on resume."""
-    return os.path.join(default_root_dir or ".", "checkpoints")
 
 
 class FitCLI(LightningCLI):
@@ -75,6 +71,9 @@ class FitCLI(LightningCLI):
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="start a new run in a trainer.default_root_dir that holds another run's checkpoints, "
+                            "deleting them, its logs and its curves first (without it such a folder is refused)")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse, then check the values users get wrong (:func:`check_fit_config`) before
@@ -105,10 +104,15 @@ class FitCLI(LightningCLI):
             raise cause from None
 
     def before_fit(self) -> None:
-        """Temporaries of checkpoint writes killed in an earlier start of this run are removed; a
-        SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`)."""
+        """Temporaries of checkpoint writes killed in an earlier start of this run are removed
+        (with ``--overwrite`` on a fresh run, the earlier run's checkpoints, logs and curves too,
+        by rank 0, before the other ranks start); a SIGTERM will save ``last.ckpt``
+        (:class:`SigtermCheckpoint`)."""
+        config = self.config.fit
+        if config.overwrite and config.ckpt_path is None and self.trainer.is_global_zero:
+            remove_earlier_run(config.trainer.default_root_dir)
         for key in ("step_checkpoint", "epoch_checkpoint"):
-            remove_stale_temporaries(self.config.fit[key].dirpath)
+            remove_stale_temporaries(config[key].dirpath)
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -131,6 +135,17 @@ class FitCLI(LightningCLI):
         logger = self.trainer.logger
         if self.trainer.is_global_zero and isinstance(logger, CSVLogger):
             write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
+
+
+def remove_earlier_run(default_root_dir: str | None) -> None:
+    """What ``--overwrite`` replaces in a run folder: its checkpoints, logs and ``curves.png``
+    (stitched curves of two unrelated runs would read as one resumed run)."""
+    root = default_root_dir or "."
+    for name in earlier_checkpoints(root):
+        os.remove(os.path.join(checkpoint_dir(root), name))
+    shutil.rmtree(os.path.join(root, "logs"), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(root, CURVES_NAME))
 
 
 def _names_objective(args: list[str]) -> bool:

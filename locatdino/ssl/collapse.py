@@ -1,4 +1,4 @@
-"""Teacher-output entropy and a collapse warning (SPEC §2: "collapse to a uniform output").
+"""Teacher-output entropy and a collapse warning (docs/pretraining.md: "collapse to a uniform output").
 
 DINO avoids two trivial solutions (Caron et al. 2021, §5.3): a *uniform* teacher (every image
 gets the flat distribution: per-image entropy → ln K, centring dominates) and a *single

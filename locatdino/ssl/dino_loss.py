@@ -1,4 +1,4 @@
-"""The DINO self-distillation loss (Caron et al., ICCV 2021, Eq. 1 and Alg. 1; SPEC §2)."""
+"""The DINO self-distillation loss (Caron et al., ICCV 2021, Eq. 1 and Alg. 1; docs/pretraining.md)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class DINOLoss(nn.Module):
 
         With gradient accumulation every micro-batch's targets must use the centre from before
         the optimizer step, and the centre must move once per step by the mean over all its
-        micro-batches, as one larger batch would (SPEC §2.4): accumulate here, then
+        micro-batches, as one larger batch would (docs/pretraining.md): accumulate here, then
         :meth:`apply_center_update` after the step.
         """
         flat = _at_least_fp32(teacher_out).flatten(0, -2)

@@ -1,4 +1,4 @@
-"""DINO self-distillation as a LightningModule (Caron et al., ICCV 2021; SPEC §2)."""
+"""DINO self-distillation as a LightningModule (Caron et al., ICCV 2021; docs/pretraining.md)."""
 
 from __future__ import annotations
 

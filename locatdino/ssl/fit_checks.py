@@ -4,7 +4,9 @@ LightningCLI parses and type-checks the config, but the values users most often 
 well-typed: a batch size of 0 (``ZeroDivisionError`` deep in the data module), a crop size the
 patch does not divide, a shard folder that does not exist, a misspelt model name, a checkpoint
 path with a typo, a ``--ckpt_path`` that is not a training checkpoint, names no file to resume
-or was trained with another model (Lightning would silently take the checkpoint's).
+or was trained with another model (Lightning would silently take the checkpoint's), a fresh run
+into a folder holding another run's checkpoints (Lightning would replace them), a learning rate
+that would not train.
 :func:`check_fit_config` checks them on the merged config, before the model, the data or the
 Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the config key and
 the value. :class:`FitArgumentParser` shortens the parser's own errors (a
@@ -13,6 +15,7 @@ the value. :class:`FitArgumentParser` shortens the parser's own errors (a
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -29,6 +32,17 @@ from locatdino.models import create_backbone, load_checkpoint
 
 # ckpt_path values Lightning resolves itself
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+
+
+def checkpoint_dir(default_root_dir: str | None) -> str:
+    """``<default_root_dir>/checkpoints``: one folder per run, found again on resume."""
+    return os.path.join(default_root_dir or ".", "checkpoints")
+
+
+def earlier_checkpoints(default_root_dir: str | None) -> list[str]:
+    """The ``*.ckpt`` files already in the run folder's ``checkpoints/`` (sorted names)."""
+    folder = checkpoint_dir(default_root_dir)
+    return sorted(n for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.endswith(".ckpt"))
 
 
 class FitArgumentParser(LightningArgumentParser):
@@ -98,8 +112,20 @@ def check_fit_config(config: Namespace) -> None:
                 raise UserError(f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
                                 f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
 
+    lr = model.get("lr")
+    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise UserError(f"model.lr: must be a positive number, got {lr} (a negative lr trains by gradient "
+                        "ascent, 0 trains nothing)")
+
     ckpt_path = config.get("ckpt_path")
     root = config.trainer.get("default_root_dir")
+    if ckpt_path is None and "://" not in str(root) and not config.get("overwrite"):
+        earlier = earlier_checkpoints(root)
+        if earlier:
+            shown = ", ".join(earlier[:3]) + (f" and {len(earlier) - 3} more" if len(earlier) > 3 else "")
+            raise UserError(f"trainer.default_root_dir {root!r} already holds another run's checkpoints ({shown}): "
+                            "resume that run with --ckpt_path last, give this one another --trainer.default_root_dir, "
+                            "or pass --overwrite to replace it")
     if ckpt_path == "last" and "://" not in str(root):  # a remote run folder is Lightning's to search
         ckpt_path = _last_checkpoint(root)
     if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES:
@@ -113,7 +139,7 @@ def _last_checkpoint(root: str | None) -> str:
     """The file ``--ckpt_path last`` resumes, as Lightning picks it (the newest ``last*.ckpt`` in
     ``<default_root_dir>/checkpoints``); :class:`UserError` when there is none, where Lightning
     would warn and train from scratch."""
-    folder = os.path.join(root or ".", "checkpoints")
+    folder = checkpoint_dir(root)
     found = [os.path.join(folder, n) for n in (os.listdir(folder) if os.path.isdir(folder) else ())
              if re.fullmatch(r"last(-\d+)?\.ckpt", n)]
     if not found:

@@ -1,4 +1,4 @@
-"""Per-parameter-tensor gradient clipping, as in the DINO reference (SPEC §2).
+"""Per-parameter-tensor gradient clipping, as in the DINO reference (docs/pretraining.md).
 
 Unlike ``torch.nn.utils.clip_grad_norm_`` (one global norm), every tensor's gradient is scaled
 down on its own to norm ≤ ``max_norm``: ``g ← g · min(1, max_norm / (‖g‖ + 1e-6))``.

@@ -1,4 +1,4 @@
-"""The DINO projection head (Caron et al., ICCV 2021, §3.1 and App.; SPEC §2)."""
+"""The DINO projection head (Caron et al., ICCV 2021, §3.1 and App.; docs/pretraining.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What every pretraining objective of ``locatdino fit`` shares (DINO, supervised; SPEC §0, §2, §6).
+"""What every pretraining objective of ``locatdino fit`` shares (DINO, supervised; docs/pretraining.md).
 
 ``locatdino fit`` binds the model group to :class:`PretrainingObjective` in LightningCLI's
 subclass mode, so the recipe's ``model.class_path`` chooses the objective

@@ -1,4 +1,4 @@
-"""Per-iteration DINO schedules, computed once as arrays and indexed by step (SPEC §2).
+"""Per-iteration DINO schedules, computed once as arrays and indexed by step (docs/pretraining.md).
 
 As in the DINO and DINOv2 references, every schedule is a NumPy array with one value per
 optimizer step, so that resuming only needs the step counter.

@@ -1,4 +1,4 @@
-"""Supervised pretraining: image classification with timm's DeiT recipe (SPEC §6), as a LightningModule.
+"""Supervised pretraining: image classification with timm's DeiT recipe (docs/pretraining.md), as a LightningModule.
 
 LocAtViT's headline results are for ViTs trained to classify images and then evaluated frozen
 for segmentation. The recipe is timm's ``train.py`` with DeiT settings, assembled from timm's own

@@ -1,4 +1,4 @@
-"""The EMA teacher update of DINO (Caron et al., ICCV 2021, Alg. 1; SPEC §2)."""
+"""The EMA teacher update of DINO (Caron et al., ICCV 2021, Alg. 1; docs/pretraining.md)."""
 
 from __future__ import annotations
 

@@ -28,5 +28,5 @@ def test_locality_only_for_locatvit_and_at_init_as_the_spec_says():
     assert locality_per_block(create_backbone("vit_tiny_patch16_224", img_size=64), images) is None
     stats = locality_per_block(create_backbone("locatvit_tiny", img_size=64), images)
     assert [s["block"] for s in stats] == list(range(12))
-    # init: var ≈ 1 and alpha ≈ ln 2 at the build grid (SPEC §1.1)
+    # init: var ≈ 1 and alpha ≈ ln 2 at the build grid (docs/locatvit.md)
     assert all(abs(s["sigma"] - 1) < 0.1 and abs(s["alpha"] - 0.693) < 0.05 for s in stats)

@@ -1,4 +1,4 @@
-"""What a comparison may say: a winner only when the interval excludes 0 (SPEC §3.2)."""
+"""What a comparison may say: a winner only when the interval excludes 0 (docs/evaluation.md)."""
 
 import numpy as np
 import pytest

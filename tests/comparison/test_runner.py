@@ -84,7 +84,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
-    assert set(locat["differences"]) == {"miou", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
+    assert set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
     assert "## Differences to vit" in md and "Hummingbird mIoU: " in md
     assert "Δ linear probe" in md and f"| {linear['miou']:.2f} | +0.00 |" in md
@@ -92,7 +92,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
         assert (out / path).stat().st_size > 1000 and (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"figures/locality.png", "figures/predictions.png"} <= set(report["figures"].values())
 
-    with pytest.raises(SystemExit, match="exists"):  # a finished report is never overwritten silently
+    with pytest.raises(SystemExit, match="holds an earlier report"):  # a finished report is never overwritten silently
         compare_cli.main(argv)
 
 
@@ -162,3 +162,28 @@ def test_headline_table_has_the_linear_probe_and_its_delta():
     assert "| 20.00 | +0.00 | 20.00 | 30.00 | +0.00 |" in rows[2]
     assert "| 21.00 | +1.00 | 21.00 | 27.50 | -2.50 |" in rows[3]
     assert "| 19.00 | -1.00 | 19.00 | – | – |" in rows[4]  # --no-linprobe, or a failed probe
+
+
+@pytest.mark.parametrize("kept", ["report.md", "figures/pca.png", "per_image_confusion/model0.npz"])
+def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
+    """Only report.json was checked: a folder with the user's report.md or figures was replaced."""
+    out = tmp_path / "cmp"
+    (out / kept).parent.mkdir(parents=True, exist_ok=True)
+    (out / kept).write_bytes(b"the user's")
+    with pytest.raises(SystemExit) as refused:
+        compare_cli.main(["a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2", "--num-val", "1"])
+    assert str(refused.value) == (f"locatdino compare: --out {out} holds an earlier report ({kept}): pass "
+                                  "--overwrite to replace it, or another --out")
+    assert (out / kept).read_bytes() == b"the user's"
+
+
+def test_linprobe_budget_is_checked_before_the_first_model(tmp_path, capsys):
+    """``--linprobe-iters 2`` named linprobe's --iters; a batch above the memory images ran a model first."""
+    argv = ["a=vit_tiny_patch16_224", "--out", str(tmp_path / "c"), "--num-train", "3", "--num-val", "1",
+            "--scene-size", "32", "--input-size", "32"]
+    with pytest.raises(SystemExit):
+        compare_cli.main([*argv, "--linprobe-iters", "2"])
+    assert "--linprobe-iters: must be at least 5, got 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="batch size \\(--linprobe-batch-size\\) 8 is more than the 3 training images"):
+        compare_cli.main(argv)
+

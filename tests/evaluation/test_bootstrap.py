@@ -1,4 +1,4 @@
-"""Paired bootstrap intervals (SPEC §3.2) and the per-image confusion matrices they resample."""
+"""Paired bootstrap intervals (docs/evaluation.md) and the per-image confusion matrices they resample."""
 
 import numpy as np
 import pytest
@@ -158,3 +158,40 @@ def test_confusions_round_trip_and_bad_files_are_named(tmp_path):
         ImageConfusions.load(tmp_path / "bad.npz")
     with pytest.raises(ValueError, match="same query images"):
         miou_interval(saved, ImageConfusions.from_matrices(matrices[:2], mask))
+
+
+def _naive_matched_miou(cm: np.ndarray) -> float:
+    """Hungarian-matched mIoU by brute force over every permutation (summed-IoU criterion)."""
+    import itertools
+
+    c = len(cm)
+    best, best_iou = None, -1.0
+    for perm in itertools.permutations(range(c)):
+        m = cm[:, perm]
+        iou = [m[k, k] / (m[k].sum() + m[:, k].sum() - m[k, k]) if m[k].sum() + m[:, k].sum() else np.nan
+               for k in range(c)]
+        pair_iou = np.nansum(iou)
+        if pair_iou > best_iou:
+            best, best_iou = iou, pair_iou
+    return 100 * float(np.nanmean(best))
+
+
+def test_matched_miou_interval_equals_a_naive_resampling_with_brute_force_matching():
+    from locatdino.evaluation.bootstrap import matched_miou_interval
+
+    rng = np.random.default_rng(3)
+    n, c, resamples = 12, 4, 60
+    target = rng.integers(0, c, (n, 40))
+    runs = {}
+    for name, accuracy, relabel in (("a", 0.8, [2, 0, 3, 1]), ("b", 0.6, [0, 1, 2, 3])):
+        pred = np.where(rng.random(target.shape) < accuracy, np.array(relabel)[target], rng.integers(0, c, target.shape))
+        runs[name] = np.stack([np.bincount(t * c + p, minlength=c * c).reshape(c, c) for t, p in zip(target, pred)])
+    got = matched_miou_interval(ImageConfusions.from_matrices(runs["a"]), ImageConfusions.from_matrices(runs["b"]),
+                                resamples=resamples, seed=5, chunk=7)
+    draws = np.random.default_rng(5).integers(0, n, (resamples, n))  # the module's documented draws
+    diffs = [_naive_matched_miou(runs["a"][d].sum(0)) - _naive_matched_miou(runs["b"][d].sum(0)) for d in draws]
+    assert got.delta == pytest.approx(_naive_matched_miou(runs["a"].sum(0)) - _naive_matched_miou(runs["b"].sum(0)))
+    assert (got.low, got.high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])))
+    # a relabels every class, so its identity mIoU is far below b's while its matched mIoU is above
+    assert got.low > 0 > miou_interval(ImageConfusions.from_matrices(runs["a"]),
+                                       ImageConfusions.from_matrices(runs["b"])).high

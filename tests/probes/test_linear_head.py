@@ -1,4 +1,4 @@
-"""The dense probe's head and schedule against naive re-implementations (SPEC §3.1)."""
+"""The dense probe's head and schedule against naive re-implementations (docs/evaluation.md)."""
 
 import math
 

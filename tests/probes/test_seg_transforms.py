@@ -1,4 +1,4 @@
-"""The dense probe's augmentation and evaluation views (MMSegmentation's pipelines, SPEC §3.1)."""
+"""The dense probe's augmentation and evaluation views (MMSegmentation's pipelines, docs/evaluation.md)."""
 
 import colorsys
 

@@ -298,3 +298,20 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_pat
                                    "--out", str(tmp_path / "out"), *TINY])
     assert err == (f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
                    "checkpoint from before it)")
+
+
+def test_overflowing_features_stop_the_run_in_one_line(tmp_path, capsys):
+    """Finite but huge weights (x1e30) gave inf/NaN features, scored as an ordinary mIoU (4.16), rc 0."""
+    state = {k: v * 1e30 if v.is_floating_point() else v
+             for k, v in timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict().items()}
+    ckpt = tmp_path / "huge.pth"
+    torch.save(state, ckpt)
+    from locatdino import cli as command_line
+
+    assert command_line.main(["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt),
+                              "--out", str(tmp_path / "out"), *TINY, "--precision", "fp32"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1] == ("locatdino hbird: the encoder's patch features (block -1) are not finite in fp32: its weights "
+                   "overflow (a diverged run, or a checkpoint with huge values?); nothing was scored")
+    assert not (tmp_path / "out" / "results.json").exists()
+

@@ -5,6 +5,7 @@ import pytest
 
 from locatdino.evaluation.bootstrap import miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import per_class_table
 from locatdino.output_files import atomic_write_text
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
@@ -102,18 +103,24 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
     for name, accuracy in (("a", 0.5), ("b", 0.9)):
         pred = np.where(rng.random(target.shape) < accuracy, target, 1 - target)
         matrices[name] = np.stack([np.bincount(t * 2 + q, minlength=4).reshape(2, 2) for t, q in zip(target, pred)])
+    matrices["itself"] = matrices["a"]
+    scores = {}
     for name, m in matrices.items():
-        write_run(_result(name, 40.0), tmp_path / "runs" / name, ImageConfusions.from_matrices(m))
-    write_run(_result("itself", 40.0), tmp_path / "runs" / "itself", ImageConfusions.from_matrices(matrices["a"]))
+        confusions = ImageConfusions.from_matrices(m)
+        scores[name] = images_miou(confusions)  # the stored figure must be its matrices' (report checks)
+        write_run(_result(name, scores[name]), tmp_path / "runs" / name, confusions)
     assert json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["per_image_confusion"] == CONFUSION_FILE
     assert cli.main(["report", *(str(tmp_path / "runs" / n) for n in ("a", "b", "itself")),
                      "--out", str(tmp_path / "cmp.md")]) == 0
     out = capsys.readouterr().out
     loaded = [ImageConfusions.load(tmp_path / "runs" / n / CONFUSION_FILE) for n in ("a", "b")]
-    assert f"| b | 40.00 | {miou_interval(loaded[1], loaded[0]).text()} |" in out
+    assert f"| b | {scores['b']:.2f} | {miou_interval(loaded[1], loaded[0]).text()} |" in out
     assert miou_interval(loaded[1], loaded[0]).low > 0  # 90 % vs 50 % of the pixels right
-    assert "| itself | 40.00 | +0.00 [+0.00, +0.00] |" in out
-    assert "Δ mIoU: difference to the first run, with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
+    assert f"| itself | {scores['a']:.2f} | +0.00 [+0.00, +0.00] | {scores['a'] + 1:.2f} | +0.00 [+0.00, +0.00] |" in out
+    from locatdino.evaluation.bootstrap import matched_miou_interval
+
+    assert f"| {matched_miou_interval(loaded[1], loaded[0]).text()} | 80.00 |" in out  # b's matched Δ
+    assert "Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
 
 
 def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
@@ -154,4 +161,81 @@ def test_report_out_never_replaces_an_input(tmp_path, capsys):
         with pytest.raises(SystemExit, match=f"--out {target} exists and is not a Hummingbird summary"):
             cli.main(["report", str(results), "--out", str(target)])
     assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "my notes"
-    assert cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")]) == 0  # its own
+    own = (tmp_path / "run" / "summary.md").read_text()
+    with pytest.raises(SystemExit, match=f"^locatdino hbird report: --out {tmp_path / 'run' / 'summary.md'} is the "
+                                         f"summary of the input run {results}: choose another file$"):
+        cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")])  # an input run's own
+    assert (tmp_path / "run" / "summary.md").read_text() == own
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0  # its own earlier report
+
+
+def _run_with_matrices(folder, **changes):
+    matrices = np.array([[[5, 1], [0, 4]], [[3, 0], [2, 5]]])
+    confusions = ImageConfusions.from_matrices(matrices)
+    path = write_run(_result("m", images_miou(confusions)), folder, confusions)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))  # an edited or damaged file
+    return path
+
+
+@pytest.mark.parametrize("stored, expected", [
+    ("abc", "miou is 'abc', not a number"),
+    (None, "miou is None, not a number"),
+    (float("nan"), "miou nan is not a percentage in [0, 100]"),
+    (1e308, "miou 1e+308 is not a percentage in [0, 100]"),
+    (-3.0, "miou -3 is not a percentage in [0, 100]"),
+])
+def test_report_refuses_a_stored_score_that_is_no_percentage(tmp_path, stored, expected):
+    """A NaN mIoU showed as '–', 1e308 as a 309-digit number, a string as "Unknown format code 'f'"."""
+    from locatdino.retrieval import cli
+
+    results = _run_with_matrices(tmp_path / "run", miou=stored)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(results)])
+    assert str(refused.value) == f"locatdino hbird report: {results}: {expected}"
+
+
+def test_report_checks_the_stored_miou_against_the_runs_own_matrices(tmp_path, capsys):
+    from locatdino.retrieval import cli
+
+    results = _run_with_matrices(tmp_path / "run")
+    assert cli.main(["report", str(results)]) == 0
+    data = json.loads(results.read_text())
+    true_miou, data["miou"] = data["miou"], data["miou"] + 5
+    results.write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(results)])
+    assert str(refused.value) == (f"locatdino hbird report: {results}: miou {true_miou + 5:.4f} but its per-image "
+                                  f"matrices ({CONFUSION_FILE}) give {true_miou:.4f}: an edited results.json, or "
+                                  "matrices of another run")
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("garbage", "not a per-image confusion file (not an .npz archive)"),
+    ("image index", "damaged per-image confusion file (image index 7 outside [0, 2))"),
+    ("cell index", "damaged per-image confusion file (cell index 99 outside [0, 4))"),
+    ("missing key", "not a per-image confusion file (\'count is not a file in the archive\')"),
+])
+def test_damaged_confusion_files_are_named_in_one_line(tmp_path, damage, expected):
+    """A garbage file was called "pickled data"; out-of-range indices raised a bare IndexError."""
+    from locatdino.retrieval import cli
+
+    results = _run_with_matrices(tmp_path / "run")
+    path = tmp_path / "run" / CONFUSION_FILE
+    if damage == "garbage":
+        path.write_bytes(b"\x80\x04 not numpy at all")
+    else:
+        with np.load(path) as data:
+            arrays = dict(data)
+        if damage == "missing key":
+            del arrays["count"]
+        else:
+            key = damage.split()[0]
+            arrays[key] = arrays[key].copy()
+            arrays[key][0] = 7 if key == "image" else 99
+        with open(path, "wb") as f:
+            np.savez_compressed(f, **arrays)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(results)])
+    assert str(refused.value) == f"locatdino hbird report: {path}: {expected}".replace("\\'", "'")
+

@@ -317,7 +317,7 @@ class _Gradients(pl.Callback):
 
 def test_gradient_accumulation_equals_one_larger_batch():
     """2 × 4 images with accumulate_grad_batches=2 = 1 × 8 images, in fp64 over two optimizer
-    steps: the same gradients, centre, student and teacher (SPEC §2.4). Every micro-batch's targets
+    steps: the same gradients, centre, student and teacher (docs/pretraining.md). Every micro-batch's targets
     use the centre from before the step, which moves once per step by the mean over both."""
     # local crops at the global size: timm resamples pos_embed for other sizes in fp32
     quarters = [random_batch(batch=4, local_size=32, seed=s) for s in range(4)]

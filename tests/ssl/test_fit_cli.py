@@ -261,6 +261,10 @@ FIT_ERRORS = {
                            "locatdino fit: model.backbone_checkpoint: no such file 'teacher.pht'"),
     "missing resume file": (["--ckpt_path", "runs/x/last.ckpt"], 1,
                             "locatdino fit: ckpt_path: no such file 'runs/x/last.ckpt'"),
+    "negative lr": (["--model.lr", "-1"], 1, "locatdino fit: model.lr: must be a positive number, got -1.0 "
+                    "(a negative lr trains by gradient ascent, 0 trains nothing)"),
+    "zero lr": (["--model.lr", "0"], 1, "locatdino fit: model.lr: must be a positive number, got 0.0"),
+    "nan lr": (["--model.lr", "nan"], 2, "locatdino fit: model.init_args.lr: Expected a <class 'float'>. Got value: nan"),
 }
 
 
@@ -322,6 +326,32 @@ def test_a_second_fit_into_one_run_folder_is_refused(tmp_path, capsys):
     assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
     assert status == 1 and err.startswith(f"locatdino fit: trainer.default_root_dir {tmp_path / 'run'} is in use by "
                                           f"another run (pid {os.getpid()} on ")
+
+
+@pytest.mark.slow
+def test_a_fresh_fit_never_replaces_another_runs_checkpoints(tmp_path, capsys):
+    """A fresh ``fit`` (no ``--ckpt_path``) into a folder holding another run's checkpoints
+    replaced its ``last.ckpt`` with rc 0; now it is refused unless ``--overwrite``, which replaces
+    that run whole (no epoch file, log or curve of it left to mix with the new run's)."""
+    args = tiny_overrides(tmp_path)
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    earlier = {"last.ckpt": b"earlier run, last", "epoch0007.ckpt": b"earlier run, epoch 7"}
+    for name, data in earlier.items():
+        (ckpts / name).write_bytes(data)
+    (tmp_path / "run" / "logs" / "version_0").mkdir(parents=True)
+    status, err = _fit_error(capsys, [*args, "--trainer.max_steps", "1"])
+    assert status == 1 and err == (f"locatdino fit: trainer.default_root_dir '{tmp_path / 'run'}' already holds another "
+                                   "run's checkpoints (epoch0007.ckpt, last.ckpt): resume that run with --ckpt_path "
+                                   "last, give this one another --trainer.default_root_dir, or pass --overwrite to "
+                                   "replace it")
+    assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == earlier and not (tmp_path / "shards").exists()
+
+    assert cli.main([*args, "--trainer.max_steps", "1", "--overwrite"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == ["epoch0000.ckpt", "last.ckpt"]
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 1
+    assert [p.name for p in (tmp_path / "run" / "logs").iterdir()] == ["version_0"]
+    assert len(_metrics(tmp_path / "run", 0)) >= 1  # the new run's log, not the empty earlier one
 
 
 @pytest.mark.parametrize("objective", ["DINOModule", "SupervisedModule"])

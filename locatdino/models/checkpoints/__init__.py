@@ -1,5 +1,5 @@
-"""Backbone checkpoints: every supported container read, converted and loaded (SPEC §2.1), a
-one-line reason when a file does not fit, and position embeddings at another grid (SPEC §2.3)."""
+"""Backbone checkpoints: every supported container read, converted and loaded (docs/checkpoints.md), a
+one-line reason when a file does not fit, and position embeddings at another grid (docs/checkpoints.md)."""
 
 from locatdino.models.checkpoints.loading import (
     convert_state_dict,

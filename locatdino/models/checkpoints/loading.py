@@ -1,6 +1,6 @@
 """Backbone checkpoints: read every supported container, convert to the model, build + load.
 
-Supported containers (SPEC §2.1), told apart by their top-level structure, never by guessing
+Supported containers (docs/checkpoints.md), told apart by their top-level structure, never by guessing
 from parameter names:
 
 - Lightning checkpoint of this project: has ``pytorch-lightning_version``; backbone keys are

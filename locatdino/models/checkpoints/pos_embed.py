@@ -1,4 +1,4 @@
-"""Position embeddings at another grid: timm's resampling or the reference DINO ViT's (SPEC §2.3).
+"""Position embeddings at another grid: timm's resampling or the reference DINO ViT's (docs/checkpoints.md).
 
 A model built at its training grid (224 px / 16 = 14 × 14 for DINO) resamples the patch part of
 ``pos_embed`` on every forward at another grid. Two rules exist and differ by ~1e-2 on the

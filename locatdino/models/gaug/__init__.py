@@ -1,4 +1,4 @@
-"""GAug: the Gaussian locality bias on every attention's logits (SPEC §1.1, §1.5).
+"""GAug: the Gaussian locality bias on every attention's logits (docs/locatvit.md).
 
 ``attention`` is the timm ``attn_layer``; ``locality_bias`` predicts the per-query Gaussian
 profiles; the three kernels add them to the logits (``separable_bias_attention`` on CPU,

@@ -1,4 +1,4 @@
-"""GAug attention: timm's ``Attention`` plus the Gaussian locality bias (SPEC §1.1).
+"""GAug attention: timm's ``Attention`` plus the Gaussian locality bias (docs/locatvit.md).
 
 A drop-in ``attn_layer`` for timm's ``VisionTransformer``: same constructor and
 ``forward(x, attn_mask=None, is_causal=False)`` contract as ``timm.layers.Attention``, same

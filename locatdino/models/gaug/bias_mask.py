@@ -1,7 +1,7 @@
 """Writing a separable patch bias into an attention mask, in place, and its transpose.
 
 The bias of a query patch p on key patch t = i·w + j is ``S[p, t] = rows[p, i] · cols[p, j]``
-(SPEC §1.1; see :mod:`locatdino.models.gaug.locality_bias`). It lives in the patch block of an
+(docs/locatvit.md; see :mod:`locatdino.models.gaug.locality_bias`). It lives in the patch block of an
 ``[N, N]`` attention mask whose prefix rows and columns (class token, registers) are zero.
 Each write is one outer product straight into a preallocated mask (or into a chunk of its rows):
 no patch-only bias copied into a padded tensor, no ``[B, H, N, N, 2]`` intermediate. Neither

@@ -1,4 +1,4 @@
-"""``softmax(q kᵀ · scale + S) v`` for the separable GAug bias through FlexAttention (SPEC §1.5).
+"""``softmax(q kᵀ · scale + S) v`` for the separable GAug bias through FlexAttention (docs/locatvit.md).
 
 Why: on CUDA the fallback materialises S as a differentiable ``[B, H, N, N]`` mask (12 heads ×
 16.8 M entries per image per block at 1024 px, kept for backward) and sends SDPA to its

@@ -1,4 +1,4 @@
-"""GAug's Gaussian locality bias (SPEC §1.1), the additive term S of ``softmax(q kᵀ/√d + S) v``.
+"""GAug's Gaussian locality bias (docs/locatvit.md), the additive term S of ``softmax(q kᵀ/√d + S) v``.
 
 For a query patch p at grid position (i_p, j_p) and a key patch t at (i_t, j_t)::
 
@@ -27,7 +27,7 @@ from locatdino.models.gaug.bias_mask import outer_product_mask
 
 
 def gaug_constants(build_grid: tuple[int, int]) -> tuple[float, float, float, float]:
-    """``(c, b, eps, clamp_min)`` of SPEC §1.1 for a model built at patch grid ``build_grid``.
+    """``(c, b, eps, clamp_min)`` of docs/locatvit.md for a model built at patch grid ``build_grid``.
 
     ``c = G²`` (G the larger side) bounds the variance, ``b = ln(c - 1)`` makes a zero logit give
     variance 1, eps doubles until ``½(G-1)²/eps²`` fits fp16 (≤ 32 500), and ``-½Δ²`` is clamped

@@ -8,7 +8,7 @@ from locatdino.models.gaug.locality_bias import GaussianLocalityBias, distance_t
 
 @torch.no_grad()
 def naive_bias(q, w_var, b_var, w_alpha, b_alpha, grid, build_grid, num_prefix):
-    """SPEC §1.1 written out with explicit loops over query and key grid positions (float64)."""
+    """docs/locatvit.md written out with explicit loops over query and key grid positions (float64)."""
     G = max(build_grid)
     c = float(G * G)
     b = math.log(c - 1) if c > 2 else 0.0
@@ -126,7 +126,7 @@ def test_gradients_match_finite_differences(log_var_bias):
 
 @pytest.mark.parametrize("grid", [(6, 6), (4, 4)], ids=["build", "smaller"])
 def test_gaussian_parameters_are_the_spec_variance_and_amplitude(grid):
-    """var and alpha per patch query as SPEC §1.1 writes them (prefix queries dropped)."""
+    """var and alpha per patch query as docs/locatvit.md writes them (prefix queries dropped)."""
     torch.manual_seed(0)
     bias = GaussianLocalityBias(8, build_grid=(6, 6))
     for p in bias.parameters():

@@ -1,0 +1,61 @@
+"""The user-facing notes stay reachable: every relative link of README.md, docs/ and RESULTS.md
+points to a file of the repository and, with an anchor, to a heading of that file; and no shipped
+text sends a user to notes they never have (the project's internal SPEC.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces → '-'."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    body = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {github_anchor(m) for m in re.findall(r"^#+ (.+)$", body, flags=re.M)}
+
+
+def test_github_anchor_rule():
+    assert github_anchor("Supervised pretraining (the LocAtViT paper's main recipe)") == \
+        "supervised-pretraining-the-locatvit-papers-main-recipe"
+    assert github_anchor("How sure is a difference?") == "how-sure-is-a-difference"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    broken = []
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):  # http(s):, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor}")
+    assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+def test_docs_are_linked_from_readme_index():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and f"({p.name})" not in index]
+    assert not missing, f"docs/README.md does not list {missing}"
+
+
+def test_no_shipped_text_points_to_internal_notes():
+    """Docstrings, configs and pages cite docs/ (which ships), not the developers' SPEC.md."""
+    files = [*ROOT.joinpath("locatdino").rglob("*.py"), *ROOT.joinpath("locatdino").rglob("*.yaml"),
+             *ROOT.joinpath("benchmarks").glob("*.py"), *PAGES]
+    cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"SPEC ?§|SPEC\.md", line)]
+    assert not cited, f"references to the internal SPEC.md: {cited}"
