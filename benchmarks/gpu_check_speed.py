@@ -141,8 +141,7 @@ def kernels(case: str, sizes: Sizes, device: torch.device, dry: bool) -> Iterato
             return
         options = KERNEL_OPTIONS[int(case.removeprefix("kernel-"))]
         compiled = flex_module._kernel(device)
-        attend = lambda q, k, v, r, c: compiled(  # noqa: E731
-            q, k, v, r, c, 1, scale, options.kernel, options.profile_dtype(q.dtype))
+        attend = lambda *five: flex_module._run(compiled, five, 1, scale, options)  # noqa: E731
         try:
             t, errors = measure(attend)
         except torch.OutOfMemoryError:

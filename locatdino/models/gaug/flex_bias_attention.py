@@ -87,9 +87,7 @@ def reset_flex_state() -> None:
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
     num_prefix: int, scale: float, kernel: tuple[tuple[str, int], ...] = (),
-    profile_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    rows, cols = rows.to(profile_dtype), cols.to(profile_dtype)
     w = cols.shape[-1]
 
     def score_mod(score, b, head, q_idx, kv_idx):
@@ -122,7 +120,11 @@ def _variant(tensors: tuple[torch.Tensor, ...], num_prefix: int, scale: float) -
 
 def _run(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int, scale: float,
          options: FlexOptions) -> torch.Tensor:
-    return attend(*tensors, num_prefix, scale, options.kernel, options.profile_dtype(tensors[0].dtype))
+    """``attend`` with ``options``; the profiles are cast outside the compiled function, so the
+    kernel's captured tensors are always its inputs (their gradients flow back through the cast)."""
+    q, k, v, rows, cols = tensors
+    dtype = options.profile_dtype(q.dtype)
+    return attend(q, k, v, rows.to(dtype), cols.to(dtype), num_prefix, scale, options.kernel)
 
 
 def _first_call(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int,

@@ -33,13 +33,13 @@ def as_on_cuda(monkeypatch):
 
 
 def _kernel(monkeypatch, fails=lambda options: True, exc=RuntimeError):
-    """Replace the compiled kernel: it records the options of each call (kernel options, profile
-    dtype) and raises ``exc`` for those ``fails`` names, else computes the separable path."""
+    """Replace the compiled kernel: it records the options of each call (kernel options, the
+    profiles' dtype) and raises ``exc`` for those ``fails`` names, else computes the separable path."""
     calls = []
 
-    def kernel(q, k, v, rows, cols, num_prefix, scale, options, profile_dtype):
-        calls.append((options, profile_dtype))
-        if fails((options, profile_dtype)):
+    def kernel(q, k, v, rows, cols, num_prefix, scale, options):
+        calls.append((options, rows.dtype))
+        if fails((options, rows.dtype)):
             raise exc(TRITON_ERROR)
         return separable_bias_attention(q, k, v, rows, cols, num_prefix, scale)
 

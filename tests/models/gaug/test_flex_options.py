@@ -62,8 +62,8 @@ def test_the_chooser_skips_options_that_exceed_the_devices_shared_memory(monkeyp
     flex_module.reset_flex_state()
     tried, failing = [], {HALF_CANDIDATES[0].kernel}
 
-    def kernel(q, k, v, rows, cols, num_prefix, scale, options, profile_dtype):
-        tried.append((options, profile_dtype))
+    def kernel(q, k, v, rows, cols, num_prefix, scale, options):
+        tried.append((options, rows.dtype))
         if options in failing:
             raise RuntimeError("simulated compile failure")
         return separable_bias_attention(q.float(), k.float(), v.float(), rows, cols, num_prefix, scale).to(q.dtype)
@@ -96,9 +96,10 @@ def test_each_option_computes_the_same_attention(options):
     q, k, v, rows, cols = _inputs(5, 3, 4)
     want = separable_bias_attention(q, k, v, rows, cols, 5)
     with torch.no_grad():
-        got = flex_module._attend(q, k, v, rows, cols, 5, 16 ** -0.5, options.kernel, options.profile_dtype(q.dtype))
-        half = flex_module._attend(q, k, v, rows, cols, 5, 16 ** -0.5, options.kernel,
-                                   options.profile_dtype(torch.bfloat16))
+        got = flex_module._run(flex_module._attend, (q, k, v, rows, cols), 5, 16 ** -0.5, options)
+        # bf16 queries cast the profiles of an "input" option: the same on fp32 queries, by hand
+        cast = options.profile_dtype(torch.bfloat16)
+        half = flex_module._attend(q, k, v, rows.to(cast), cols.to(cast), 5, 16 ** -0.5, options.kernel)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     tolerance = 1e-5 if options.profiles == "fp32" else 2e-2  # a bias up to 4, rounded to 8 bits
     torch.testing.assert_close(half, want, rtol=tolerance, atol=tolerance)
