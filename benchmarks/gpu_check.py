@@ -24,7 +24,7 @@ TIMEOUT, the cases after it are listed as not run):
   what the option chooser takes, SDPA without a bias, each candidate option's compile, time and
   error (fp32 vs bf16 profiles at the same tiles).
 - ``equivalence`` (120 s; ``gpu_check_cases.py``): a 2-block LocAtViT-S forward and backward
-  through the flex, chunked and mask paths on the GPU in bf16, fp32 (TF32 off) and (mask) fp64, at
+  through the flex, chunked and mask paths on the GPU in bf16 and in fp32 (TF32 off; mask: fp64), at
   224 / 96 / 448 px with a class token and with class + 4 registers, against the CPU path in
   fp64; bf16 judged against the CPU path's own bf16 error.
 - ``speed`` (120 s; ``gpu_check_speed.py``): ViT-S vs LocAtViT-S (flex), its chunked and mask

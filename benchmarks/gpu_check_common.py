@@ -21,10 +21,11 @@ from locatdino.models.gaug.flex_options import HALF_CANDIDATES, FlexOptions  # n
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 PREFIXES = {"cls": (0, "class token"), "reg4": (4, "class + 4 registers")}
 EQUIV_LABELS, EVAL_LABELS = (224, 96, 448), (448, 1024)
-# the GAug path each equivalence path forces, and its dtypes (fp64 on the device: the maths with
-# rounding out of the way; the mask path is plain SDPA, so it runs in fp64 everywhere)
+# the GAug path each equivalence path forces, and its dtypes: fp64 on the device is the maths with
+# rounding out of the way (the mask path is plain SDPA, which runs in fp64 everywhere; its fp32
+# rows passed on the H200 in issue 31 and are left out to keep the section in its budget)
 GAUG_PATHS = {"flex": "flex", "chunked": "separable", "mask": "mask"}
-PATH_DTYPES = {"flex": ("bf16", "fp32"), "chunked": ("bf16", "fp32"), "mask": ("bf16", "fp64", "fp32")}
+PATH_DTYPES = {"flex": ("bf16", "fp32"), "chunked": ("bf16", "fp32"), "mask": ("bf16", "fp64")}
 
 
 @dataclass

@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/gpu_run.sh wheels     # here, with PyPI: the missing packages' wheels into .whl/
 #   bash benchmarks/gpu_run.sh run        # there (carry .whl): install them, the check, a tarball
+#   PYTHON=.venv/bin/python bash benchmarks/gpu_run.sh run --dry-run   # the same steps on a CPU (a smoke test)
 #
 # `wheels` downloads, for CPython 3.12 on manylinux x86-64 and without dependencies, the packages
 # the image lacks (faiss-cpu, webdataset, jsonargparse[signatures] and what those need beyond the
@@ -13,7 +14,8 @@
 # benchmarks/gpu_check.py with a deadline of GPU_CHECK_DEADLINE seconds (default 440) under a hard
 # `timeout` of 480 s, and packs --out into $OUT/gpu_check.tgz (plus table.md and results.json
 # beside it, readable without unpacking). Exit status: gpu_check's (0 all pass, 1 a check failed,
-# 2 a target missed, 3 cases hit the deadline), 124 if the hard timeout struck.
+# 2 a target missed, 3 cases hit the deadline), 124 if the hard timeout struck. Arguments after
+# `run` go to gpu_check.py (e.g. --only kernels speed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,16 +33,16 @@ wheels)
 run)
     export PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_run_out}"
     mkdir -p "$OUT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "gpu_run: installing .whl/*.whl failed (did the call carry .whl?)"; exit 1; }
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    python3 -c "import faiss, webdataset, jsonargparse, lightning, timm, torch; import locatdino.cli, locatdino.ssl.cli;
-print('gpu_run: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'timm', timm.__version__,
+    "${PYTHON:-python3}" -c "import faiss, webdataset, jsonargparse, lightning, timm, torch; import locatdino.cli, locatdino.ssl.cli;
+print('gpu_run: torch', torch.__version__, 'CUDA', torch.cuda.is_available(), 'timm', timm.__version__,
       'lightning', lightning.__version__, 'faiss', faiss.__version__)" || exit 1
     results=/tmp/gpu_check_out
     rm -rf "$results"
-    timeout -k 10 480 python3 benchmarks/gpu_check.py --out "$results" --deadline "${GPU_CHECK_DEADLINE:-440}" \
-        2>&1 | tee "$OUT/gpu_check.log"
+    timeout -k 10 480 "${PYTHON:-python3}" benchmarks/gpu_check.py --out "$results" \
+        --deadline "${GPU_CHECK_DEADLINE:-440}" "${@:2}" 2>&1 | tee "$OUT/gpu_check.log"
     status=${PIPESTATUS[0]}
     cp "$results/table.md" "$results/results.json" "$OUT/" 2>/dev/null
     tar -czf "$OUT/gpu_check.tgz" --exclude='*.ckpt' -C "$(dirname "$results")" "$(basename "$results")"
