@@ -4,7 +4,7 @@ fail a wrong one?
     python benchmarks/bf16_criterion_cpu.py
 
 For each shape (2-block LocAtViT-S, ViT-S width, class token / + 4 registers), against the CPU
-path in fp32: the mask path and the flex path (eager FlexAttention, its reference backward) in
+path in fp64 (the truth the check judges by): the mask path and the flex path (eager FlexAttention, its reference backward) in
 fp32 and bf16 autocast, and both again with a deliberate 1 % error in the bias (rows × 1.01).
 Prints each case's verdict under :func:`gpu_check_cases.judge` and the old max-abs criterion.
 """
@@ -27,7 +27,7 @@ SHAPES = ((0, 96), (4, 224), (0, 448))  # (registers, px)
 def main() -> None:
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     attend, mask = flex_module._attend, attention_module.outer_product_mask
-    biased = {"flex": ("_attend", flex_module, lambda q, k, v, r, c, p, s: attend(q, k, v, 1.01 * r, c, p, s)),
+    biased = {"flex": ("_attend", flex_module, lambda q, k, v, r, c, *rest: attend(q, k, v, 1.01 * r, c, *rest)),
               "mask": ("outer_product_mask", attention_module, lambda r, c, p, dt: mask(1.01 * r, c, p, dt))}
     cpu = torch.device("cpu")
     print("| shape | path | dtype | bias | verdict | worst tensor: error (limit) | old max-abs score |")
@@ -39,7 +39,7 @@ def main() -> None:
         g = torch.Generator().manual_seed(px)
         x = torch.randn(2, 3, px, px, generator=g)
         grad_out = torch.randn(2, model.num_prefix_tokens + (px // 16) ** 2, model.embed_dim, generator=g)
-        want = cases.forward_backward(model, x, grad_out, cpu, torch.float32, "separable")
+        want = cases.forward_backward(model, x, grad_out, cpu, torch.float64, "separable")
         ref_bf16 = cases.forward_backward(model, x, grad_out, cpu, torch.bfloat16, "separable")
         for path in ("mask", "flex"):
             for wrong in (False, True):
@@ -48,7 +48,7 @@ def main() -> None:
                     saved = getattr(module, name)
                     if wrong:
                         setattr(module, name, fn)
-                    flex_module._proven.clear()
+                    flex_module.reset_flex_state()
                     try:
                         with cases.cpu_flex_backward(path == "flex"):
                             got = cases.forward_backward(model, x, grad_out, cpu, dtype, path)

@@ -19,7 +19,7 @@ from locatdino.models.gaug.bias_mask import outer_product_mask
 from locatdino.models.gaug.flex_bias_attention import FlexAttentionUnavailable, flex_bias_attention, flex_failure
 from locatdino.models.gaug.locality_bias import GaussianLocalityBias
 from locatdino.models.gaug.patch_grid import PatchGrid
-from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
+from locatdino.models.gaug.separable_bias_attention import mask_fits_one_chunk, separable_bias_attention
 
 PATHS = ("auto", "separable", "flex", "mask")
 
@@ -35,11 +35,14 @@ class GAugAttention(Attention):
       mask rows with its own backward;
     - ``"flex"`` (auto on CUDA): :func:`flex_bias_attention`, the bias added inside a compiled
       FlexAttention kernel from the two profiles, no ``N × N`` tensor;
-    - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto falls back to it
-      for attention dropout, extra masks, timm's unfused mode, head sizes under 16 (below
-      FlexAttention's GPU kernel tiles) and other devices, and for the rest of the process
-      once FlexAttention failed to compile or run (one warning says why; a forced ``"flex"``
-      raises instead).
+    - ``"mask"``: one differentiable ``[B, H, N, N]`` float mask for SDPA. Auto takes it for
+      attention dropout, extra masks, timm's unfused mode and devices other than CPU and CUDA.
+
+    On CUDA where FlexAttention is not used (head sizes under 16, below its GPU kernel tiles; for
+    the rest of the process once every kernel option failed to compile or run, one warning with
+    the errors; a forced ``"flex"`` raises instead), auto takes ``"separable"`` where the whole
+    mask would exceed one of its chunks (large inputs: no ``N × N`` tensor) and ``"mask"`` where
+    it would not (:func:`mask_fits_one_chunk`).
 
     The class default comes from the environment variable ``LOCATDINO_GAUG_PATH`` (``auto`` when
     unset): ``LOCATDINO_GAUG_PATH=mask locatdino fit ...`` keeps a run off FlexAttention where
@@ -80,7 +83,9 @@ class GAugAttention(Attention):
             return "mask"
         if device.type == "cpu":
             return "separable"
-        return "flex" if device.type == "cuda" and self.head_dim >= 16 and flex_failure() is None else "mask"
+        if device.type != "cuda":
+            return "mask"
+        return "flex" if self.head_dim >= 16 and flex_failure() is None else "by size"
 
     def _path(self, device: torch.device, plain: bool) -> str:
         if torch.jit.is_scripting():  # TorchScript: no FlexAttention, no class-wide choice
@@ -91,14 +96,18 @@ class GAugAttention(Attention):
     @torch.jit.unused  # TorchScript never takes the flex path (nor parses try/except)
     def _flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
               num_prefix: int) -> tuple[torch.Tensor, str]:
-        """``(FlexAttention's output, "flex")``, or ``(q, "mask")`` when it is unavailable (auto path)."""
+        """``(FlexAttention's output, "flex")``, or ``(q, "by size")`` when it is unavailable (auto path)."""
         try:
             return flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale), "flex"
         except FlexAttentionUnavailable as err:
             if self.gaug_path != "auto":
                 raise
-            warnings.warn(f"GAug uses the materialised-mask path from now on: {err}", stacklevel=3)
-            return q, "mask"
+            warnings.warn(f"GAug uses SDPA with the bias (chunked at large inputs) from now on: {err}", stacklevel=3)
+            return q, "by size"
+
+    @torch.jit.unused  # TorchScript never resolves "by size" (see _path)
+    def _by_size(self, q: torch.Tensor) -> str:
+        return "mask" if mask_fits_one_chunk(q) else "separable"
 
     def forward(
         self,
@@ -123,9 +132,11 @@ class GAugAttention(Attention):
         path = self._path(x.device, dropout_p == 0.0 and attn_mask is None and not is_causal)
         if path == "flex":
             x, path = self._flex(q, k, v, rows, cols, num_prefix)
+        if path == "by size":  # CUDA without FlexAttention: no N × N tensor at large inputs
+            path = self._by_size(q)
         if path == "separable":
             x = separable_bias_attention(q, k, v, rows, cols, num_prefix, self.scale)
-        elif path == "mask":  # attention dropout, extra masks, timm's unfused mode, flex failed
+        elif path == "mask":  # attention dropout, extra masks, timm's unfused mode, small inputs without flex
             bias = outer_product_mask(rows, cols, num_prefix, q.dtype)
             extra = resolve_self_attn_mask(N, bias, attn_mask, is_causal)
             if extra is not None:

@@ -6,7 +6,9 @@ for a 59 MB mask). The fused GAug attention therefore writes its chunks into buf
 for the thread and are reused by every block and step. A buffer is only valid until the next
 :func:`scratch` call with the same ``slot`` on the same thread; callers use it entirely inside
 one forward or backward call and never return or save it. The size of each buffer is bounded by
-the callers' chunking (a few MiB), so holding them is cheap.
+the callers' chunking (a few MiB), so holding them is cheap. Other devices get a fresh tensor:
+CUDA's caching allocator already reuses freed blocks without faults, and a held buffer (tens of
+MiB there) would add to every later peak.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ _local = threading.local()
 
 
 def scratch(slot: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised ``shape`` tensor backed by this thread's buffer for ``slot``."""
+    """An uninitialised ``shape`` tensor backed by this thread's buffer for ``slot`` (CPU), or a new one."""
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
     buffers: dict = _local.__dict__.setdefault("buffers", {})
     key = (slot, dtype, device)
     numel = math.prod(shape)

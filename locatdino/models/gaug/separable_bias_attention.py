@@ -1,4 +1,4 @@
-"""``softmax(q kᵀ · scale + S) v`` for a separable patch bias S, fused for CPU training.
+"""``softmax(q kᵀ · scale + S) v`` for a separable patch bias S, fused for CPU training, chunked.
 
 Why not ``F.scaled_dot_product_attention(q, k, v, attn_mask=S)`` with an autograd-tracked S: on
 CPU, a mask that requires grad sends SDPA to its unfused math path (several ``[B, H, N, N]``
@@ -13,8 +13,13 @@ has its own backward, and never holds an ``[B, H, N, N]`` tensor:
   ``dV += Pᵀ dO``, ``dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O))``, ``dQ = dS K · scale``,
   ``dK += dSᵀ Q · scale``, and reduce the patch block of dS onto the profiles.
 
-Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES``, and live in
-reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers (no fresh page faults).
+Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES`` on the CPU (8 MiB,
+cache-sized; they live in reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers,
+no fresh page faults) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
+and at most a few percent of a ViT-S evaluation's peak memory at 1024 px). On CUDA this is the
+fallback where FlexAttention is unavailable and the whole mask would not fit one chunk
+(:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at one chunk per block instead
+of a ``[B, H, N, N]`` mask per block (3 GiB for ViT-S's 6 heads and 16 images at 1024 px, in bf16).
 
 Forward and backward are registered custom operators (``torch.ops.locatdino.separable_bias_attention``
 and ``…_backward``) with fake implementations: ``torch.compile``, ``torch.export`` and TorchScript
@@ -31,19 +36,29 @@ from torch import Tensor
 from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
 from locatdino.models.gaug.scratch import scratch
 
-_CHUNK_BYTES = 8 << 20
+_CHUNK_BYTES = 8 << 20  # CPU
+_CUDA_CHUNK_BYTES = 64 << 20
 
 
-def _chunk_rows(batch_heads: int, seq_len: int, element_size: int) -> int:
-    return max(16, _CHUNK_BYTES // (batch_heads * seq_len * element_size))
+def _chunk_rows(batch_heads: int, seq_len: int, element_size: int, device_type: str) -> int:
+    budget = _CUDA_CHUNK_BYTES if device_type == "cuda" else _CHUNK_BYTES
+    return max(16, budget // (batch_heads * seq_len * element_size))
+
+
+def mask_fits_one_chunk(q: Tensor) -> bool:
+    """Whether the whole ``[B, H, N, N]`` bias of ``q [B, H, N, d]`` is no larger than one chunk of
+    this path on q's device: then the materialised mask costs no more memory, and SDPA's own
+    backward needs no recomputation."""
+    B, H, N, _ = q.shape
+    return _chunk_rows(B * H, N, q.element_size(), q.device.type) >= N
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
 def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
     B, H, N, _ = q.shape
-    chunk = _chunk_rows(B * H, N, q.element_size())
+    chunk = _chunk_rows(B * H, N, q.element_size(), q.device.type)
     out = _output_like(q)
-    with torch.autocast("cpu", enabled=False):
+    with torch.autocast(q.device.type, enabled=False):
         for start in range(0, N, chunk):
             stop = min(N, start + chunk)
             mask = scratch("mask", (B, H, stop - start, N), q.dtype, q.device)
@@ -74,13 +89,13 @@ def _attention_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     B, H, N, d = q.shape
     flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
-    with torch.autocast("cpu", enabled=False):
+    with torch.autocast(q.device.type, enabled=False):
         grad_out = grad_out.to(q.dtype)
         delta = flat((grad_out * out).sum(-1, keepdim=True))  # rowsum(dO ⊙ O), before flattening copies
         qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out, rows, cols))
         dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
         d_rows, d_cols = torch.zeros_like(rf), torch.zeros_like(cf)
-        chunk = _chunk_rows(B * H, N, q.element_size())
+        chunk = _chunk_rows(B * H, N, q.element_size(), q.device.type)
         for start in range(0, N, chunk):
             stop = min(N, start + chunk)
             scores = scratch("scores", (B * H, stop - start, N), q.dtype, q.device)

@@ -77,7 +77,7 @@ def test_automatic_path_selection():
     assert layer._resolve_path(cuda, plain=True) == "flex"
     assert layer._resolve_path(cuda, plain=False) == "mask"  # attention dropout or an extra mask
     assert layer._resolve_path(torch.device("mps"), plain=True) == "mask"
-    assert GAugAttention(32, num_heads=4)._resolve_path(cuda, plain=True) == "mask"  # head size 8
+    assert GAugAttention(32, num_heads=4)._resolve_path(cuda, plain=True) == "by size"  # head size 8: no flex
     layer.fused_attn = False
     assert layer._resolve_path(cuda, plain=True) == "mask"
     layer.gaug_path = "flex"

@@ -67,8 +67,7 @@ def test_a_dino_step_compiles_three_variants(monkeypatch):
     compiled = torch._dynamo.config.patch(recompile_limit=flex_module._MAX_VARIANTS)(
         torch.compile(flex_module._attend, backend=counter, dynamic=False))
     monkeypatch.setattr(flex_module, "_kernel", lambda device: compiled)
-    monkeypatch.setattr(flex_module, "_failure", None)
-    monkeypatch.setattr(flex_module, "_proven", set())
+    flex_module.reset_flex_state()
     monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -83,4 +82,5 @@ def test_a_dino_step_compiles_three_variants(monkeypatch):
             probs = module.dino_loss.teacher_targets(module.forward_branch(module.teacher, [crops["global"]]), 0.04)
         module.dino_loss(module.forward_branch(module.student, [crops["global"], crops["local"]]), probs).backward()
         assert counter.frame_count == 3
-    assert flex_module.flex_failure() is None
+    assert flex_module.flex_failure() is None and not flex_module.flex_report()["failed"]
+    flex_module.reset_flex_state()
