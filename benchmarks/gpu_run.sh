@@ -7,9 +7,9 @@
 #   bash benchmarks/gpu_run.sh run        # there (carry .whl): install them, the check, a tarball
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_run.sh run --dry-run   # the same steps on a CPU (a smoke test)
 #
-# `wheels` downloads, for CPython 3.12 on manylinux x86-64 and without dependencies, the packages
-# the image lacks (faiss-cpu, webdataset, jsonargparse[signatures] and what those need beyond the
-# image), at the versions of constraints.txt's tested set. .whl/ is git-ignored (about 30 MB).
+# `wheels` runs benchmarks/gpu_wheels.sh: for CPython 3.12 on manylinux x86-64 and without
+# dependencies, the packages the image lacks (faiss-cpu, kornia, webdataset, jsonargparse[signatures],
+# a timm that has LocAtViT's parts), at the tested versions. .whl/ is git-ignored (about 30 MB).
 # `run` installs them into /tmp/site (--target: the image's own packages stay as they are), runs
 # benchmarks/gpu_check.py with a deadline of GPU_CHECK_DEADLINE seconds (default 440) under a hard
 # `timeout` of 480 s, and packs --out into $OUT/gpu_check.tgz (plus table.md and results.json
@@ -19,16 +19,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS=(faiss-cpu==1.15.1 webdataset==1.0.2 braceexpand==0.1.7 jsonargparse==4.53.0 docstring-parser==0.18.0
-        typeshed-client==2.15.0)
-PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
-
 case "${1:-}" in
 wheels)
-    mkdir -p .whl
-    "${PYTHON:-python3}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${PLATFORMS[@]/#/--platform=}" -d .whl "${WHEELS[@]}" || exit
-    ls -l .whl
+    bash benchmarks/gpu_wheels.sh  # one set of wheels for every prepared GPU run
     ;;
 run)
     export PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_run_out}"
