@@ -6,8 +6,9 @@ the position embedding is added, as both references do: a masked token keeps its
 backbone's ``patch_embed`` (the module every timm forward runs first), so the backbone's own
 ``forward_features`` runs unchanged — position-embedding resampling, gradient checkpointing,
 ``torch.compile``, FSDP — and nothing of timm is forked. LocAtViT's GAug treats a masked token
-as any patch: its locality bias depends on the grid position only (SPEC §1.1), so the mask token
-at ``(i, j)`` attends locally around ``(i, j)`` and is attended to by its neighbours.
+as any patch (SPEC §1.1): its bias as a query is a Gaussian centred on its grid position, with
+width and amplitude predicted from its own query, and as a key it gets the other queries' bias by
+grid distance; inside a masked block its nearest keys are therefore other mask tokens.
 """
 
 from __future__ import annotations
