@@ -171,6 +171,11 @@ class DINOModule(PretrainingObjective):
     def out_dim(self) -> int:
         return self.hparams.out_dim
 
+    def trained_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` of what the optimizer updates: the student's (an extended objective
+        may add parameters that live outside both branches, e.g. iBOT's mask token)."""
+        return list(self.student.named_parameters())
+
     def branch_extras(self, embed_dim: int) -> dict[str, nn.Module]:
         """Modules an extended objective adds to both branches (built twice, then the teacher is
         loaded from the student, so both start equal and the EMA pairs them). DINO: none."""
@@ -313,7 +318,7 @@ class DINOModule(PretrainingObjective):
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
             raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
                              "trainer.strategy locatdino.ssl.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP")
-        named = [(unwrapped_name(n), p) for n, p in self.student.named_parameters() if p.requires_grad]
+        named = [(unwrapped_name(n), p) for n, p in self.trained_parameters() if p.requires_grad]
         self._clipped_params = [p for _, p in named]
         self._last_layer_params = [p for n, p in named if n.startswith(self.last_layer_prefixes)]
         groups = [

@@ -64,8 +64,9 @@ class IBOTModule(DINOModule):
     (DINOv2's economy); the patch centre is therefore the running mean of the teacher's patch
     logits at masked positions (DINOv2; iBOT averages over every patch).
 
-    Extra checkpoint keys: ``student.mask_token.token`` (and the teacher's EMA copy, unused),
-    ``{student,teacher}.patch_head.*`` with a separate head, ``ibot_loss.center``.
+    Extra checkpoint keys: ``mask_token.token`` (trained with the student, no EMA copy: the
+    teacher never sees masks), ``{student,teacher}.patch_head.*`` with a separate head,
+    ``ibot_loss.center``.
 
     Args:
         mask_probability: share of the global crops that are masked (0.5).
@@ -123,7 +124,10 @@ class IBOTModule(DINOModule):
         self.ibot_loss = IBOTPatchLoss(patch_out_dim or h.out_dim, h.student_temp, patch_center_momentum,
                                        patch_centering, sinkhorn_iterations)
         self.koleo_loss = KoLeoLoss()
-        self.student["mask_token"].attach(self.student["backbone"])
+        # one token, outside both branches: the teacher never sees masks (and under FSDP it stays in
+        # the root unit, unsharded for the whole step, where the patch-embedding hook reads it)
+        self.mask_token = MaskToken(self.student["backbone"].embed_dim)
+        self.mask_token.attach(self.student["backbone"])
         self._final_tokens = {name: _FinalTokens(getattr(self, name)["backbone"]) for name in ("student", "teacher")}
         self.mask_seed = torch.initial_seed() if mask_seed is None else mask_seed
         self._micro_batch = 0  # micro-batches since the last optimizer step (gradient accumulation)
@@ -131,11 +135,13 @@ class IBOTModule(DINOModule):
 
     def branch_extras(self, embed_dim: int) -> dict[str, nn.Module]:
         h = self.hparams
-        extras: dict[str, nn.Module] = {"mask_token": MaskToken(embed_dim)}
-        if h.separate_patch_head:
-            extras["patch_head"] = DINOHead(embed_dim, h.patch_out_dim or h.out_dim, h.hidden_dim, h.bottleneck_dim,
-                                            h.head_layers, h.use_bn_in_head, h.norm_last_layer)
-        return extras
+        if not h.separate_patch_head:
+            return {}
+        return {"patch_head": DINOHead(embed_dim, h.patch_out_dim or h.out_dim, h.hidden_dim, h.bottleneck_dim,
+                                       h.head_layers, h.use_bn_in_head, h.norm_last_layer)}
+
+    def trained_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [*super().trained_parameters(), *self.mask_token.named_parameters(prefix="mask_token")]
 
     def _patch_head(self, branch: nn.ModuleDict) -> nn.Module:
         return branch["patch_head"] if self.hparams.separate_patch_head else branch["head"]
@@ -171,7 +177,7 @@ class IBOTModule(DINOModule):
             teacher_patch_out = self._patch_head(self.teacher)(t_patches[masks])
             teacher_patch_probs = self.ibot_loss.teacher_targets(teacher_patch_out, values["teacher_patch_temp"])
 
-        with self.student["mask_token"].masking(masks):
+        with self.mask_token.masking(masks):
             s_embedding, s_patches = self._final_tokens["student"](self.student["backbone"], images)
         embeddings = [s_embedding]
         if "local" in batch and batch["local"].shape[0] > 0:

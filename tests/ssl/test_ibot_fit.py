@@ -47,16 +47,40 @@ def test_fit_resume_and_export_of_the_tiny_recipe(tmp_path):
     model.load_state_dict(torch.load(out, weights_only=True), strict=True)  # no mask token, no head
 
 
-@pytest.mark.slow
-def test_ddp_two_ranks_end_identical(tmp_path):
-    """2 ranks on gloo: each masks and reads its own crops; after 3 steps (per-tensor clipping
-    active) weights, teacher and both centres (all-reduced) are the same on both ranks."""
+def _two_ranks(tmp_path, strategy: str) -> dict:
     dump = tmp_path / "ranks"
     locatdino_in_subprocess(tmp_path, "fit", *ibot_overrides(tmp_path), "--trainer.accelerator", "cpu",
-                            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "3",
+                            "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_steps", "3",
                             "--model.clip_grad", "0.05", "--trainer.callbacks+=ddp_helpers.SaveRankState",
                             "--trainer.callbacks.out_dir", str(dump))
-    ranks = {r: torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)}
+    return {r: torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ibot_ddp")
+    return tmp_path, _two_ranks(tmp_path, "ddp")
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_end_identical(ddp_run):
+    """2 ranks on gloo: each masks and reads its own crops; after 3 steps (per-tensor clipping
+    active) weights, teacher and both centres (all-reduced) are the same on both ranks."""
+    _, ranks = ddp_run
     assert_same_training_state(ranks)
     assert int(ranks[0]["_global_step"]) == 3
     assert ranks[0]["ibot_loss.center"].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_fsdp_matches_ddp(ddp_run, tmp_path):
+    """The same run sharded (DINOWrapPolicy: the patch head is a unit too; the mask token in the
+    root unit) ends where DDP ends."""
+    ddp_dir, _ = ddp_run
+    _two_ranks(tmp_path, "dino_fsdp")
+    ddp = torch.load(ddp_dir / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    fsdp = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert fsdp["global_step"] == ddp["global_step"] == 3
+    assert fsdp["state_dict"].keys() == ddp["state_dict"].keys()
+    for key, value in ddp["state_dict"].items():
+        torch.testing.assert_close(fsdp["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)

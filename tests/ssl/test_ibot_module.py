@@ -51,7 +51,7 @@ def reference_step(m, batch, masks, t_temp, tp_temp):
     t_cls = []
     for c, (image, mask) in enumerate(zip(crops, masks)):
         t_e, t_p = reference_forward(m.teacher["backbone"], image)
-        s_e, s_p = reference_forward(m.student["backbone"], image, mask, m.student["mask_token"].token)
+        s_e, s_p = reference_forward(m.student["backbone"], image, mask, m.mask_token.token)
         t_cls.append(m.teacher["head"](t_e[None])[0])
         s_cls.append(m.student["head"](s_e[None])[0])
         s_emb.append(s_e)
@@ -84,7 +84,7 @@ def test_step_equals_the_crop_by_crop_reference_in_fp64(backbone, separate, kole
             p.add_(torch.randn_like(p) * 0.02)
         m.dino_loss.center.normal_(0, 0.3)
         m.ibot_loss.center.normal_(0, 0.3)
-        m.student["mask_token"].token.normal_(0, 1.0)
+        m.mask_token.token.normal_(0, 1.0)
     batch = {k: v.double() for k, v in random_batch(batch=3, v_g=2, v_l=2).items()}
     masks = m.draw_masks(6, (4, 4), step=0, micro_batch=0)
     assert masks.sum(1).gt(0).sum() >= 3  # int(6 x 0.75) crops drawn for masking
@@ -115,15 +115,15 @@ def test_unmasked_patch_tokens_are_the_backbones_and_the_token_changes_only_mask
     masks = torch.zeros(2, 16, dtype=torch.bool)
     masks[0, 5] = True
     with torch.no_grad():
-        m.student["mask_token"].token.normal_()
-    with m.student["mask_token"].masking(masks):
+        m.mask_token.token.normal_()
+    with m.mask_token.masking(masks):
         embedded = backbone.patch_embed(x).reshape(2, 16, -1)
     plain = backbone.patch_embed(x).reshape(2, 16, -1)
-    torch.testing.assert_close(embedded[0, 5], m.student["mask_token"].token[0])
+    torch.testing.assert_close(embedded[0, 5], m.mask_token.token[0])
     keep = ~masks
     torch.testing.assert_close(embedded[keep], plain[keep])
     with pytest.raises(ValueError, match=r"masks \(2, 9\) do not fit the patch embeddings"):
-        with m.student["mask_token"].masking(torch.zeros(2, 9, dtype=torch.bool)):
+        with m.mask_token.masking(torch.zeros(2, 9, dtype=torch.bool)):
             backbone(x)
 
 
@@ -134,10 +134,11 @@ def test_one_step_trains_mask_token_and_patch_head_and_moves_both_centres():
     tiny_trainer(max_steps=1).fit(m, batches_loader([random_batch(), random_batch(seed=1)]))
     after = m.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
-    assert {"student.mask_token.token", "student.patch_head.mlp.0.weight", "dino_loss.center",
+    assert {"mask_token.token", "student.patch_head.mlp.0.weight", "dino_loss.center",
             "ibot_loss.center"} <= changed
-    # both heads' last layers are frozen during the first epoch
+    # both heads' last layers are frozen during the first epoch; the token has no teacher copy
     assert not {k for k in changed if k.startswith("student.") and ".last_layer." in k}
+    assert not [k for k in after if "mask_token" in k and k != "mask_token.token"]
     assert m._micro_batch == 0  # reset after the optimizer step
 
 
