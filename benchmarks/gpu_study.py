@@ -27,18 +27,19 @@ query held-out scenes at 128 px, fp32), with the paired bootstrap interval over 
 Data: a CPU DataLoader whose workers do the multi-crop / timm augmentation (the project's GPU
 loader, where it exists, plugs in at :func:`make_loader`). LocAtViT's GAug takes its
 materialised-mask path (``--gaug-path``; FlexAttention's compile is not budgeted); no
-``torch.compile``. The GPU image has torch, timm, Lightning and numpy but not faiss-cpu and
-webdataset: carry their wheels (/work/.library/device/README.md), i.e. here, once::
+``torch.compile``. On a GPU machine with torch, timm, Lightning and numpy but no network and no
+faiss-cpu or webdataset (jsonargparse is not needed), bring their wheels: where pip works, once::
 
     echo /.whl/ >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \\
         faiss-cpu==1.15.1 webdataset==1.0.2 braceexpand==0.1.7          # 19 MB
 
-and on the device (``carry: [".whl"]``)::
+and on the GPU machine (with ``.whl/`` beside the checkout; the tar gathers the folder in one file)::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_study.py --out $OUT/study
+    PYTHONPATH=/tmp/site:.:benchmarks PYTHONUNBUFFERED=1 python3 benchmarks/gpu_study.py --out /tmp/study; \\
+    tar czf $OUT/study.tgz -C /tmp study; cp /tmp/study/table.md /tmp/study/delta.png $OUT/
 """
 
 from __future__ import annotations

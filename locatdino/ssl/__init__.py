@@ -14,10 +14,7 @@ from locatdino.ssl.export import export_backbone
 from locatdino.ssl.fsdp import DINOFSDPStrategy, DINOWrapPolicy
 from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
-from locatdino.ssl.ibot_loss import IBOTPatchLoss
-from locatdino.ssl.ibot_module import IBOTModule
-from locatdino.ssl.koleo_loss import KoLeoLoss
-from locatdino.ssl.masking import BlockMasking
+from locatdino.ssl.ibot import BlockMasking, IBOTModule, IBOTPatchLoss, KoLeoLoss
 from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import DINOSchedules, cosine_schedule, scaled_lr, warmup_constant_schedule
 from locatdino.ssl.supervised_module import SupervisedModule

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from locatdino.ssl.masking import BlockMasking, mask_rng
+from locatdino.ssl.ibot import BlockMasking, mask_rng
 
 
 def test_counts_and_shapes_as_configured():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from locatdino.ssl.sinkhorn import sinkhorn_knopp
+from locatdino.ssl.ibot import sinkhorn_knopp
 
 
 def naive_sinkhorn(t, temp, iterations):

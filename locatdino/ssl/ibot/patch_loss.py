@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from locatdino.ssl.dino_loss import DINOLoss, _at_least_fp32
-from locatdino.ssl.sinkhorn import sinkhorn_knopp
+from locatdino.ssl.ibot.sinkhorn import sinkhorn_knopp
 
 CENTERINGS = ("center", "sinkhorn_knopp")
 
@@ -26,7 +26,7 @@ class IBOTPatchLoss(DINOLoss):
     The teacher's targets are DINO's — centred with their own running centre (a separate
     :class:`DINOLoss` centre over the patch prototypes, same momentum rule and gradient-accumulation
     protocol, SPEC §2.4) and sharpened by the teacher patch temperature — or, with
-    ``centering="sinkhorn_knopp"``, balanced by :func:`~locatdino.ssl.sinkhorn.sinkhorn_knopp`
+    ``centering="sinkhorn_knopp"``, balanced by :func:`~locatdino.ssl.ibot.sinkhorn.sinkhorn_knopp`
     (no centre is used or updated then).
 
     Args:

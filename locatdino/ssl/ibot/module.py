@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from locatdino.ssl.dino_loss import DINOLoss
 from locatdino.ssl.dino_module import DINOModule, StepLosses
 from locatdino.ssl.head import DINOHead
-from locatdino.ssl.ibot_loss import IBOTPatchLoss
-from locatdino.ssl.koleo_loss import KoLeoLoss
-from locatdino.ssl.mask_token import MaskToken
-from locatdino.ssl.masking import BlockMasking, mask_rng
+from locatdino.ssl.ibot.patch_loss import IBOTPatchLoss
+from locatdino.ssl.ibot.koleo_loss import KoLeoLoss
+from locatdino.ssl.ibot.mask_token import MaskToken
+from locatdino.ssl.ibot.masking import BlockMasking, mask_rng
 from locatdino.ssl.schedules import warmup_constant_schedule
 
 _MASK_SEED_KEY = "ibot_mask_seed"
@@ -115,7 +115,7 @@ class IBOTModule(DINOModule):
         **kwargs: Any,
     ) -> None:
         masking = BlockMasking(mask_probability, tuple(mask_ratio), mask_min_patches, mask_aspect_ratio)
-        super().__init__(**kwargs)  # (calls branch_extras: the patch head and the mask token)
+        super().__init__(**kwargs)  # (calls branch_extras: the patch head)
         h = self.hparams
         if not separate_patch_head and patch_out_dim not in (None, h.out_dim):
             raise ValueError(f"IBOTModule: patch_out_dim {patch_out_dim} needs separate_patch_head (a shared "
