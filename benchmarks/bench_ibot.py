@@ -20,7 +20,8 @@ between)::
     for s in 0 1 2; do for b in vit locatvit; do for o in dino ibot; do
       flock /tmp/locatdino-bench.lock .venv/bin/python benchmarks/bench_ibot.py --seeds $s --backbones $b \\
           --objectives $o --steps 80 --out runs/bench_ibot; done; done; done
-    .venv/bin/python benchmarks/bench_ibot.py --table --steps 80 --out runs/bench_ibot
+    .venv/bin/python benchmarks/bench_ibot.py --table --steps 80 --out runs/bench_ibot \\
+        --figure benchmarks/figures/ibot/deltas.png
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import torch
 import yaml
 
 # the evaluation protocol's names through bench_supervised: one import site for the evaluation/ move
-from bench_supervised import CachedSplit, open_split, paired_rows, score  # noqa: E402  (benchmarks/: the script's folder)
+from bench_supervised import (  # noqa: E402  (benchmarks/: the script's folder)
+    CachedSplit, _confusions, miou_interval, open_split, paired_rows, score, seed_mean_miou_interval)
 from locatdino.models import create_backbone
 from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.export import export_backbone
@@ -142,6 +144,43 @@ def table(out: Path, steps: int) -> str:
     return "\n".join(lines)
 
 
+def plot(out: Path, steps: int, path: Path) -> None:
+    """Trained − random init per backbone, objective and metric: each seed's Δ (dots, with its
+    interval over the query scenes) and the seed-mean Δ with its interval (bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["backbone"], r["objective"], r["seed"]): r for r in _rows(out) if r["steps"] in (0, steps)}
+    seeds = sorted({k[2] for k in by})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, (protocol, title) in zip(axes, (("hbird", "Hummingbird"), ("linprobe", "linear probe"))):
+        labels = []
+        for y, (backbone, objective) in enumerate((b, o) for b in BACKBONES for o in OBJECTIVES):
+            common = [s for s in seeds if (backbone, objective, s) in by and (backbone, "random", s) in by]
+            a = [_confusions(by[(backbone, objective, s)], protocol, "trained") for s in common]
+            b = [_confusions(by[(backbone, "random", s)], protocol, "random") for s in common]
+            mean = seed_mean_miou_interval(a, b)
+            ax.barh(y, mean.delta, height=0.8, color="tab:blue", alpha=0.3)
+            ax.errorbar(mean.delta, y + 0.3, xerr=[[mean.delta - mean.low], [mean.high - mean.delta]], fmt="s",
+                        color="tab:blue", ms=4, lw=2, capsize=3)
+            for k, (x, z) in enumerate(zip(a, b)):
+                iv = miou_interval(x, z)
+                ax.errorbar(iv.delta, y - 0.25 + 0.15 * k, xerr=[[iv.delta - iv.low], [iv.high - iv.delta]],
+                            fmt="o", color="k", ms=3, lw=0.8)
+            labels.append(f"{backbone} {objective}")
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_title(f"{title}: trained − random init (mIoU)")
+        ax.set_yticks(range(len(labels)), labels)
+    fig.suptitle(f"{steps} steps, seeds {', '.join(map(str, seeds))}: dots = seeds (95 % over query scenes), "
+                 "bar and blue square = seed mean (95 % over query scenes)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backbones", nargs="+", choices=BACKBONES, default=list(BACKBONES))
@@ -153,10 +192,13 @@ def main() -> None:
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--out", default="runs/bench_ibot")
     p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--figure", type=Path, default=None, help="with --table: also draw the differences to this PNG")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
         print(table(Path(args.out), args.steps))
+        if args.figure:
+            plot(Path(args.out), args.steps, args.figure)
         return
     torch.set_num_threads(2)
     print("| backbone | objective | seed | fit s | Hummingbird | linear probe |\n|---|---|---|---|---|---|", flush=True)
