@@ -47,7 +47,6 @@ from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
 from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.curves import stitched_metrics
 from locatdino.ssl.export import export_backbone
 
@@ -91,6 +90,8 @@ def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: li
             "--data.init_args.val_urls", str(out / "scenes" / "val"),
             "--model.init_args.backbone_kwargs", json.dumps(kwargs), "--trainer.enable_progress_bar", "false",
             "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels], *extra]
+    from locatdino.ssl import cli as fit_cli  # here: gpu_study.py imports score() where jsonargparse is missing
+
     start = time.perf_counter()
     if fit_cli.main(argv):
         raise SystemExit(f"bench_supervised: locatdino fit {' '.join(argv)} failed")
@@ -209,13 +210,22 @@ def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> s
     pairs += [(f"{v} − vit", v, "trained", "vit", "trained") for v in variants[1:]]
     for label, va, ta, vb, tb in pairs:
         common = [s for s in seeds if (va, s) in by and (vb, s) in by]
-        for protocol, name in (("hbird", "Hummingbird"), ("linprobe", "linear probe")):
-            a = [_confusions(by[(va, s)], protocol, ta) for s in common]
-            b = [_confusions(by[(vb, s)], protocol, tb) for s in common]
-            per_seed = [miou_interval(x, y) for x, y in zip(a, b)]
-            lines.append(f"| {label} | {name} | " + " | ".join(_mark(i) for i in per_seed) + " | "
-                         f"{_mean_std([i.delta for i in per_seed])} | {_mark(seed_mean_miou_interval(a, b))} |")
+        lines += paired_rows(label, [by[(va, s)] for s in common], ta, [by[(vb, s)] for s in common], tb)
     return "\n".join(lines)
+
+
+def paired_rows(label: str, rows_a: list[dict], tag_a: str, rows_b: list[dict], tag_b: str) -> list[str]:
+    """One table row per protocol for the paired difference A − B over seeds (``rows_a[i]`` and
+    ``rows_b[i]`` of the same seed; ``tag``: which saved confusions, ``trained`` or ``random``):
+    per seed with its interval, mean ± std over seeds, and the interval of the seed-mean Δ."""
+    lines = []
+    for protocol, name in (("hbird", "Hummingbird"), ("linprobe", "linear probe")):
+        a = [_confusions(r, protocol, tag_a) for r in rows_a]
+        b = [_confusions(r, protocol, tag_b) for r in rows_b]
+        per_seed = [miou_interval(x, y) for x, y in zip(a, b)]
+        lines.append(f"| {label} | {name} | " + " | ".join(_mark(i) for i in per_seed) + " | "
+                     f"{_mean_std([i.delta for i in per_seed])} | {_mark(seed_mean_miou_interval(a, b))} |")
+    return lines
 
 
 def main() -> None:

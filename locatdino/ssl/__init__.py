@@ -1,5 +1,6 @@
 """Pretraining objectives as LightningModules — DINO self-distillation (loss, head, teacher EMA,
-schedules) and supervised classification — with their shared plumbing (``PretrainingObjective``:
+schedules), iBOT (DINO plus masked-patch prediction: masks, mask token, patch loss, KoLeo) and
+supervised classification — with their shared plumbing (``PretrainingObjective``:
 run length, checkpoint contents; checkpoint IO, curves, export, fit checks, the ``fit`` CLI).
 
 Importing it registers the Lightning strategy name ``dino_fsdp`` (:class:`DINOFSDPStrategy`).
@@ -13,6 +14,7 @@ from locatdino.ssl.export import export_backbone
 from locatdino.ssl.fsdp import DINOFSDPStrategy, DINOWrapPolicy
 from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
+from locatdino.ssl.ibot import BlockMasking, IBOTModule, IBOTPatchLoss, KoLeoLoss
 from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import DINOSchedules, cosine_schedule, scaled_lr, warmup_constant_schedule
 from locatdino.ssl.supervised_module import SupervisedModule
@@ -20,6 +22,7 @@ from locatdino.ssl.teacher_update import update_teacher
 
 __all__ = [
     "AtomicCheckpointIO",
+    "BlockMasking",
     "CollapseMonitor",
     "DINOHead",
     "DINOLoss",
@@ -27,6 +30,9 @@ __all__ = [
     "DINOModule",
     "DINOSchedules",
     "DINOWrapPolicy",
+    "IBOTModule",
+    "IBOTPatchLoss",
+    "KoLeoLoss",
     "PretrainingObjective",
     "SupervisedModule",
     "atomic_torch_save",

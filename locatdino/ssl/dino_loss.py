@@ -89,6 +89,8 @@ class DINOLoss(nn.Module):
             raise RuntimeError("DINOLoss.apply_center_update: no teacher output was accumulated")
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(stats)
+        if stats[-1] == 0:  # nothing was counted on any rank (iBOT: no masked patch): the centre stays
+            return
         batch_center = stats[:-1] / stats[-1]
         self.center.mul_(self.center_momentum).add_(batch_center, alpha=1.0 - self.center_momentum)
 

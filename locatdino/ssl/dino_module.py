@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -22,6 +23,18 @@ from locatdino.ssl.teacher_update import update_teacher
 # Name segments FSDP and activation checkpointing insert into parameter names ("blocks.0.
 # _checkpoint_wrapped_module.norm1.weight"); torch's own stripper is private.
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+@dataclass
+class StepLosses:
+    """What one micro-batch's objective computed: the ``loss`` to minimise, the teacher's class
+    targets (their entropies are logged), each centred loss with the teacher output that moves
+    its centre (applied once per optimizer step), and ``parts`` logged beside the total."""
+
+    loss: Tensor
+    teacher_probs: Tensor
+    center_inputs: list[tuple[DINOLoss, Tensor]]
+    parts: dict[str, Tensor | float] = field(default_factory=dict)
 
 
 def unwrapped_name(name: str) -> str:
@@ -91,6 +104,9 @@ class DINOModule(PretrainingObjective):
     """
 
     evaluated_network = "teacher"
+    loss_name = "DINO"  # in the messages of a non-finite loss
+    # student parameters held fixed while the last layer is frozen (freeze_last_layer)
+    last_layer_prefixes: tuple[str, ...] = ("head.last_layer.",)
 
     def __init__(
         self,
@@ -134,6 +150,7 @@ class DINOModule(PretrainingObjective):
         for branch in (self.student, self.teacher):
             branch["head"] = DINOHead(embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers,
                                       use_bn_in_head, norm_last_layer)
+            branch.update(self.branch_extras(embed_dim))
         self.teacher.load_state_dict(self.student.state_dict())
         self.teacher.requires_grad_(False)
         self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
@@ -154,6 +171,16 @@ class DINOModule(PretrainingObjective):
     def out_dim(self) -> int:
         return self.hparams.out_dim
 
+    def trained_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` of what the optimizer updates: the student's (an extended objective
+        may add parameters that live outside both branches, e.g. iBOT's mask token)."""
+        return list(self.student.named_parameters())
+
+    def branch_extras(self, embed_dim: int) -> dict[str, nn.Module]:
+        """Modules an extended objective adds to both branches (built twice, then the teacher is
+        loaded from the student, so both start equal and the EMA pairs them). DINO: none."""
+        return {}
+
     # ------------------------------------------------------------------ forward
 
     @staticmethod
@@ -173,21 +200,35 @@ class DINOModule(PretrainingObjective):
 
     # ------------------------------------------------------------------ training
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        crops_global = batch["global"]
-        self._check_batch(crops_global)
-        values = self.schedules.at(self.trainer.global_step)
+    def schedule_values(self, step: int) -> dict[str, float]:
+        """This optimizer step's scheduled values (:class:`DINOSchedules`)."""
+        return self.schedules.at(step)
+
+    def step_losses(self, batch: dict[str, Tensor], values: dict[str, float]) -> StepLosses:
+        """DINO's loss: teacher targets of the global crops, the student on every crop."""
         with torch.no_grad():
-            teacher_out = self.forward_branch(self.teacher, [crops_global])
+            teacher_out = self.forward_branch(self.teacher, [batch["global"]])
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
-        student_out = self.forward_branch(self.student, [crops_global, *([batch["local"]] if "local" in batch else [])])
-        loss = self.dino_loss(student_out, teacher_probs)
+        student_out = self.forward_branch(self.student, [batch["global"], *([batch["local"]] if "local" in batch else [])])
+        return StepLosses(self.dino_loss(student_out, teacher_probs), teacher_probs, [(self.dino_loss, teacher_out)])
+
+    def centred_losses(self) -> tuple[DINOLoss, ...]:
+        """The losses whose centre moves after every optimizer step (what :meth:`step_losses`
+        hands them as ``center_inputs``)."""
+        return (self.dino_loss,)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        self._check_batch(batch["global"])
+        values = self.schedule_values(self.trainer.global_step)
+        step = self.step_losses(batch, values)
+        loss = step.loss
 
         nonfinite = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
         if nonfinite:
             self._on_nonfinite(loss)  # "stop" raises; "skip" marks the whole optimizer step skipped
         if not self._skip_update:  # (else a micro-batch of this step was not finite: its gradients are in)
-            self.dino_loss.accumulate_center(teacher_out)  # applied once per optimizer step
+            for criterion, teacher_out in step.center_inputs:
+                criterion.accumulate_center(teacher_out)  # applied once per optimizer step
         # a skipped step logs NaN as its loss and its own schedule values and entropies: Lightning
         # would otherwise repeat the previous step's values in its row of metrics.csv
         self.log("train/loss", torch.full_like(loss, float("nan")) if self._skip_update else loss, prog_bar=True)
@@ -195,12 +236,13 @@ class DINOModule(PretrainingObjective):
         if every and (self.trainer.global_step + 1) % every == 0:
             # only on the steps the logger writes (Lightning's rule; 0: never): its per-call
             # bookkeeping is not free
-            entropy, batch_entropy = teacher_entropies(teacher_probs)
+            entropy, batch_entropy = teacher_entropies(step.teacher_probs)
             self.entropies_logged_at = self.trainer.global_step
             self.log_dict({
                 "train/lr": values["lr"], "train/wd": values["weight_decay"],
                 "train/teacher_momentum": values["teacher_momentum"], "train/teacher_temp": values["teacher_temp"],
                 ENTROPY_KEY: entropy, MARGINAL_ENTROPY_KEY: batch_entropy,
+                **{f"train/{name}": value for name, value in step.parts.items()},
             })
         if self._skip_update:
             # DDP needs the backward on every rank (Lightning refuses a None loss there); its
@@ -217,13 +259,13 @@ class DINOModule(PretrainingObjective):
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
             if not self._skip_update:  # once per optimizer step, however many micro-batches fail
-                rank_zero_warn(f"DINO loss is not finite at step {step} (on some rank; here {loss.item()}): "
+                rank_zero_warn(f"{self.loss_name} loss is not finite at step {step} (on some rank; here {loss.item()}): "
                                "skipping the step on every rank.")
                 self._skipped_steps += 1
                 self._skip_update = True
             self.log("train/skipped_steps", float(self._skipped_steps))
             return
-        raise self.nonfinite_loss_error(loss, "DINO", ", or set model.on_nonfinite=skip")
+        raise self.nonfinite_loss_error(loss, self.loss_name, ", or set model.on_nonfinite=skip")
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Called by Lightning after backward and after unscaling 16-mixed gradients."""
@@ -243,16 +285,18 @@ class DINOModule(PretrainingObjective):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """Set this step's lr and weight decay, step (the closure runs ``training_step``), then the
         centre update (once per step, over all its micro-batches) and the teacher EMA."""
-        values = self.schedules.at(self.trainer.global_step)
+        values = self.schedule_values(self.trainer.global_step)
         for group in optimizer.param_groups:
             group["lr"] = values["lr"]
             if group["scheduled_weight_decay"]:
                 group["weight_decay"] = values["weight_decay"]
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if self._skip_update:  # also the teacher outputs of micro-batches before the non-finite one
-            self.dino_loss.discard_center_update()
-        else:
-            self.dino_loss.apply_center_update()
+        for criterion in self.centred_losses():
+            if self._skip_update:  # also the teacher outputs of micro-batches before the non-finite one
+                criterion.discard_center_update()
+            else:
+                criterion.apply_center_update()
+        if not self._skip_update:
             update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
         self._skip_update = False
 
@@ -274,9 +318,9 @@ class DINOModule(PretrainingObjective):
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
             raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
                              "trainer.strategy locatdino.ssl.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP")
-        named = [(unwrapped_name(n), p) for n, p in self.student.named_parameters() if p.requires_grad]
+        named = [(unwrapped_name(n), p) for n, p in self.trained_parameters() if p.requires_grad]
         self._clipped_params = [p for _, p in named]
-        self._last_layer_params = [p for n, p in named if n.startswith("head.last_layer.")]
+        self._last_layer_params = [p for n, p in named if n.startswith(self.last_layer_prefixes)]
         groups = [
             {"params": [p for n, p in named if n not in self._no_weight_decay], "scheduled_weight_decay": True},
             {"params": [p for n, p in named if n in self._no_weight_decay], "weight_decay": 0.0,

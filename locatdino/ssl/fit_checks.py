@@ -159,10 +159,16 @@ def check_resume_checkpoint(path: str, model: Namespace) -> None:
                         "state dict or an export?): start from its weights with --model.backbone_checkpoint")
     saved = checkpoint.get("hyper_parameters") or {}
     differ = [f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config" for k in saved
-              if not k.startswith("_") and k in model and saved[k] != model.get(k)]
+              if not k.startswith("_") and k in model and _as_saved(saved[k]) != _as_saved(model.get(k))]
     if differ:
         raise UserError(f"ckpt_path {path} was trained with other settings ({'; '.join(differ)}): resume with "
                         "the run's config, or start a new run from its weights with --model.backbone_checkpoint")
+
+
+def _as_saved(value: Any) -> Any:
+    """``value`` as LightningCLI writes hyper-parameters into a checkpoint (YAML-like: a tuple
+    argument such as IBOTModule's ``mask_ratio`` comes back as a list)."""
+    return [_as_saved(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
 def _check_backbone(model: Namespace) -> Any:

@@ -53,8 +53,9 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
     a checkout; an existing file wins; anything else is left for the parser to report."""
     from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
 
-    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "sup_locatvits16", "sup_tiny_locatvit",
-                         "sup_tiny_vit", "sup_vits16", "tiny_locatvit", "tiny_vit"]
+    assert recipes() == ["dino_locatvits16", "dino_vits16", "fsdp_vitl16", "ibot_locatvits16", "ibot_tiny_locatvit",
+                         "ibot_tiny_vit", "ibot_vits16", "sup_locatvits16", "sup_tiny_locatvit", "sup_tiny_vit",
+                         "sup_vits16", "tiny_locatvit", "tiny_vit"]
     assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
     monkeypatch.chdir(tmp_path)
     shipped = str(CONFIG_DIR / "tiny_vit.yaml")
@@ -354,7 +355,7 @@ def test_a_fresh_fit_never_replaces_another_runs_checkpoints(tmp_path, capsys):
     assert len(_metrics(tmp_path / "run", 0)) >= 1  # the new run's log, not the empty earlier one
 
 
-@pytest.mark.parametrize("objective", ["DINOModule", "SupervisedModule"])
+@pytest.mark.parametrize("objective", ["DINOModule", "SupervisedModule", "IBOTModule"])
 def test_every_model_option_has_help_text(capsys, monkeypatch, objective):
     """The objectives' docstrings document one argument per line, so the parser gives each
     ``--model.*`` option its sentence (grouped entries gave 18 of 25 none)."""
@@ -375,9 +376,12 @@ def test_every_model_option_has_help_text(capsys, monkeypatch, objective):
             metavar = 2 if len(words) > 1 and re.fullmatch(r"[A-Z_]+|\{[\w,]+\}", words[1]) else 1
             helps[words[0].removeprefix("--model.")] = " ".join(words[metavar:]).split("(type:")[0].strip()
     linked = {"batch_size"}  # set through data.init_args.batch_size, not an option of its own
-    assert set(helps) == set(inspect.signature(getattr(ssl, objective)).parameters)
+    # a subclass passing **kwargs on (IBOTModule) has its parent's arguments too
+    classes = [c for c in getattr(ssl, objective).__mro__ if issubclass(c, ssl.PretrainingObjective)]
+    params = {n for c in classes for n, p in inspect.signature(c).parameters.items() if p.kind != p.VAR_KEYWORD}
+    assert set(helps) == params
     assert [name for name, help_ in helps.items() if not help_ and name not in linked] == []
-    assert f"per {256 if objective == 'DINOModule' else 512} images" in helps["lr"]
+    assert f"per {512 if objective == 'SupervisedModule' else 256} images" in helps["lr"]
 
 
 def _commands_in_config_comments() -> list[list[str]]:
