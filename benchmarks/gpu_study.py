@@ -24,21 +24,18 @@ query held-out scenes at 128 px, fp32), with the paired bootstrap interval over 
 ``table.md`` (the table, also printed), ``delta.png`` (Δ against random init per run),
 ``logs/<run>/metrics.csv`` (losses and schedules), ``confusions/*.npz`` (per-image matrices).
 
-Data: a CPU DataLoader whose workers do the multi-crop / timm augmentation (the project's GPU
-loader, where it exists, plugs in at :func:`make_loader`). LocAtViT's GAug takes its
+Data: DINO and iBOT take the project's GPU loader path where CUDA is (``--augment-on gpu``: uint8
+scenes batched by the loader, the multi-crop batched on the device, :class:`DeviceMultiCrop`),
+else a CPU DataLoader whose workers do the multi-crop; supervised runs keep timm's augmentation in
+the workers. LocAtViT's GAug takes its
 materialised-mask path (``--gaug-path``; FlexAttention's compile is not budgeted); no
-``torch.compile``. On a GPU machine with torch, timm, Lightning and numpy but no network and no
-faiss-cpu or webdataset (jsonargparse is not needed), bring their wheels: where pip works, once::
-
-    echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \\
-        faiss-cpu==1.15.1 webdataset==1.0.2 braceexpand==0.1.7          # 19 MB
-
-and on the GPU machine (with ``.whl/`` beside the checkout; the tar gathers the folder in one file)::
+``torch.compile``. On a GPU machine with torch, timm, Lightning and numpy but no network, bring the
+missing packages (faiss-cpu, webdataset, kornia, ...) as wheels: here, once,
+``bash benchmarks/gpu_wheels.sh`` (into the git-ignored ``.whl/``), then one device run carrying
+``.whl``::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-    PYTHONPATH=/tmp/site:.:benchmarks PYTHONUNBUFFERED=1 python3 benchmarks/gpu_study.py --out /tmp/study; \\
+    PYTHONPATH=/tmp/site:.:benchmarks PYTHONUNBUFFERED=1 timeout 570 python3 benchmarks/gpu_study.py --out /tmp/study; \\
     tar czf $OUT/study.tgz -C /tmp study; cp /tmp/study/table.md /tmp/study/delta.png $OUT/
 """
 
@@ -62,12 +59,14 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from PIL import Image  # noqa: E402
+from webdataset.utils import make_seed  # noqa: E402
 
 from bench_dino_step import StepTimer  # noqa: E402  (benchmarks/ is the script's folder)
 # the evaluation protocol's names through bench_supervised: one import site for the evaluation/ move
 from bench_supervised import CachedSplit, ImageConfusions, miou_interval, open_split, score  # noqa: E402
 from locatdino.data import MultiCropTransform, collate_multicrop  # noqa: E402
 from locatdino.data.classification_transform import ClassificationTransform  # noqa: E402
+from locatdino.data.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.data.labelled_datamodule import collate_labelled  # noqa: E402
 from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
@@ -181,9 +180,48 @@ class _Crops(torch.utils.data.Dataset):
         return self.transform(Image.fromarray(self.images[i].permute(1, 2, 0).numpy())), self.labels[i]
 
 
-def make_loader(objective: str, backbone: str, scenes: tuple[torch.Tensor, torch.Tensor], size: Size):
-    """The recipe's augmentation over the rendered scenes, in CPU worker processes."""
+class _Scene(torch.utils.data.Dataset):
+    """A rendered scene as the GPU multi-crop's input: its uint8 image (the loader only batches)."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.images[i]
+
+
+class DeviceMultiCrop(pl.LightningDataModule):
+    """The project's GPU loader path (``data.init_args.augment_on: gpu``) for in-memory scenes:
+    the loader yields uint8 images, and the DINO multi-crop runs batched on the training device
+    (:class:`~locatdino.data.gpu_multicrop.GPUMultiCrop`, seeded per batch as the data module does)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, multicrop: MultiCropTransform, seed: int) -> None:
+        super().__init__()
+        self.loader, self.crops, self.seed, self.batches = loader, GPUMultiCrop(multicrop), seed, 0
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self.loader
+
+    def on_after_batch_transfer(self, batch: torch.Tensor, dataloader_idx: int) -> dict:
+        sizes = torch.tensor(batch.shape[-2:], device=batch.device).expand(len(batch), 2)
+        self.batches += 1
+        return self.crops.to(batch.device)(batch, sizes, seed=make_seed(self.seed, 0, self.batches))
+
+
+def make_loader(objective: str, backbone: str, scenes: tuple[torch.Tensor, torch.Tensor], size: Size,
+                augment_on: str = "cpu", seed: int = 0):
+    """The recipe's augmentation over the rendered scenes: in CPU worker processes, or (DINO and
+    iBOT with ``augment_on="gpu"``) batched on the training device."""
     data = recipe(objective, backbone)["data"]["init_args"]
+    if objective != "supervised" and augment_on == "gpu":
+        multicrop = MultiCropTransform(**{**data["multicrop"], **size.multicrop})
+        loader = torch.utils.data.DataLoader(_Scene(scenes[0]), batch_size=size.batch, shuffle=True, drop_last=True,
+                                             num_workers=min(size.workers, 2), persistent_workers=size.workers > 0,
+                                             pin_memory=torch.cuda.is_available())
+        return DeviceMultiCrop(loader, multicrop, seed)
     if objective == "supervised":
         transform = ClassificationTransform(**{**data["transform"], "input_size": size.input_px}).train()
         dataset, collate = _Crops(scenes[0], transform, scenes[1]), collate_labelled
@@ -202,7 +240,10 @@ def fit(module, loader, steps: int, size: Size, logger=None, clock: StepTimer | 
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          log_every_n_steps=size.log_every)
     start = time.perf_counter()
-    trainer.fit(module, loader)
+    if isinstance(loader, pl.LightningDataModule):
+        trainer.fit(module, datamodule=loader)
+    else:
+        trainer.fit(module, loader)
     assert trainer.global_step == steps == module._run_length.total_steps, "the run did not reach its schedule's end"
     return time.perf_counter() - start
 
@@ -268,8 +309,10 @@ def plot(out: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str]) -> dict:
-    results: dict = {"size": asdict(size), "seed": seed, "machine": machine(), "measured": {}, "rows": []}
+def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str],
+              augment_on: str = "cpu") -> dict:
+    results: dict = {"size": asdict(size), "seed": seed, "augment_on": augment_on, "machine": machine(),
+                     "measured": {}, "rows": []}
     (out / "confusions").mkdir(parents=True, exist_ok=True)
     say(f"rendering {size.scenes} scenes at {size.scene_px} px ({size.workers} workers)")
     scenes = render(size)
@@ -287,7 +330,7 @@ def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives
         say(f"{backbone} random init: Hummingbird {scores['hbird']:.2f}, linear probe {scores['linprobe']:.2f}")
 
     runs = [(b, o) for o in objectives for b in backbones]
-    loaders = {run: make_loader(run[1], run[0], scenes, size) for run in runs}
+    loaders = {run: make_loader(run[1], run[0], scenes, size, augment_on, seed) for run in runs}
     for backbone, objective in runs:
         m = measure(objective, backbone, loaders[(backbone, objective)], size, seed)
         results["measured"][f"{backbone}_{objective}"] = m
@@ -331,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backbones", nargs="+", choices=BACKBONES, default=list(BACKBONES))
     p.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
     p.add_argument("--gaug-path", default="mask", help="GAug's attention path (mask | flex | auto | separable)")
+    p.add_argument("--augment-on", choices=("cpu", "gpu"), default=None,
+                   help="DINO / iBOT multi-crop in the loader's workers or batched on the device "
+                   "(default: gpu where CUDA is, else cpu)")
     args = p.parse_args(argv)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -341,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                                  ("workers", args.workers)) if v is not None}
     size = replace(size, **changes)
     GAugAttention.gaug_path = args.gaug_path
-    results = run_study(out, size, args.seed, args.backbones, args.objectives)
+    augment_on = args.augment_on or ("gpu" if torch.cuda.is_available() else "cpu")
+    results = run_study(out, size, args.seed, args.backbones, args.objectives, augment_on)
     print(write_outputs(out, results), flush=True)
     say(f"done: {out}")
     return 0

@@ -73,3 +73,30 @@ def test_toy_study_end_to_end(tmp_path):
     files = [p for p in out.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix in (".ckpt", ".pth")]
     assert sum(p.stat().st_size for p in files) < 2_000_000
+
+
+@pytest.mark.slow
+def test_toy_study_with_the_multicrop_on_the_device(tmp_path):
+    """``--augment-on gpu`` (the default where CUDA is): the loader batches uint8 scenes and the
+    multi-crop runs on the training device (here CPU tensors), through a whole DINO run."""
+    out = tmp_path / "study"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_study.py"), "--toy", "--out", str(out),
+                           "--objectives", "dino", "--backbones", "vit", "--augment-on", "gpu"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["augment_on"] == "gpu"
+    [trained] = [r for r in results["rows"] if r["objective"] == "dino"]
+    assert trained["steps"] >= gpu_study.TOY.min_steps and 0 <= trained["hbird"] <= 100
+
+
+def test_the_device_multicrop_gives_the_cpu_paths_batch_layout():
+    from locatdino.data import MultiCropTransform, collate_multicrop
+
+    multicrop = MultiCropTransform(**gpu_study.TOY.multicrop)
+    images = torch.randint(0, 256, (3, 3, 48, 48), dtype=torch.uint8)
+    device_batch = gpu_study.DeviceMultiCrop(None, multicrop, seed=0).on_after_batch_transfer(images, 0)
+    cpu_batch = collate_multicrop([multicrop(image) for image in images])
+    assert {k: v.shape for k, v in device_batch.items()} == {k: v.shape for k, v in cpu_batch.items()}
