@@ -3,7 +3,7 @@
 Issue 33: every DINO and supervised run on the scenes scores below the network it started from
 (RESULTS, "Does pretraining learn at small scale?", "Supervised pretraining"), and the most
 likely cause named there is that DINO's loss sits on the class token only. iBOT adds a loss on
-the masked patch tokens (SPEC §7). This trains tiny ViT and LocAtViT (patch 8, 64 px) with
+the masked patch tokens (docs/pretraining.md). This trains tiny ViT and LocAtViT (patch 8, 64 px) with
 ``configs/tiny_*.yaml`` (DINO) and ``configs/ibot_tiny_*.yaml`` (the same recipe plus the patch
 loss) for the same number of optimizer steps and seeds, exports each teacher
 (``<out>/<backbone>/<objective>/seed<S>/backbone.pth``) and scores it frozen, as
@@ -11,7 +11,7 @@ loss) for the same number of optimizer steps and seeds, exports each teacher
 fp32, exact search) and the cached dense linear probe, each against the same network at random
 initialisation (the network both runs of a seed start from: scored once per backbone and seed,
 ``<out>/random/<backbone>/seed<S>``). Per-query-image confusion matrices are kept, so ``--table``
-gives paired intervals (SPEC §3.2).
+gives paired intervals (docs/evaluation.md).
 
 Every run appends one JSON line to ``<out>/results.jsonl``; a (backbone, objective, seed) already
 there is skipped, so the study can run in chunks, one run per lock (others get the machine in

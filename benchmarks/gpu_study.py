@@ -17,7 +17,7 @@ All runs of a backbone start from the same random init (one seed), which is scor
 trained network (DINO's and iBOT's teacher, the supervised backbone) is compared with it by
 Hummingbird mIoU and the cached dense linear probe (``bench_supervised.score``: 100 memory / 50
 query held-out scenes at 128 px, fp32), with the paired bootstrap interval over the query scenes
-(SPEC §3.2). Progress lines show where the run is.
+(docs/evaluation.md). Progress lines show where the run is.
 
 ``--out`` (refused when it exists and is not empty; a few hundred kB, no checkpoints):
 ``results.json`` (settings, machine, measured step times, every row; rewritten after each row),

@@ -8,7 +8,7 @@ from locatdino.ssl import IBOTPatchLoss
 
 
 def naive_patch_loss(student, teacher, masks, center, t_temp, s_temp):
-    """SPEC §7 crop by crop: each masked crop's mean over its masked patches of
+    """docs/pretraining.md crop by crop: each masked crop's mean over its masked patches of
     −Σ_k softmax((t − c) / τ_t) log softmax(s / τ_s), summed, divided by all crops."""
     total, row = 0.0, 0
     for crop in masks:

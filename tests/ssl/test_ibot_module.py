@@ -1,4 +1,4 @@
-"""IBOTModule: the step against a crop-by-crop formulation of SPEC §7 in fp64, masks, the mask
+"""IBOTModule: the step against a crop-by-crop formulation of docs/pretraining.md in fp64, masks, the mask
 token, learning on a fixed batch, resume."""
 
 import copy
@@ -40,7 +40,7 @@ def reference_forward(backbone, image, mask=None, token=None):
 
 
 def reference_step(m, batch, masks, t_temp, tp_temp):
-    """SPEC §7's objective of one batch, crop by crop and patch by patch, independent of the
+    """docs/pretraining.md's objective of one batch, crop by crop and patch by patch, independent of the
     module's batched code: DINO over cross-view pairs, the masked-patch loss, KoLeo."""
     h = m.hparams
     s_patch_head = m.student["patch_head"] if h.separate_patch_head else m.student["head"]

@@ -1,4 +1,4 @@
-"""iBOT: DINO plus masked-patch prediction (Zhou et al. 2022; the DINOv2 recipe's patch loss; SPEC §7).
+"""iBOT: DINO plus masked-patch prediction (Zhou et al. 2022; the DINOv2 recipe's patch loss; docs/pretraining.md).
 
 One concept per file: the block-wise masks (``masking``), the learned mask token and its hook on
 the patch embedding (``mask_token``), the masked-patch loss (``patch_loss``) with Sinkhorn–Knopp

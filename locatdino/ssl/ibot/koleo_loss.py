@@ -1,4 +1,4 @@
-"""The KoLeo regulariser (Sablayrolles et al., ICLR 2019; DINOv2 §4; SPEC §7).
+"""The KoLeo regulariser (Sablayrolles et al., ICLR 2019; DINOv2 §4; docs/pretraining.md).
 
 The Kozachenko–Leonenko differential-entropy estimator, up to constants: minimising
 ``−mean_i log d_i``, with ``d_i`` the distance of embedding ``i`` to its nearest neighbour in the

@@ -1,4 +1,4 @@
-"""The learned mask token of masked image modelling (iBOT, DINOv2; SPEC §7).
+"""The learned mask token of masked image modelling (iBOT, DINOv2; docs/pretraining.md).
 
 Masked patches are replaced by one learned embedding *after* the patch embedding and *before*
 the position embedding is added, as both references do: a masked token keeps its grid position
@@ -6,7 +6,7 @@ the position embedding is added, as both references do: a masked token keeps its
 backbone's ``patch_embed`` (the module every timm forward runs first), so the backbone's own
 ``forward_features`` runs unchanged — position-embedding resampling, gradient checkpointing,
 ``torch.compile``, FSDP — and nothing of timm is forked. LocAtViT's GAug treats a masked token
-as any patch (SPEC §1.1): its bias as a query is a Gaussian centred on its grid position, with
+as any patch (docs/locatvit.md): its bias as a query is a Gaussian centred on its grid position, with
 width and amplitude predicted from its own query, and as a key it gets the other queries' bias by
 grid distance; inside a masked block its nearest keys are therefore other mask tokens.
 """

@@ -1,4 +1,4 @@
-"""Block-wise masking of the student's global crops (BEiT's blocks, as iBOT and DINOv2 draw them; SPEC §7).
+"""Block-wise masking of the student's global crops (BEiT's blocks, as iBOT and DINOv2 draw them; docs/pretraining.md).
 
 A share of a batch's global crops gets a mask; each such crop's masked share is drawn in a ratio
 range, spread evenly over the masked crops (DINOv2's collate), and reached by placing rectangular

@@ -1,5 +1,5 @@
 """iBOT as a LightningModule: DINO's class-token self-distillation plus masked-patch prediction
-(Zhou et al., ICLR 2022; the patch loss of the DINOv2 recipe, Oquab et al. 2023; SPEC §7)."""
+(Zhou et al., ICLR 2022; the patch loss of the DINOv2 recipe, Oquab et al. 2023; docs/pretraining.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""iBOT's masked-patch loss (Zhou et al., ICLR 2022, Eq. 2; DINOv2's ``iBOTPatchLoss``; SPEC §7)."""
+"""iBOT's masked-patch loss (Zhou et al., ICLR 2022, Eq. 2; DINOv2's ``iBOTPatchLoss``; docs/pretraining.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class IBOTPatchLoss(DINOLoss):
 
     The teacher's targets are DINO's — centred with their own running centre (a separate
     :class:`DINOLoss` centre over the patch prototypes, same momentum rule and gradient-accumulation
-    protocol, SPEC §2.4) and sharpened by the teacher patch temperature — or, with
+    protocol, docs/pretraining.md) and sharpened by the teacher patch temperature — or, with
     ``centering="sinkhorn_knopp"``, balanced by :func:`~locatdino.ssl.ibot.sinkhorn.sinkhorn_knopp`
     (no centre is used or updated then).
 
