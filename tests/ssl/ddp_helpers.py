@@ -53,3 +53,15 @@ class SigtermAt(Callback):
             import signal
 
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def assert_same_checkpoint(expected_path, got_path) -> None:
+    """Two runs ended at the same step with the same weights (FSDP against DDP: sharded clipping
+    norms and EMA on shards sum in another order, hence the tolerance)."""
+    expected = torch.load(expected_path, weights_only=True)
+    got = torch.load(got_path, weights_only=True)
+    assert got["global_step"] == expected["global_step"] == 3
+    assert got["state_dict"].keys() == expected["state_dict"].keys()
+    for key, value in expected["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+

@@ -80,3 +80,39 @@ def locatdino_in_subprocess(cwd: Path, *args: str, timeout: int = 300) -> subpro
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+class LossRecorder(pl.Callback):
+    """Each step's loss (``losses``); stops the run after global step ``stop_at`` when given."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.losses, self.stop_at = [], stop_at
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+        if trainer.global_step == self.stop_at:
+            trainer.should_stop = True
+
+
+def resumed_losses(tmp_path: Path, build, batch) -> tuple[list[float], list[float], list[float], pl.Trainer]:
+    """Six steps on ``batch`` three ways: uninterrupted; stopped after step 3 (``last.ckpt``); and
+    resumed from it with another seed (the other init must be replaced by the checkpoint's weights).
+    ``build()`` makes the module (called after seeding). Returns the losses of the whole run, of
+    its first part and of the resumed part, and the resumed run's trainer."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(seed, callbacks, ckpt_path=None, **trainer_kw):
+        torch.manual_seed(seed)
+        trainer = tiny_trainer(tmp_path, max_steps=6, callbacks=callbacks, **trainer_kw)
+        trainer.fit(build(), batches_loader([batch, batch]), ckpt_path=ckpt_path)
+        return trainer
+
+    def checkpoint():
+        return ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)
+
+    whole, first, second = LossRecorder(), LossRecorder(stop_at=3), LossRecorder()
+    run(0, [whole])
+    run(0, [first, checkpoint()], enable_checkpointing=True)
+    trainer = run(1, [second, checkpoint()], ckpt_path="last", enable_checkpointing=True)
+    return whole.losses, first.losses, second.losses, trainer
+

@@ -3,7 +3,7 @@ import copy
 import lightning.pytorch as pl
 import pytest
 import torch
-from ssl_helpers import batches_loader, random_batch, tiny_module, tiny_trainer
+from ssl_helpers import LossRecorder, batches_loader, random_batch, resumed_losses, tiny_module, tiny_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 
@@ -170,17 +170,6 @@ def test_bf16_mixed_steps():
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
 
 
-class _Losses(pl.Callback):
-    def __init__(self, stop_at=None):
-        self.losses, self.stop_at = [], stop_at
-
-    def on_train_batch_end(self, trainer, m, outputs, batch, batch_idx):
-        self.losses.append(outputs["loss"].item())
-        self.batch_entropy = trainer.callback_metrics["teacher/batch_entropy"].item()
-        if trainer.global_step == self.stop_at:
-            trainer.should_stop = True
-
-
 def scene_loader(num_images=64, batch_size=16):
     from locatdino.data import MultiCropTransform, ScenesSegmentation, collate_multicrop
 
@@ -199,7 +188,7 @@ def test_twenty_steps_on_scenes_lower_the_loss(backbone):
     moving targets the loss of a 20-step DINO run first falls, then rises as the centre catches
     up: configs/tiny_*.yaml show those dynamics.)"""
     pl.seed_everything(0)
-    rec = _Losses()
+    rec = LossRecorder()
     m = tiny_module(backbone=backbone, batch_size=16, lr=5e-3, warmup_epochs=0.25, freeze_last_layer=0.0,
                     momentum_teacher=1.0, center_momentum=1.0)
     teacher0 = copy.deepcopy(m.teacher.state_dict())
@@ -218,29 +207,13 @@ def test_resume_continues_exactly(tmp_path):
     teacher temperature all change within them), teacher, center and step counter. Drop-path is
     off: RNG streams are not part of a checkpoint.
     """
-    batch = random_batch(batch=4, seed=3)
     kwargs = dict(drop_path_rate=0.0, warmup_epochs=1.0, freeze_last_layer=1.0, warmup_teacher_temp_epochs=2.0,
                   teacher_temp=0.07, lr=5e-2)
-
-    def run(seed, callbacks, ckpt_path=None, **trainer_kw):
-        torch.manual_seed(seed)
-        trainer = tiny_trainer(tmp_path, max_steps=6, callbacks=callbacks, **trainer_kw)
-        trainer.fit(tiny_module(**kwargs), batches_loader([batch, batch]), ckpt_path=ckpt_path)
-        return trainer
-
-    whole = _Losses()
-    run(0, [whole])
-    first = _Losses(stop_at=3)
-    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)
-    run(0, [first, ckpt], enable_checkpointing=True)
-    second = _Losses()
-    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)
-    trainer = run(1, [second, ckpt], ckpt_path="last", enable_checkpointing=True)  # other init: weights must load
-
-    assert first.losses == whole.losses[:3]
-    assert second.losses == pytest.approx(whole.losses[3:], rel=1e-6, abs=0)
+    whole, first, second, trainer = resumed_losses(tmp_path, lambda: tiny_module(**kwargs), random_batch(batch=4, seed=3))
+    assert first == whole[:3]
+    assert second == pytest.approx(whole[3:], rel=1e-6, abs=0)
     assert trainer.global_step == 6
-    assert len(set(whole.losses)) == 6  # the steps really differ
+    assert len(set(whole)) == 6  # the steps really differ
 
 
 def test_no_weight_decay_on_1d_params_of_checkpoint_wrapped_blocks():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_helpers import assert_same_checkpoint
 from ssl_helpers import ROOT, locatdino_in_subprocess, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -52,12 +53,7 @@ def test_fsdp_matches_ddp(ddp_run, tmp_path):
     """Same data, seed and steps: FSDP (sharded clipping norms, EMA on shards) ends where DDP ends."""
     ddp_dir, _ = ddp_run
     fit_in_subprocess(tmp_path, "--trainer.strategy", "dino_fsdp", *CLIPPED)
-    ddp = torch.load(ddp_dir / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    fsdp = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert fsdp["global_step"] == ddp["global_step"] == 3
-    assert fsdp["state_dict"].keys() == ddp["state_dict"].keys()
-    for key, value in ddp["state_dict"].items():
-        torch.testing.assert_close(fsdp["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert_same_checkpoint(ddp_dir / "run" / "checkpoints" / "last.ckpt", tmp_path / "run" / "checkpoints" / "last.ckpt")
 
 
 def test_ddp_uneven_shards_and_a_step_skipped_on_one_rank(tmp_path):

@@ -6,6 +6,7 @@ import json
 import pytest
 import timm
 import torch
+from ddp_helpers import assert_same_checkpoint
 from ssl_helpers import ROOT, locatdino_in_subprocess, tiny_overrides
 from test_distributed import assert_same_training_state
 from test_ibot_module import TINY_IBOT
@@ -78,9 +79,4 @@ def test_fsdp_matches_ddp(ddp_run, tmp_path):
     root unit) ends where DDP ends."""
     ddp_dir, _ = ddp_run
     _two_ranks(tmp_path, "dino_fsdp")
-    ddp = torch.load(ddp_dir / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    fsdp = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert fsdp["global_step"] == ddp["global_step"] == 3
-    assert fsdp["state_dict"].keys() == ddp["state_dict"].keys()
-    for key, value in ddp["state_dict"].items():
-        torch.testing.assert_close(fsdp["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert_same_checkpoint(ddp_dir / "run" / "checkpoints" / "last.ckpt", tmp_path / "run" / "checkpoints" / "last.ckpt")

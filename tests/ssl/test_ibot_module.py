@@ -7,8 +7,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
-from ssl_helpers import TINY_MODEL, batches_loader, random_batch, tiny_trainer
+from ssl_helpers import TINY_MODEL, LossRecorder, batches_loader, random_batch, resumed_losses, tiny_trainer
 from test_dino_loss import naive_dino_loss
 from test_koleo_loss import naive_koleo
 
@@ -157,21 +156,11 @@ def test_bad_settings_are_one_line_errors():
         tiny_ibot(separate_patch_head=False)
 
 
-class _Losses(pl.Callback):
-    def __init__(self, stop_at=None):
-        self.losses, self.stop_at = [], stop_at
-
-    def on_train_batch_end(self, trainer, m, outputs, batch, batch_idx):
-        self.losses.append(outputs["loss"].item())
-        if trainer.global_step == self.stop_at:
-            trainer.should_stop = True
-
-
 def test_steps_on_a_fixed_batch_lower_the_loss():
     """Teacher and both centres held fixed (momentum 1): the student must learn to predict the
     teacher's class and patch targets of one batch, so the loss (DINO + iBOT) falls."""
     pl.seed_everything(0)
-    rec = _Losses()
+    rec = LossRecorder()
     m = tiny_ibot(batch_size=8, lr=5e-3, warmup_epochs=0.0, freeze_last_layer=0.0, momentum_teacher=1.0,
                   center_momentum=1.0, patch_center_momentum=1.0, drop_path_rate=0.0)
     batch = random_batch(batch=8, seed=4)
@@ -184,25 +173,11 @@ def test_resume_replays_masks_and_schedules_exactly(tmp_path):
     """Stop after step 3, resume from last.ckpt with another seed: steps 4-6 give the losses of an
     uninterrupted run. They depend on the masks (drawn from the step, not from state), the mask
     seed (restored from the checkpoint), the patch-temperature warm-up and both centres."""
-    batch = random_batch(batch=4, seed=3)
     kwargs = dict(drop_path_rate=0.0, warmup_epochs=1.0, freeze_last_layer=1.0, warmup_teacher_temp_epochs=2.0,
                   teacher_temp=0.07, warmup_teacher_patch_temp=0.03, lr=5e-2)
-
-    def run(seed, callbacks, ckpt_path=None, **trainer_kw):
-        torch.manual_seed(seed)  # also the default mask seed of the module built here
-        trainer = tiny_trainer(tmp_path, max_steps=6, callbacks=callbacks, **trainer_kw)
-        trainer.fit(tiny_ibot(**kwargs), batches_loader([batch, batch]), ckpt_path=ckpt_path)
-        return trainer
-
-    whole = _Losses()
-    run(0, [whole])
-    first = _Losses(stop_at=3)
-    run(0, [first, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)],
-        enable_checkpointing=True)
-    second = _Losses()
-    trainer = run(1, [second, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=0, save_last=True)],
-                  ckpt_path="last", enable_checkpointing=True)
-    assert first.losses == whole.losses[:3]
-    assert second.losses == pytest.approx(whole.losses[3:], rel=1e-6, abs=0)
+    # the module's default mask seed is the torch seed at its construction (0, then 1 on resume)
+    whole, first, second, trainer = resumed_losses(tmp_path, lambda: tiny_ibot(**kwargs), random_batch(batch=4, seed=3))
+    assert first == whole[:3]
+    assert second == pytest.approx(whole[3:], rel=1e-6, abs=0)
     assert trainer.global_step == 6 and trainer.lightning_module.mask_seed == 0
-    assert len(set(whole.losses)) == 6
+    assert len(set(whole)) == 6
