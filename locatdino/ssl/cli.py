@@ -36,11 +36,14 @@ import sys
 import warnings
 from typing import Any
 
-import yaml
 from jsonargparse import Namespace
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import MixedPrecision
+from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
@@ -48,8 +51,10 @@ from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
-from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config, checkpoint_dir, earlier_checkpoints
+from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
+                                      earlier_checkpoints)
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -77,8 +82,12 @@ class FitCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse, then check the values users get wrong (:func:`check_fit_config`) before
-        anything is built or seeded."""
-        super().parse_arguments(parser, args)
+        anything is built or seeded; a parser error names the ``--config`` file that set the key."""
+        token = FIT_ARGS.set(tuple(args))
+        try:
+            super().parse_arguments(parser, args)
+        finally:
+            FIT_ARGS.reset(token)
         subcommand = self.config.get("subcommand")
         check_fit_config(self.config[subcommand] if subcommand else self.config)  # run=False: flat
 
@@ -102,6 +111,15 @@ class FitCLI(LightningCLI):
                     ("Does not validate against any of the Union subtypes", "Problem with given class_path")):
                 cause = cause.__cause__
             raise cause from None
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """``trainer.precision 16-mixed`` on the CPU trains in fp16 as asked (:func:`fp16_on_cpu`)."""
+        config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
+        if fp16_on_cpu(config):
+            plugins = config.get("plugins") or []
+            plugins = plugins if isinstance(plugins, list) else [plugins]
+            kwargs.update(precision=None, plugins=[*plugins, MixedPrecision("16-mixed", "cpu")])
+        return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
         """Temporaries of checkpoint writes killed in an earlier start of this run are removed
@@ -137,6 +155,23 @@ class FitCLI(LightningCLI):
             write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
 
 
+def fp16_on_cpu(trainer: Namespace | dict[str, Any]) -> bool:
+    """Whether the instantiated ``trainer`` arguments ask for ``16-mixed`` on the CPU, where Lightning
+    would switch to ``bf16-mixed`` with a warning lost among its start-up lines. torch has fp16
+    autocast and a gradient scaler on the CPU, so ``fit`` gives the Trainer Lightning's
+    ``MixedPrecision("16-mixed", "cpu")`` instead (FSDP keeps its own precision plugin)."""
+    accelerator, strategy = trainer.get("accelerator", "auto"), trainer.get("strategy", "auto")
+    if str(trainer.get("precision")) not in ("16", "16-mixed"):
+        return False
+    if isinstance(strategy, str) and strategy in StrategyRegistry:
+        strategy = StrategyRegistry[strategy]["strategy"]
+    if isinstance(strategy, FSDPStrategy) or (isinstance(strategy, type) and issubclass(strategy, FSDPStrategy)):
+        return False
+    if accelerator == "auto":
+        return not (CUDAAccelerator.is_available() or MPSAccelerator.is_available())
+    return accelerator == "cpu" or isinstance(accelerator, CPUAccelerator)
+
+
 def remove_earlier_run(default_root_dir: str | None) -> None:
     """What ``--overwrite`` replaces in a run folder: its checkpoints, logs and ``curves.png``
     (stitched curves of two unrelated runs would read as one resumed run)."""
@@ -149,18 +184,12 @@ def remove_earlier_run(default_root_dir: str | None) -> None:
 
 
 def _names_objective(args: list[str]) -> bool:
-    """Whether a flag or a ``--config`` file of ``args`` sets the model's ``class_path``."""
-    for i, arg in enumerate(args):
-        if arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path=")):
-            return True
-        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
-            args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
-        if path is not None and os.path.isfile(path):
-            with open(path) as f:
-                recipe = yaml.safe_load(f)
-            if isinstance(recipe, dict) and isinstance(recipe.get("model"), dict) and "class_path" in recipe["model"]:
-                return True
-    return False
+    """Whether a flag or a ``--config`` file of ``args`` sets the model's ``class_path`` (every
+    file is read here, so one that is not a YAML mapping is refused naming it)."""
+    flag = any(arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path="))
+               for arg in args)
+    recipes = [read_config(path) for path in config_paths(args) if os.path.isfile(path)]
+    return flag or any(isinstance(r.get("model"), dict) and "class_path" in r["model"] for r in recipes)
 
 
 def _resolve_recipes(args: list[str]) -> list[str]:

@@ -121,7 +121,7 @@ class IBOTModule(DINOModule):
             raise ValueError(f"IBOTModule: patch_out_dim {patch_out_dim} needs separate_patch_head (a shared "
                              f"head has out_dim {h.out_dim} prototypes)")
         self.masking = masking
-        self.ibot_loss = IBOTPatchLoss(patch_out_dim or h.out_dim, h.student_temp, patch_center_momentum,
+        self.ibot_loss = IBOTPatchLoss(self.patch_out_dim, h.student_temp, patch_center_momentum,
                                        patch_centering, sinkhorn_iterations)
         self.koleo_loss = KoLeoLoss()
         # one token, outside both branches: the teacher never sees masks (and under FSDP it stays in
@@ -137,8 +137,14 @@ class IBOTModule(DINOModule):
         h = self.hparams
         if not h.separate_patch_head:
             return {}
-        return {"patch_head": DINOHead(embed_dim, h.patch_out_dim or h.out_dim, h.hidden_dim, h.bottleneck_dim,
+        return {"patch_head": DINOHead(embed_dim, self.patch_out_dim, h.hidden_dim, h.bottleneck_dim,
                                        h.head_layers, h.use_bn_in_head, h.norm_last_layer)}
+
+    @property
+    def patch_out_dim(self) -> int:
+        """The patch head's prototypes: ``patch_out_dim``, ``out_dim`` when it is ``None``."""
+        h = self.hparams
+        return h.out_dim if h.patch_out_dim is None else h.patch_out_dim
 
     def trained_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [*super().trained_parameters(), *self.mask_token.named_parameters(prefix="mask_token")]
