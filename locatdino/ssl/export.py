@@ -50,13 +50,17 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
 
 def _check_target(source: str, out: str, overwrite: bool) -> None:
     """``ValueError`` when writing ``out`` would lose something export did not write: the input
-    checkpoint itself (always), another file unless ``overwrite``."""
+    checkpoint itself (always, also through a symbolic or hard link), another file or link unless
+    ``overwrite``."""
     if not os.path.lexists(out):
         return
     if os.path.isdir(out):
         raise ValueError(f"the output {out} is a folder: give a file name")
-    if os.path.exists(source) and os.path.samefile(source, out):
+    if os.path.exists(source) and os.path.exists(out) and os.path.samefile(source, out):  # also a link of it
         raise ValueError(f"the output {out} is the input checkpoint: write the export to another file")
+    if not os.path.exists(out) and not overwrite:  # a link to nothing
+        raise ValueError(f"the output {out} is a link to a missing file {os.readlink(out)}: pass --overwrite to "
+                         f"replace the link by the export, or choose another file")
     if not overwrite and not _is_state_dict(out):
         raise ValueError(f"the output {out} exists and is not a state dict written by export: pass --overwrite "
                          f"to replace {out}, or choose another file")

@@ -31,10 +31,37 @@ def test_the_input_checkpoint_is_never_the_output(dino_checkpoint, capsys):
         assert export.main([str(dino_checkpoint), str(dino_checkpoint), *overwrite]) == 1
         assert _one_line(capsys) == (f"locatdino export: the output {dino_checkpoint} is the input checkpoint: "
                                      "write the export to another file")
-    link = dino_checkpoint.with_name("link.pth")
+    link, hard = dino_checkpoint.with_name("link.pth"), dino_checkpoint.with_name("hard.pth")
     link.symlink_to(dino_checkpoint)
-    assert export.main([str(dino_checkpoint), str(link), "--overwrite"]) == 1
-    assert dino_checkpoint.read_bytes() == before
+    hard.hardlink_to(dino_checkpoint)
+    for out in (link, hard):
+        assert export.main([str(dino_checkpoint), str(out), "--overwrite"]) == 1
+        assert _one_line(capsys).endswith("is the input checkpoint: write the export to another file")
+        assert export.main([str(out), str(dino_checkpoint), "--overwrite"]) == 1  # the input named by its link
+        assert _one_line(capsys).endswith("is the input checkpoint: write the export to another file")
+    assert dino_checkpoint.read_bytes() == before and hard.read_bytes() == before
+
+
+def test_a_link_to_nothing_is_named(dino_checkpoint, tmp_path, capsys):
+    """It gave ``[Errno 2] No such file or directory`` naming the link, which is there."""
+    link = tmp_path / "teacher.pth"
+    link.symlink_to(tmp_path / "gone.pth")
+    assert export.main([str(dino_checkpoint), str(link)]) == 1
+    assert _one_line(capsys) == (f"locatdino export: the output {link} is a link to a missing file "
+                                 f"{tmp_path / 'gone.pth'}: pass --overwrite to replace the link by the export, or "
+                                 "choose another file")
+    assert export.main([str(dino_checkpoint), str(link), "--overwrite"]) == 0
+    assert not link.is_symlink() and "blocks.1.mlp.fc2.weight" in torch.load(link, weights_only=True)
+
+
+def test_truncated_and_empty_checkpoints_are_named(dino_checkpoint, tmp_path, capsys):
+    data = dino_checkpoint.read_bytes()
+    for name, content, sentence in (("half.pth", data[:len(data) // 2], f"is truncated ({len(data) // 2} bytes"),
+                                    ("empty.pth", b"", "is empty (0 bytes)")):
+        (tmp_path / name).write_bytes(content)
+        assert export.main([str(tmp_path / name), str(tmp_path / "out.pth")]) == 1
+        assert _one_line(capsys).startswith(f"locatdino export: {tmp_path / name}: {sentence}")
+    assert not (tmp_path / "out.pth").exists()
 
 
 def test_an_existing_file_is_replaced_only_if_it_is_an_export_or_with_overwrite(dino_checkpoint, tmp_path, capsys):

@@ -86,6 +86,11 @@ def _unreadable(source: str, err: Exception) -> str:
             return f"is not a torch checkpoint (neither torch's zip format nor a pickle; {os.path.getsize(source)} bytes)"
         start = " ".join(text.split())[:40]
         return f"is a text file, not a torch checkpoint (it starts with {start!r})"
+    # torch's zip format ends with the archive's directory; a legacy pickle ends with its tensors
+    if (head.startswith(b"PK") and not zipfile.is_zipfile(source)) or isinstance(err, EOFError) or (
+            "unexpected EOF" in str(err)):
+        return (f"is truncated ({os.path.getsize(source)} bytes, the end of the checkpoint is missing: an interrupted "
+                "save, download or copy?)")
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     unsupported = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(err))
     if unsupported:  # torch's first line only says that weights_only failed

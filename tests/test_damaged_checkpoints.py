@@ -1,0 +1,75 @@
+"""A truncated or empty checkpoint wherever a command reads one (``fit --ckpt_path``, ``fit
+--model.backbone_checkpoint``, ``hbird`` / ``linprobe --checkpoint``; ``compare`` loads through the
+same ``load_backbone``, ``export`` is tested in tests/ssl/test_export.py): one line naming the file
+and saying it is truncated, before any data is read or output written."""
+
+import io
+
+import pytest
+import timm
+import torch
+
+from locatdino import cli as command_line
+from locatdino.models import load_checkpoint
+from tests.ssl.ssl_helpers import TINY_MODEL, tiny_overrides
+
+
+def _saved(obj, zip_format: bool = True) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, _use_new_zipfile_serialization=zip_format)
+    return buffer.getvalue()
+
+
+def test_every_cut_of_a_checkpoint_is_named_truncated(tmp_path):
+    """Cut in its last bytes, a zip checkpoint gave ``[Errno 22] Invalid argument``; cut earlier,
+    torch's paragraph on miniz; a legacy pickle an empty ``EOFError``."""
+    state = {"w": torch.arange(1000.0)}
+    for zip_format in (True, False):
+        data = _saved(state, zip_format)
+        for size in (len(data) - 5, len(data) - 30, len(data) // 2, 100, 4):
+            path = tmp_path / f"cut{size}.pth"
+            path.write_bytes(data[:size])
+            for mmap in (False, True):
+                with pytest.raises(ValueError) as err:
+                    load_checkpoint(path, mmap=mmap)
+                assert str(err.value) == (f"{path}: is truncated ({size} bytes, the end of the checkpoint is missing: "
+                                          "an interrupted save, download or copy?)")
+        whole = tmp_path / "whole.pth"
+        whole.write_bytes(data)
+        assert torch.equal(load_checkpoint(whole)["w"], state["w"])
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory) -> dict:
+    """``{"truncated": (path, sentence), "empty": (path, sentence)}``: a tiny ViT's state dict cut
+    in half, and a file of 0 bytes."""
+    tmp = tmp_path_factory.mktemp("damaged")
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY_MODEL["backbone_kwargs"])
+    data = _saved(model.state_dict())
+    (tmp / "half.pth").write_bytes(data[:len(data) // 2])
+    (tmp / "empty.pth").write_bytes(b"")
+    return {"truncated": (tmp / "half.pth", f"is truncated ({len(data) // 2} bytes"),
+            "empty": (tmp / "empty.pth", "is empty (0 bytes)")}
+
+
+def _arguments(command: str, path: str, tmp_path) -> list[str]:
+    small = ["--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--workers", "0",
+             "--no-progress", "--batch-size", "2", "--out", str(tmp_path / "out")]
+    return {
+        "fit --ckpt_path": ["fit", *tiny_overrides(tmp_path), "--ckpt_path", path],
+        "fit --model.backbone_checkpoint": ["fit", *tiny_overrides(tmp_path), "--model.backbone_checkpoint", path],
+        "hbird": ["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", path, *small],
+        "linprobe": ["linprobe", "--model", "vit_tiny_patch16_224", "--checkpoint", path, *small],
+    }[command]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+@pytest.mark.parametrize("command", ["fit --ckpt_path", "fit --model.backbone_checkpoint", "hbird", "linprobe"])
+def test_every_command_names_a_damaged_checkpoint(damaged, tmp_path, capsys, command, damage):
+    path, sentence = damaged[damage]
+    assert command_line.main(_arguments(command, str(path), tmp_path)) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("locatdino")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"locatdino {command.split()[0]}: {path}: {sentence}"), lines[0]
+    assert list(tmp_path.iterdir()) == []  # no shards, no run folder, no --out
