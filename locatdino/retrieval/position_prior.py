@@ -3,18 +3,21 @@
 Scenes (and most photographs) have a layout: sky at the top, ground at the bottom. How much of a
 segmentation score that alone explains is what a query patch scores when it predicts the classes
 the memory holds *at its place in the image*, without looking at the image at all. The memory is
-exactly Hummingbird's (:func:`~locatdino.retrieval.evaluate.build_memory`: the same views, soft
-labels, budget and valid-patch rule), keyed by a one-hot of each patch's grid position
-(:class:`~locatdino.models.baselines.PatchPosition`); instead of its k nearest neighbours, a query
-patch at place (i, j) takes the mean soft label of *every* memory patch at (i, j) as its class
-scores. Upsampling, argmax and the mIoU are Hummingbird's, so the score sits in the same column.
-Every query image gets the same prediction (up to its mask's size).
+Hummingbird's (:func:`~locatdino.retrieval.evaluate.build_memory`: soft labels, budget and
+valid-patch rule) built from the memory images as a query sees its image — whole, resized to the
+input size (augmentation off: zoom-out views would move the layout in question) — and keyed by a
+one-hot of each patch's grid position (:class:`~locatdino.models.baselines.PatchPosition`);
+instead of its k nearest neighbours, a query patch at place (i, j) takes the mean soft label of
+*every* memory patch at (i, j) as its class scores. Upsampling, argmax and the mIoU are
+Hummingbird's, so the score sits in the same column. Every query image gets the same prediction
+(up to its mask's size).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -48,10 +51,12 @@ def position_prior(
     inspect: Callable[[Callable[[Tensor], Tensor]], None] | None = None,
 ) -> HummingbirdResult:
     """Score the position prior of ``train_set``'s memory on ``val_set`` on a grid of
-    ``patch_size`` px patches (the model's: the same token grid), with ``cfg``'s memory (views,
-    budget) and scoring. ``inspect(scores_of)``, when given, gets the function from uint8 images
-    to their class scores ``[B, C, h, w]`` (``locatdino compare`` draws its predictions)."""
+    ``patch_size`` px patches (the model's: the same token grid), with ``cfg``'s budget and scoring
+    (its memory augmentation does not apply: the whole images, once). ``inspect(scores_of)``, when
+    given, gets the function from uint8 images to their class scores ``[B, C, h, w]``
+    (``locatdino compare`` draws its predictions)."""
     check_splits(train_set, val_set)
+    cfg = replace(cfg, augment="off", aug_epochs=1)
     extractor = FeatureExtractor(PatchPosition(patch_size, cfg.input_size // patch_size))
     grid = extractor.grid(cfg.input_size)
     clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()

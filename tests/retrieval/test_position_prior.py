@@ -40,6 +40,9 @@ def test_position_prior_is_the_memorys_class_frequency_at_each_place():
     assert result.memory_patches == 6 * 16 and result.search["precision"] == "fp32"
     images = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
     assert shown[0](images).shape == (2, 3, 4, 4)  # the same scores for every image
+    # the layout of the memory images themselves: zoom-out views (which move it) do not apply
+    zoomed = position_prior(8, train, val, HummingbirdConfig(**{**TOY, "augment": "zoom-out", "aug_epochs": 2}))
+    assert zoomed.miou == result.miou and zoomed.memory_patches == 6 * 16
 
 
 def test_a_budget_keeps_the_memory_hummingbird_would():
