@@ -239,14 +239,8 @@ def evaluate_queries(
                          bank.num_classes, cfg, extractor, clock)
 
 
-def score_queries(
-    scores_of: Callable[[torch.Tensor], torch.Tensor],
-    dataset: Any,
-    num_classes: int,
-    cfg: HummingbirdConfig,
-    extractor: Any,
-    clock: PhaseClock | None = None,
-) -> tuple[ConfusionMatrix, int]:
+def score_queries(scores_of: Callable[[torch.Tensor], torch.Tensor], dataset: Any, num_classes: int,
+                  cfg: HummingbirdConfig, extractor: Any, clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, int]:
     """Segment every image of ``dataset`` from its patch-grid class scores ``scores_of(uint8 images
     [B, 3, S, S]) -> [B, C, h, w]``: upsampling, argmax and scoring as Hummingbird's (the module
     docstring); :func:`evaluate_queries` with label transfer, the position prior with the

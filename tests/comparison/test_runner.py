@@ -155,6 +155,9 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
     assert set(report["figures"].values()) == {"figures/attention.png"}
     assert "class-token probes only" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="^locatdino compare: --baselines needs segmentation masks: these shards "
+                                         "have image labels only$"):
+        compare_cli.main([str(tmp_path / "other") if a == str(out) else a for a in argv] + ["--baselines"])
 
 
 def test_headline_table_has_the_linear_probe_and_its_delta():
@@ -182,6 +185,13 @@ def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
     assert str(refused.value) == (f"locatdino compare: --out {out} holds an earlier report ({kept}): pass "
                                   "--overwrite to replace it, or another --out")
     assert (out / kept).read_bytes() == b"the user's"
+
+
+def test_a_model_named_like_a_baseline_is_refused_with_baselines(tmp_path):
+    with pytest.raises(SystemExit, match="^locatdino compare: with --baselines the names pixels and position-prior "
+                                         "are the baselines' rows: rename the model$"):
+        compare_cli.main(["pixels=vit_tiny_patch16_224", "--baselines", "--out", str(tmp_path / "c")])
+    assert not (tmp_path / "c").exists()
 
 
 def test_linprobe_budget_is_checked_before_the_first_model(tmp_path, capsys):
