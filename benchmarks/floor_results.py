@@ -8,7 +8,7 @@ Collects what the other benchmarks measured on the same held-out scenes (100 mem
   to the random init of its backbone (over the query scenes);
 - supervised runs (``--supervised LABEL=DIR``: ``bench_supervised.py`` output folders, one per
   learning rate): per variant the mean ± std over seeds and the seed-mean Δ to random init with
-  its interval (docs/evaluation.md);
+  its interval (docs/evaluation.md); the former recipe's lr (64× DeiT's rule), from RESULTS.md;
 - DINO and iBOT at 80 steps, 3 seeds: the numbers of ``bench_ibot.py`` in RESULTS.md (its runs
   are not kept), copied below; recipe variants run since (``--ssl-variants LABEL=DIR``:
   ``bench_ibot.py`` output folders) with their seed-mean Δ to random init;
@@ -47,6 +47,11 @@ SSL_80_STEPS = {
     ("locatvit", "ibot"): {"hbird": [20.2, 0.3], "linprobe": [24.3, 0.3], "hbird_delta": [-1.3, -2.2, -0.3],
                            "linprobe_delta": [-0.8, -1.3, -0.3]},
 }
+# the tiny supervised recipe at its former lr, 3.2e-2 per 512 images (64x DeiT's rule), ViT, seeds 0-4:
+# bench_supervised.py --steps 96 (benchmarks/RESULTS.md, "Supervised pretraining"; runs not kept)
+SUPERVISED_64X = {"seeds": [0, 1, 2, 3, 4], "hbird": [13.0, 1.6], "hbird_delta": [-8.3, -10.4, -5.9],
+                  "linprobe": [12.4, 1.6], "linprobe_delta": [-12.8, -15.4, -10.1], "top1": [32.5, 1.3]}
+OBJECTIVE_NAMES = {"dino": "DINO", "ibot": "iBOT"}
 
 
 def _interval(record) -> list[float]:
@@ -131,18 +136,18 @@ def markdown(result: dict, chosen: str) -> str:
     for backbone in ("vit", "locatvit"):
         for objective in ("random", "dino", "ibot"):
             r = result["ssl_80_steps"][f"{backbone}/{objective}"]
-            what = "random init" if objective == "random" else f"{objective.upper() if objective == 'dino' else 'iBOT'}, 80 steps"
+            what = "random init" if objective == "random" else f"{OBJECTIVE_NAMES[objective]}, 80 steps"
             lines.append(f"| {backbone}, {what} | {_cell(r['hbird'])} | {_delta(r.get('hbird_delta'))} | "
                          f"{_cell(r['linprobe'])} | {_delta(r.get('linprobe_delta'))} | 3 |")
         for label, rows in result["ssl_variants"].items():
             for key, r in rows.items():
                 if key.startswith(f"{backbone}/"):
-                    lines.append(f"| {backbone}, {key.split('/')[1]}, 80 steps, {label} | {_cell(r['hbird'])} | "
+                    lines.append(f"| {backbone}, {OBJECTIVE_NAMES[key.split('/')[1]]}, 80 steps, {label} | {_cell(r['hbird'])} | "
                                  f"{_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | "
                                  f"{len(r['seeds'])} |")
         r = result["supervised"].get(chosen, {}).get(backbone)
         if r:
-            lines.append(f"| {backbone}, supervised, 96 steps | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | "
+            lines.append(f"| {backbone}, supervised, 96 steps, lr {chosen} | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | "
                          f"{_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | {len(r['seeds'])} |")
     lines += ["", "| lr per 512 images (ViT, 96 steps) | Hummingbird | Δ to random init [95 %] | linear probe | "
               "Δ to random init [95 %] | held-out top-1 | seeds |", "|---|---|---|---|---|---|---|"]
@@ -171,8 +176,9 @@ def main() -> None:
                     "linear probe 320 x 8 cached; mIoU in %; Δ [95 %]: seed-mean paired bootstrap over the scenes",
         "compare": compare_rows(args.report),
         "ssl_80_steps": {f"{b}/{o}": v for (b, o), v in SSL_80_STEPS.items()},
-        "supervised": {label: supervised_rows(Path(folder), args.steps)
-                       for label, folder in (s.split("=", 1) for s in args.supervised)},
+        "supervised": {**{label: supervised_rows(Path(folder), args.steps)
+                          for label, folder in (s.split("=", 1) for s in args.supervised)},
+                       "3.2e-2 (64×, the former recipe)": {"vit": SUPERVISED_64X}},
         "ssl_variants": {label: ssl_rows(Path(folder), 80)
                          for label, folder in (s.split("=", 1) for s in args.ssl_variants)},
         "token_stats": json.loads(args.token_stats.read_text()) if args.token_stats else None,
