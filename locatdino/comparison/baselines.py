@@ -2,7 +2,7 @@
 
 A model's score means something only beside what needs no training: a random ViT's patch tokens
 are little more than its input pixels with some context, and on images with a layout the place of
-a patch alone predicts much of its class. Two rows, on the token grid of the first model that ran
+a patch alone predicts some of its class (sky at the top). Two rows, on the token grid of the first model that ran
 (its patch size at ``--input-size``), through the same protocols as every model:
 
 - ``pixels``: each patch's input values (after the models' normalisation) as its feature —

@@ -66,7 +66,8 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert list(report["failed"]) == ["bad"]
     vit, locat, pixels, prior = report["models"]
     # the baselines: on vit's 16 px grid, Δ to the first model with intervals, n/a where a network is needed
-    assert pixels["hbird"]["memory_patches"] == prior["hbird"]["memory_patches"] == vit["hbird"]["memory_patches"]
+    assert pixels["hbird"]["memory_patches"] == vit["hbird"]["memory_patches"]  # the same memory views
+    assert prior["hbird"]["memory_patches"] == 8 * 4 * 4  # every patch of the 8 whole memory images
     assert set(pixels["differences"]) == set(prior["differences"]) == {"miou", "miou_matched", "linprobe"}
     assert pixels["linprobe"]["features"]["dim"] == 3 * 16 * 16 and prior["linprobe"]["features"]["dim"] == 4 * 4
     assert pixels["parameters"] is None and pixels["not_applicable"]["probes"].startswith("no class token")
