@@ -11,7 +11,7 @@ number of optimizer steps so that the six runs share the time left equally, and 
 (lr warm-up and cosine, weight decay, teacher momentum and temperatures, masks) is built for that
 length and run to its end; no time limit cuts a run. The recipes' epoch-valued settings count
 epochs of the rendered scenes; the supervised lr is set to the same peak as DINO's (0.002 at
-batch 256: the recipe's 0.032 per 512 was chosen for a minute at batch 32).
+batch 256), 8× the tiny recipes' DeiT rule (5e-4 per 512 images: 2.5e-4 at batch 256).
 
 All runs of a backbone start from the same random init (one seed), which is scored too: each
 trained network (DINO's and iBOT's teacher, the supervised backbone) is compared with it by

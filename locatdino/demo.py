@@ -9,8 +9,9 @@ features than a ViT under the same DINO pretraining? The demo
    built-in scenes as WebDataset shards, the second reads them in the same order);
 2. ``locatdino export`` — each run's EMA teacher as a plain timm state dict, and each backbone at
    random initialisation, built the same way (the recipe's kwargs and seed);
-3. ``locatdino compare`` — the two teachers and the two random inits on held-out scenes
-   (Hummingbird, class-token probes, figures), vanilla DINO first (the reference of every Δ);
+3. ``locatdino compare --baselines`` — the two teachers and the two random inits on held-out
+   scenes (Hummingbird, class-token probes, figures), vanilla DINO first (the reference of every
+   Δ), with the rows that need no network (each patch's pixels, the position prior) beneath them;
 
 then prints the headline table and a conclusion computed from the measured numbers: each
 difference with its 95 % paired-bootstrap interval, "no measurable difference" when it holds 0. It prints
@@ -178,6 +179,25 @@ def conclusion(report: dict[str, Any], steps: str, folder: str | Path, tag: str 
         if t and r and "miou" in (differences := model_differences(t, r, folder)):
             lines.append(f"  pretraining vs random init, {label}, Hummingbird mIoU: "
                          + difference_text(f"{label}-{tag}", f"{label}-random", differences["miou"]))
+    return lines + over_pixels(models, [f"{label}-{tag}" for label in LABELS], folder)
+
+
+def over_pixels(models: dict[str, Any], trained: list[str], folder: str | Path) -> list[str]:
+    """What each trained model adds over its input pixels (the ``pixels`` row of ``compare
+    --baselines``), by both protocols with its interval, and what the layout alone scores."""
+    pixels, prior = models.get("pixels"), models.get("position-prior")
+    lines = []
+    for name in (n for n in trained if n in models and pixels):
+        differences = model_differences(models[name], pixels, folder)
+        for metric, label in (("miou", "Hummingbird mIoU"), ("linprobe", "linear probe mIoU")):
+            if metric in differences:
+                lines.append(f"  what {name} adds over the pixels, {label}: "
+                             + difference_text(name, "pixels", differences[metric]))
+    if prior and prior.get("hbird"):
+        probe = (prior.get("linprobe") or {}).get("miou")
+        lines.append(f"  the layout alone (position-prior: the memory's classes at each place, no image) scores "
+                     f"{prior['hbird']['miou']:.2f} Hummingbird mIoU"
+                     + (f" and {probe:.2f} linear probe mIoU" if probe is not None else ""))
     return lines
 
 
@@ -218,7 +238,7 @@ def main(argv: list[str]) -> int:
     report_dir = out / "compare"
     # fp32 and exact search: the demo's numbers are then the same on every CPU (auto picks bf16 or
     # int8 by CPU) and comparable with the table README shows
-    status = _run(["compare", *[specs[k] for k in order], "--precision", "fp32", "--index", "Flat",
+    status = _run(["compare", *[specs[k] for k in order], "--baselines", "--precision", "fp32", "--index", "Flat",
                    "--dataset", "scenes", "--num-train", str(budget["num_train"]),
                    "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
                    "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),

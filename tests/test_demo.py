@@ -10,6 +10,7 @@ import yaml
 from locatdino import demo
 
 NAMES = ["vit-dino", "locatvit-dino", "vit-random", "locatvit-random"]
+BASELINES = ["pixels", "position-prior"]
 
 
 @pytest.mark.slow
@@ -21,15 +22,20 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
     assert re.search(r"Hummingbird mIoU: (no measurable difference between|\S+ ahead of).*95 % interval", printed)
     assert len(re.findall(r"pretraining vs random init, (vit|locatvit), Hummingbird mIoU: "
                           r"(no measurable difference|\S+ ahead of)", printed)) == 2
+    # what each teacher adds over its input pixels, by both protocols; the layout alone
+    assert len(re.findall(r"what (vit|locatvit)-dino adds over the pixels, (Hummingbird|linear probe) mIoU: "
+                          r"(no measurable difference|\S+ ahead of)", printed)) == 4
+    assert re.search(r"the layout alone .* scores \d+\.\d\d Hummingbird mIoU and \d+\.\d\d linear probe", printed)
     report = json.loads((out / "compare" / "report.json").read_text())
-    assert [m["spec"]["name"] for m in report["models"]] == NAMES and not report["failed"]
+    assert [m["spec"]["name"] for m in report["models"]] == NAMES + BASELINES and not report["failed"]
     recipes = [yaml.safe_load(p.read_text()) for p in demo.DEFAULT_RECIPES]
     assert [m["spec"]["model"] for m in report["models"]] == [recipes[0]["model"]["backbone"],
-                                                             recipes[1]["model"]["backbone"]] * 2
+                                                             recipes[1]["model"]["backbone"]] * 2 + BASELINES
     md = (out / "compare" / "report.md").read_text()
     for m in report["models"]:
-        assert 0 <= m["hbird"]["miou"] <= 100 and 0 <= m["probes"]["knn_top1"] <= 100
-        assert re.search(rf"\| {m['spec']['name']} \| \S+ \| \S+ \| \d+\.\d\d \|", md), m["spec"]["name"]
+        assert 0 <= m["hbird"]["miou"] <= 100 and (m["probes"] is None) == (m["spec"]["name"] in BASELINES)
+        assert m["probes"] is None or 0 <= m["probes"]["knn_top1"] <= 100
+        assert re.search(rf"\| {m['spec']['name']} \| \S+ \| .+? \| \d+\.\d\d \|", md), m["spec"]["name"]
     assert len(report["figures"]) == 6  # per-class, memory, predictions, PCA, attention, locality
     for path in report["figures"].values():
         data = (out / "compare" / path).read_bytes()

@@ -6,7 +6,9 @@
 Writes into ``--out``: ``report.md``, ``report.json``, ``figures/*.png`` (per-class IoU, mIoU vs
 memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality) and
 ``per_image_confusion/`` (each model's per-image confusion matrices, for intervals between any two
-models). The first model is the reference of every Δ, each with its 95 % interval. Exit status 1 when a model failed (its one-line error is on
+models). The first model is the reference of every Δ, each with its 95 % interval. ``--baselines``
+adds two rows that need no network, ``pixels`` and ``position-prior`` (``baselines.py``): the floors
+the models' scores are read against. Exit status 1 when a model failed (its one-line error is on
 stderr and in the report; the others are still evaluated and written).
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from locatdino.arguments import ArgumentParser, at_least
+from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
@@ -73,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="F", help="memory sizes to score, as fractions of the full memory")
     p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     p.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
+    p.add_argument("--baselines", action="store_true",
+                   help="add the rows that need no network: pixels (each patch's input values as its feature) "
+                   "and position-prior (the memory's class frequencies at each patch's place), on the first "
+                   "model's token grid, through the same Hummingbird and linear probe (docs/evaluation.md)")
     p.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
                    help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
                    "protocol: locatdino linprobe)")
@@ -156,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"locatdino compare: model names must be unique, got {', '.join(names)}")
+    if args.baselines and set(names) & set(BASELINE_NAMES):
+        raise SystemExit(f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
+                         "baselines' rows: rename the model")
     out = Path(args.out)
     earlier = earlier_report(out)
     if earlier and not args.overwrite:
@@ -171,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
+        if args.baselines and train is None:
+            raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
     with output_lock(out, "--out"):  # a second compare into --out is refused, not raced
@@ -184,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = ShownImages.from_split(val, args.figure_images, args.input_size)
         outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
                                    pos_embed=args.pos_embed, device=device,
-                                   linprobe=linprobe if train is not None else None)
+                                   linprobe=linprobe if train is not None else None, baselines=args.baselines)
         classes = report_classes(val) if val is not None else []
         models = [o.to_dict() for o in outcomes]
         for i, (outcome, model) in enumerate(zip(outcomes, models)):
@@ -252,7 +264,8 @@ def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Pa
     folder = out / "figures"
     with_masks = [o for o in outcomes if o.hbird is not None]
     drawn = {"class-token attention": figures.attention_grid(
-        images[0], {o.spec.name: o.visuals["attention"] for o in outcomes}, folder / "attention.png")}
+        images[0], {o.spec.name: o.visuals["attention"] for o in outcomes if "attention" in o.visuals},
+        folder / "attention.png")}
     if with_masks:
         dense = [o.to_dict() for o in with_masks]
         drawn |= {
@@ -260,8 +273,8 @@ def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Pa
             "mIoU vs memory size": figures.miou_vs_memory(dense, folder / "miou_vs_memory.png"),
             "predictions": figures.qualitative_grid(images, shown.masks, _predictions(with_masks),
                                                     class_names, folder / "predictions.png"),
-            "PCA of patch features": figures.pca_grid(images, {o.spec.name: o.visuals["pca"] for o in with_masks},
-                                                      folder / "pca.png"),
+            "PCA of patch features": figures.pca_grid(
+                images, {o.spec.name: o.visuals["pca"] for o in with_masks if "pca" in o.visuals}, folder / "pca.png"),
         }
     drawn["LocAtViT locality"] = figures.locality_curves(models, folder / "locality.png")
     return {title: str(path.relative_to(out)) for title, path in drawn.items() if path is not None}

@@ -29,6 +29,16 @@ def _model_cell(m: dict[str, Any]) -> str:
     return f"{m['spec']['name']}"
 
 
+def _weights_cell(m: dict[str, Any]) -> str:
+    """What the row's features come from: a checkpoint, random init, or no network (a baseline)."""
+    return "none (no network)" if m.get("baseline") else (m["spec"]["checkpoint"] or "random init")
+
+
+def _cell(m: dict[str, Any], part: str, text: str) -> str:
+    """``text``, or ``n/a`` where ``part`` does not apply to the row (a baseline has no network)."""
+    return "n/a" if part in (m.get("not_applicable") or {}) else text
+
+
 def _difference(m: dict[str, Any], metric: str) -> PairedInterval | None:
     record = (m.get("differences") or {}).get(metric)
     return None if record is None else PairedInterval.from_dict(record)
@@ -58,13 +68,16 @@ def headline_table(models: list[dict[str, Any]]) -> str:
         fwd = m.get("forward") or {}
         hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
         linear, ref_linear = m.get("linprobe") or {}, ref.get("linprobe") or {}
+        parameters = "" if m["parameters"] is None else f"{m['parameters']:,}"
         rows.append(
-            f"| {_model_cell(m)} | {m['spec']['model']} | {m['spec']['checkpoint'] or 'random init'} | "
+            f"| {_model_cell(m)} | {m['spec']['model']} | {_weights_cell(m)} | "
             f"{number_cell(hbird.get('miou'))} | {_delta_cell(m, 'miou', hbird.get('miou'), ref_hbird.get('miou'))} | "
             f"{number_cell(hbird.get('miou_matched'))} | {number_cell(linear.get('miou'))} | "
-            f"{_delta_cell(m, 'linprobe', linear.get('miou'), ref_linear.get('miou'))} | {_top1(probes, 'knn')} | "
-            f"{_top1(probes, 'logistic')} | {m['parameters']:,} | {number_cell(fwd.get('images_per_s'), 1)} | "
-            f"{number_cell(fwd.get('peak_forward_mb'), 0)} |"
+            f"{_delta_cell(m, 'linprobe', linear.get('miou'), ref_linear.get('miou'))} | "
+            f"{_cell(m, 'probes', _top1(probes, 'knn'))} | {_cell(m, 'probes', _top1(probes, 'logistic'))} | "
+            f"{_cell(m, 'parameters', parameters)} | "
+            f"{_cell(m, 'forward', number_cell(fwd.get('images_per_s'), 1))} | "
+            f"{_cell(m, 'forward', number_cell(fwd.get('peak_forward_mb'), 0))} |"
         )
     return "\n".join(rows)
 
@@ -148,6 +161,10 @@ def report_markdown(report: dict[str, Any]) -> str:
         return "\n".join(lines + ["No model finished.", ""])
     probes = report.get("probes") or {}
     lines += ["## Summary", "", headline_table(models), ""]
+    baselines = [m for m in models if m.get("baseline")]
+    if baselines:
+        lines += ["Rows without a network, the floors the models are read against (n/a: needs a network; "
+                  "docs/evaluation.md):", ""] + [f"- {_model_cell(m)}: {m['baseline']}." for m in baselines] + [""]
     differences = difference_lines(models)
     if differences:
         lines += [f"## Differences to {_model_cell(models[0])}", "",

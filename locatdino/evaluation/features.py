@@ -21,6 +21,7 @@ from locatdino.errors import UserError
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
+from locatdino.models.baselines import PatchBaseline
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
@@ -59,7 +60,9 @@ class FeatureExtractor:
     probe trains on them, docs/evaluation.md).
 
     Args:
-        model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen.
+        model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen, or a network-free
+            :class:`~locatdino.models.baselines.PatchBaseline` (on the CPU unless ``device`` says
+            otherwise; always fp32: it has no weights whose arithmetic could be chosen).
         layer: block index (negative from the end); ``-1`` is the last block.
         norm: apply the final norm (the reference does not).
         prr: apply PRR before taking the patch tokens (the reference does not).
@@ -82,11 +85,14 @@ class FeatureExtractor:
         l2_normalize: bool = True,
         to_cpu: bool = True,
     ):
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.model, self.precision = encoder_for(model, precision, self.device)
+        baseline = isinstance(model, PatchBaseline)
+        if device is None:
+            device = "cpu" if baseline else next(model.parameters()).device
+        self.device = torch.device(device)
+        self.model, self.precision = (model, "fp32") if baseline else encoder_for(model, precision, self.device)
         self.layer, self.norm, self.prr = layer, norm, prr
         self.l2_normalize, self.to_cpu = l2_normalize, to_cpu
-        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        patch = model.patch_size if baseline else getattr(getattr(model, "patch_embed", None), "patch_size", None)
         if patch is None:
             raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")
         self.patch_size = int(patch[0]) if isinstance(patch, (tuple, list)) else int(patch)

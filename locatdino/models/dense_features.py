@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from timm.layers import AttentionPoolPrr
 from timm.models.vision_transformer import VisionTransformer
 
+from locatdino.models.baselines import PatchBaseline
 from locatdino.models.gaug.patch_grid import check_image_size
 
 
@@ -24,7 +25,8 @@ def dense_features(
     LocAtViT. ``norm`` applies the model's final norm; ``prr`` then applies PRR to all tokens
     (prefix included) without pooling, as the model does before its head.
     Works for vanilla and LocAtViT models at any input size that is a multiple of the patch size
-    (models built with ``dynamic_img_size=True``, as :func:`create_backbone` does).
+    (models built with ``dynamic_img_size=True``, as :func:`create_backbone` does), and for the
+    network-free baselines (``locatdino.models.baselines``), whose feature has no block, norm or PRR.
 
     Args:
         model: a timm ``VisionTransformer``.
@@ -36,6 +38,9 @@ def dense_features(
     """
     if output_fmt not in ("NHWC", "NCHW"):
         raise ValueError(f"output_fmt must be 'NHWC' or 'NCHW', got {output_fmt!r}")
+    if isinstance(model, PatchBaseline):
+        features = model(x)
+        return features.permute(0, 3, 1, 2) if output_fmt == "NCHW" else features
     depth = len(model.blocks)
     if not -depth <= layer < depth:
         raise IndexError(f"layer {layer} out of range for a {depth}-block model")

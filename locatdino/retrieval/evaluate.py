@@ -235,8 +235,19 @@ def evaluate_queries(
     matrix (with one matrix per scored image, for intervals) and the number of skipped (corrupt)
     samples."""
     clock = clock or PhaseClock()
-    c, size = bank.num_classes, cfg.input_size
-    cm = ConfusionMatrix(c, dataset.ignore_index, keep_images=True)
+    return score_queries(lambda images: patch_scores(extractor, bank, index, images, cfg, clock), dataset,
+                         bank.num_classes, cfg, extractor, clock)
+
+
+def score_queries(scores_of: Callable[[torch.Tensor], torch.Tensor], dataset: Any, num_classes: int,
+                  cfg: HummingbirdConfig, extractor: Any, clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, int]:
+    """Segment every image of ``dataset`` from its patch-grid class scores ``scores_of(uint8 images
+    [B, 3, S, S]) -> [B, C, h, w]``: upsampling, argmax and scoring as Hummingbird's (the module
+    docstring); :func:`evaluate_queries` with label transfer, the position prior with the
+    memory's class frequencies. ``extractor`` only sets the loader's workers (its device)."""
+    clock = clock or PhaseClock()
+    size = cfg.input_size
+    cm = ConfusionMatrix(num_classes, dataset.ignore_index, keep_images=True)
     skipped = 0
     loader = _loader(QueryViews(dataset, size), cfg, extractor)
     batches = tqdm(loader, desc="query", disable=not cfg.progress, leave=False)
@@ -244,7 +255,7 @@ def evaluate_queries(
         skipped += n_skipped
         if not masks:
             continue
-        scores = patch_scores(extractor, bank, index, images, cfg, clock)
+        scores = scores_of(images)
         with clock("transfer"):
             if cfg.eval_resolution == "input":  # the reference: masks resized to the input
                 resized = [TF.resize(tv_tensors.Mask(m), [size, size], interpolation=NEAREST_EXACT) for m in masks]
@@ -253,6 +264,16 @@ def evaluate_queries(
                 for i, mask in enumerate(masks):
                     cm.update(predict(scores[i : i + 1], tuple(mask.shape))[0], mask)
     return cm, skipped
+
+
+def check_splits(train_set: Any, val_set: Any) -> None:
+    """``ValueError`` unless the memory and query splits agree on the classes and neither is empty."""
+    if train_set.num_classes != val_set.num_classes:
+        raise ValueError(
+            f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}"
+        )
+    if len(train_set) == 0 or len(val_set) == 0:
+        raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
 
 
 def hummingbird(
@@ -271,12 +292,7 @@ def hummingbird(
     the memory still exists (``locatdino compare`` draws its figures from it).
     """
     cfg = cfg or HummingbirdConfig()
-    if train_set.num_classes != val_set.num_classes:
-        raise ValueError(
-            f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}"
-        )
-    if len(train_set) == 0 or len(val_set) == 0:
-        raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
+    check_splits(train_set, val_set)
     extractor = model
     if isinstance(model, torch.nn.Module):
         extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
@@ -296,10 +312,20 @@ def hummingbird(
         with clock("recall"):
             search.update(_sampled_recall(extractor, bank, index, val_set, cfg))
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
-    timings = {k: round(v, 3) for k, v in clock.totals.items()}
-    timings["total"] = round(time.perf_counter() - start, 3)
+    result = result_of(cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start,
+                       provenance, search)
     if inspect is not None:  # not timed: not part of the benchmark
         inspect(extractor, bank, index)
+    return result
+
+
+def result_of(cm: ConfusionMatrix, cfg: HummingbirdConfig, val_set: Any, bank: MemoryBank, num_train: int,
+              skipped: int, clock: PhaseClock, start: float, provenance: dict[str, Any],
+              search: dict[str, Any]) -> HummingbirdResult:
+    """The record of one finished evaluation (scores from ``cm``; the timings of ``clock`` and
+    the total since ``start``)."""
+    timings = {k: round(v, 3) for k, v in clock.totals.items()}
+    timings["total"] = round(time.perf_counter() - start, 3)
     identity, matched = cm.compute("identity"), cm.compute("hungarian", cfg.hungarian)
     names = list(getattr(val_set, "class_names", None) or range(cm.num_classes))
     return HummingbirdResult(
@@ -311,9 +337,9 @@ def hummingbird(
         },
         memory_patches=len(bank),
         memory_bytes=int(bank.nbytes),
-        num_train=len(train_set),
+        num_train=num_train,
         num_val=len(val_set),
-        skipped=skipped_train + skipped_val,
+        skipped=skipped,
         timings=timings,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         config=asdict(cfg),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from locatdino.comparison import cli as compare_cli
-from locatdino.comparison.runner import ModelSpec, memory_sizes
+from locatdino.comparison.measure import ModelSpec, memory_sizes
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor
 
@@ -53,7 +53,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     bad.write_bytes(b"not a checkpoint")
     out = tmp_path / "cmp"
     argv = ["vit=vit_tiny_patch16_224", f"bad=vit_tiny_patch16_224:{bad}", "locat=locatvit_tiny:none",
-            "--out", str(out), *TINY]
+            "--out", str(out), "--baselines", *TINY]
     assert compare_cli.main(argv) == 1
     err = capsys.readouterr().err.splitlines()
     err_lines = [line for line in err if line.startswith("locatdino compare:")]
@@ -62,9 +62,16 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert err.index(err_lines[0]) < min(i for i, line in enumerate(err) if "Hummingbird" in line)
 
     report = json.loads((out / "report.json").read_text())
-    assert [m["spec"]["name"] for m in report["models"]] == ["vit", "locat"]
+    assert [m["spec"]["name"] for m in report["models"]] == ["vit", "locat", "pixels", "position-prior"]
     assert list(report["failed"]) == ["bad"]
-    vit, locat = report["models"]
+    vit, locat, pixels, prior = report["models"]
+    # the baselines: on vit's 16 px grid, Δ to the first model with intervals, n/a where a network is needed
+    assert pixels["hbird"]["memory_patches"] == vit["hbird"]["memory_patches"]  # the same memory views
+    assert prior["hbird"]["memory_patches"] == 8 * 4 * 4  # every patch of the 8 whole memory images
+    assert set(pixels["differences"]) == set(prior["differences"]) == {"miou", "miou_matched", "linprobe"}
+    assert pixels["linprobe"]["features"]["dim"] == 3 * 16 * 16 and prior["linprobe"]["features"]["dim"] == 4 * 4
+    assert pixels["parameters"] is None and pixels["not_applicable"]["probes"].startswith("no class token")
+    assert vit["not_applicable"] == {} and vit["baseline"] is None
     assert 0 <= vit["hbird"]["miou"] <= 100 and vit["parameters"] == 5_524_416
     assert locat["parameters"] - vit["parameters"] == 12 * (3 * 64 + 3)  # GAug: 3 d_h + 3 per block
     # the full memory holds the patches that are mostly image (zoom-out crops pad), at most 8 x 16;
@@ -83,6 +90,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert report["config"]["linprobe"]["batch_size"] == 8 and report["config"]["linprobe"]["augment"] == "off"
     md = (out / "report.md").read_text()
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
+    assert "| pixels | pixels | none (no network) |" in md and md.count("| n/a | n/a | n/a | n/a | n/a |") == 2
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
     assert set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
@@ -148,6 +156,9 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
     assert set(report["figures"].values()) == {"figures/attention.png"}
     assert "class-token probes only" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="^locatdino compare: --baselines needs segmentation masks: these shards "
+                                         "have image labels only$"):
+        compare_cli.main([str(tmp_path / "other") if a == str(out) else a for a in argv] + ["--baselines"])
 
 
 def test_headline_table_has_the_linear_probe_and_its_delta():
@@ -175,6 +186,13 @@ def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
     assert str(refused.value) == (f"locatdino compare: --out {out} holds an earlier report ({kept}): pass "
                                   "--overwrite to replace it, or another --out")
     assert (out / kept).read_bytes() == b"the user's"
+
+
+def test_a_model_named_like_a_baseline_is_refused_with_baselines(tmp_path):
+    with pytest.raises(SystemExit, match="^locatdino compare: with --baselines the names pixels and position-prior "
+                                         "are the baselines' rows: rename the model$"):
+        compare_cli.main(["pixels=vit_tiny_patch16_224", "--baselines", "--out", str(tmp_path / "c")])
+    assert not (tmp_path / "c").exists()
 
 
 def test_linprobe_budget_is_checked_before_the_first_model(tmp_path, capsys):

@@ -72,3 +72,27 @@ class TinyDINOLike(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD([self.weight], lr=0.1)
+
+
+class NoisyLayout:
+    """A toy segmentation split with a layout: class 0 above, 1 below a random horizon, a random
+    block of class 2; images are uniform noise (no two patches alike: k-NN has no ties)."""
+
+    num_classes, ignore_index, class_names = 3, None, ["sky", "ground", "object"]
+
+    def __init__(self, count, seed, size=32):
+        rng = np.random.default_rng(seed)
+        self.images = rng.integers(0, 256, (count, size, size, 3), dtype=np.uint8)
+        self.masks = []
+        for _ in range(count):
+            mask = np.zeros((size, size), np.uint8)
+            mask[rng.integers(size // 4, 3 * size // 4):] = 1
+            top, left = rng.integers(0, size - 8, 2)
+            mask[top:top + rng.integers(3, 9), left:left + rng.integers(3, 9)] = 2
+            self.masks.append(mask)
+
+    def __len__(self):
+        return len(self.masks)
+
+    def __getitem__(self, i):
+        return Image.fromarray(self.images[i]), self.masks[i]

@@ -36,7 +36,7 @@ def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
     model, data = built.model, built.datamodule
     assert type(model).__name__ == "SupervisedModule" and type(data).__name__ == "LabelledShardDataModule"
     assert model.hparams.batch_size == data.batch_size == 12
-    assert model.hparams.weight_decay == 0.05 and model.hparams.min_lr == 1e-5 and model.hparams.lr == 0.032
+    assert model.hparams.weight_decay == 0.05 and model.hparams.min_lr == 1e-5 and model.hparams.lr == 0.0005
     assert model.classifier.backbone.global_pool == "prr" and model.classifier.head.out_features == NUM_CLASSES
     # the tiny recipe drops DeiT's regularisers: label smoothing only, no Mixup/CutMix, no RandAugment
     assert isinstance(model.criterion, LabelSmoothingCrossEntropy) and model.mixup is None
