@@ -50,6 +50,7 @@ from locatdino.output_files import disk_full_message, output_lock, remove_stale_
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import FitArgumentParser, check_fit_config, checkpoint_dir, earlier_checkpoints
+from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -90,6 +91,15 @@ class FitCLI(LightningCLI):
                 class_path="lightning.pytorch.loggers.CSVLogger",
                 init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
             )
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The Trainer, with plain progress lines instead of Lightning's bar when stdout is not a
+        terminal (a job's log file; :mod:`locatdino.ssl.log_progress`)."""
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        if wants_line_progress(config):
+            callbacks = config.get("callbacks") or []
+            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), LineProgressBar()]
+        return super().instantiate_trainer(**kwargs)
 
     def instantiate_classes(self) -> None:
         """An objective's own error while being built (an unreadable ``backbone_checkpoint``) is
