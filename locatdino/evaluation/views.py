@@ -58,7 +58,7 @@ def read_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor]:
     c, ignore = dataset.num_classes, dataset.ignore_index
     if mask.numel() and (int(mask.min()) < 0 or int(mask.max()) >= c):
         values = mask.unique()
-        bad = values[((values < 0) | (values >= c)) & ~((values == ignore) if ignore is not None else False)]
+        bad = values[((values < 0) | (values >= c)) & (values != ignore if ignore is not None else True)]
         if len(bad):
             shown = ", ".join(map(str, bad[:5].tolist())) + (", ..." if len(bad) > 5 else "")
             raise BadSample(f"{sample_name(dataset, index)}: label {shown} out of range: classes are 0..{c - 1}"
