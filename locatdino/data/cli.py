@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _notes(index: dict) -> None:
     """One stderr line each for skipped files and renamed sample keys (the index lists them)."""
-    skipped, renamed = index["skipped_files"], index.get("renamed_keys")
+    skipped, renamed = index.get("skipped_files") or {"count": 0}, index.get("renamed_keys")
     if skipped["count"]:
         named = "; ".join(skipped["first"][:3]) + ("; ..." if skipped["count"] > 3 else "")
         print(f"locatdino shards: skipped {skipped['count']} file(s) that do not decode, not stored (index.json "
