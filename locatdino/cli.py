@@ -21,7 +21,7 @@ import threading
 
 from locatdino import __version__
 from locatdino.errors import debug_requested, one_line
-from locatdino.threads import default_threads, pop_threads, set_threads
+from locatdino.threads import choose_threads, pop_threads, set_threads
 
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,7 +54,8 @@ def _usage() -> str:
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "locatdino <command> --help shows the options of a command; --debug (or LOCATDINO_DEBUG=1)",
               "shows the traceback of an error instead of its one-line message; --threads N (default: the cores",
-              "this process may use, or OMP_NUM_THREADS) caps the CPU threads of torch and FAISS."]
+              "this process may use, or OMP_NUM_THREADS; never more than those cores) caps the CPU threads of",
+              "torch and FAISS."]
     return "\n".join(lines)
 
 
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"locatdino: unknown command {name!r} (one of {', '.join(COMMANDS)}; locatdino --help)", file=sys.stderr)
         return 2
-    set_threads(threads or default_threads())  # before the command imports torch or FAISS
+    threads, note = choose_threads(threads)
+    if note:
+        print(f"locatdino: {note}", file=sys.stderr)
+    set_threads(threads)  # before the command imports FAISS
     module = importlib.import_module(COMMANDS[name][0])
     catch_sigterm = name in SIGTERM_STOPPABLE and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch_sigterm else None

@@ -45,7 +45,7 @@ from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
 from locatdino.models import create_backbone
-from locatdino.output_files import ensure_writable
+from locatdino.output_files import atomic_write, ensure_writable, output_lock
 
 # --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
 RECIPE_SETS = {
@@ -121,17 +121,23 @@ def model_args(recipe: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
-    """The recipe's backbone at random initialisation (its seed), as a plain state dict."""
+    """The recipe's backbone at random initialisation (its seed), as a plain state dict (atomically)."""
     torch.manual_seed(recipe.get("seed_everything") or 0)
     model = create_backbone(model_args(recipe)["backbone"], **(model_args(recipe).get("backbone_kwargs") or {}))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
+    atomic_write(path, lambda f: torch.save(model.state_dict(), f))
 
 
-def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, overwrite: bool = False) -> None:
+def backbone_files(out: Path, tag: str) -> dict[str, tuple[Path, Path]]:
+    """The files the demo writes into ``out`` itself, per label: (trained backbone, random init)."""
+    trained = "teacher" if tag == "dino" else "supervised"
+    return {label: (out / f"{label}_{trained}.pth", out / f"{label}_random_init.pth") for label in LABELS}
+
+
+def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, overwrite: bool = False,
+                  tag: str = "dino") -> None:
     """What would fail after the pretraining, checked before it: the evaluation input size
     against each recipe's patch size (backbones built on the meta device), and ``--out`` (writable,
-    and not holding an earlier demo unless ``overwrite``)."""
+    and not holding an earlier demo, or files of the demo's names, unless ``overwrite``)."""
     for label, recipe in zip(LABELS, recipes):
         name = model_args(recipe)["backbone"]
         with torch.device("meta"):
@@ -140,8 +146,9 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, ove
             below = input_size // patch * patch
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
                             f"recipe's {name}: use {below or patch} or {below + patch}")
+    own = [path for pair in backbone_files(out, tag).values() for path in pair if path.exists()]
     earlier = sorted(str(p.relative_to(out)) for p in [*out.glob("fit-*/checkpoints/*.ckpt"),
-                                                        *out.glob("compare/report.*")])
+                                                        *out.glob("compare/report.*"), *own])
     if earlier and not overwrite:
         raise UserError(f"--out {out} holds an earlier demo ({', '.join(earlier[:2])}"
                         f"{', ...' if len(earlier) > 2 else ''}): pass --overwrite to replace it, or another --out")
@@ -213,7 +220,14 @@ def main(argv: list[str]) -> int:
     if differences:
         print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
               file=sys.stderr)
-    check_options(recipes, budget["input_size"], out, args.overwrite)
+    check_options(recipes, budget["input_size"], out, args.overwrite, tag)
+    with output_lock(out, "--out"):  # a second demo into --out is refused, not raced
+        return _pretrain_and_compare(args, budget, recipes, out, tag)
+
+
+def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], recipes: list[dict[str, Any]],
+                          out: Path, tag: str) -> int:
+    """Steps 1-3 of the module docstring, then the conclusion; the exit status of ``compare``."""
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):
@@ -226,10 +240,10 @@ def main(argv: list[str]) -> int:
             recipe = {**recipe, "seed_everything": args.seed}
         if _run(fit):
             raise SystemExit(f"locatdino demo: pretraining {label} ({path}) failed")
-        trained = out / f"{label}_{'teacher' if tag == 'dino' else 'supervised'}.pth"
-        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained)]):
+        trained, random_init = backbone_files(out, tag)[label]
+        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained),
+                 *(["--overwrite"] if args.overwrite else [])]):
             raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
-        random_init = out / f"{label}_random_init.pth"
         _save_random_init(recipe, random_init)
         backbone = model_args(recipe)["backbone"]
         specs[f"{label}-{tag}"] = f"{label}-{tag}={backbone}:{trained}"

@@ -7,6 +7,13 @@ anywhere on the command line (like ``--debug``), for every sub-command, before a
 FAISS is imported: it sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (read by both OpenMP runtimes
 when they load, and inherited by DDP ranks and pool processes) and ``torch.set_num_threads``.
 DataLoader worker processes already run with one thread each (torch sets it in every worker).
+
+What counts (:func:`choose_threads`): ``--threads N``, else ``OMP_NUM_THREADS`` (the first entry of
+an OpenMP list such as ``4,2``), else every core this process may use; more than those cores is
+capped to them (oversubscription only slows the maths; 100000 threads would start 100000
+threads). An ``OMP_NUM_THREADS`` that is not a positive whole number (``0``, ``-2``, ``abc``) is
+ignored with one line, and removed before torch loads (:func:`drop_invalid_thread_env`, run on
+``import locatdino``): OpenMP would ignore it too, after a two-line complaint of its own.
 """
 
 from __future__ import annotations
@@ -25,10 +32,39 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads() -> int:
-    """``OMP_NUM_THREADS`` when the user set it, else every core this process may use."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else available_cores()
+_DROPPED: dict[str, str] = {}  # invalid thread variables removed at import, for the warning
+
+
+def _positive(value: str) -> int | None:
+    """A thread count written as a positive whole number (the first of an OpenMP list), else None."""
+    first = value.split(",")[0].strip()
+    return int(first) if first.isdecimal() and int(first) > 0 else None
+
+
+def drop_invalid_thread_env() -> None:
+    """Remove ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` values that are not thread counts, before
+    torch's OpenMP runtime reads them (it would ignore them after printing a warning)."""
+    for name in THREAD_ENV_VARS:
+        value = os.environ.get(name)
+        if value is not None and _positive(value) is None:
+            _DROPPED[name] = os.environ.pop(name)
+
+
+def choose_threads(requested: int | None) -> tuple[int, str | None]:
+    """The thread count of a command (see the module docstring) and a one-line note when it is
+    not what the command line or the environment asked for."""
+    cores = available_cores()
+    if requested is None:
+        value = os.environ.get("OMP_NUM_THREADS", _DROPPED.get("OMP_NUM_THREADS"))
+        if value is not None and _positive(value) is None:
+            return cores, (f"ignoring OMP_NUM_THREADS={value!r} (not a positive whole number of threads): using "
+                           f"{cores}, the cores this process may use (--threads N sets the number)")
+        requested, asked = (cores, "") if value is None else (_positive(value), f"OMP_NUM_THREADS={value!r}")
+    else:
+        asked = f"--threads {requested}"
+    if requested > cores:
+        return cores, f"{asked} is more than the {cores} cores this process may use: using {cores}"
+    return requested, None
 
 
 def pop_threads(argv: list[str]) -> tuple[list[str], int | None]:
@@ -53,7 +89,7 @@ def pop_threads(argv: list[str]) -> tuple[list[str], int | None]:
         i += 1
     if value is None:
         return rest, None
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or int(value) < 1:
         raise ValueError(f"{FLAG} must be a positive whole number of threads, not {value!r}")
     return rest, int(value)
 

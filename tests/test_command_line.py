@@ -141,6 +141,42 @@ def test_bad_threads_value_is_a_usage_error():
     proc = _run_probe("probe", "--threads", "0")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "locatdino: --threads must be a positive whole number of threads, not '0'\n"
+    with pytest.raises(ValueError, match="not '²'"):  # a digit int() cannot read: a traceback before
+        pop_threads(["fit", "--threads", "²"])
+
+
+@pytest.mark.parametrize("requested, omp, expected", [
+    (None, None, (4, None)), (None, "2", (2, None)), (None, "3,1", (3, None)), (None, " 2 ", (2, None)),
+    (3, "abc", (3, None)),
+    (None, "0", (4, "ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using 4, the cores this "
+                   "process may use (--threads N sets the number)")),
+    (None, "-2", (4, "ignoring OMP_NUM_THREADS='-2' (not a positive whole number of threads): using 4, the cores "
+                    "this process may use (--threads N sets the number)")),
+    (None, "9", (4, "OMP_NUM_THREADS='9' is more than the 4 cores this process may use: using 4")),
+    (100000, None, (4, "--threads 100000 is more than the 4 cores this process may use: using 4")),
+])
+def test_odd_thread_counts_fall_back_with_one_line(monkeypatch, requested, omp, expected):
+    from locatdino import threads
+
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(threads, "_DROPPED", {})
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    threads.drop_invalid_thread_env()  # what import locatdino does
+    assert threads.choose_threads(requested) == expected
+    assert os.environ.get("OMP_NUM_THREADS") == (None if omp in ("0", "-2", "abc") else omp)  # no count: removed
+
+
+def test_garbage_omp_num_threads_is_one_line_not_openmps_complaint():
+    """OMP_NUM_THREADS=0 made OpenMP print its own two lines at import, then ran on every core silently."""
+    proc = _run_probe("probe", omp="0")
+    cores = len(os.sched_getaffinity(0))
+    assert proc.returncode == 0 and proc.stdout.split()[:3] == [str(cores)] * 3
+    assert proc.stderr == (f"locatdino: ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using "
+                           f"{cores}, the cores this process may use (--threads N sets the number)\n")
 
 
 

@@ -18,7 +18,10 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
     out = tmp_path / "demo"
     assert demo.main(["--quick", "--max-steps", "4", "--out", str(out)]) == 0
 
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    for stream in captured:  # not a terminal (as in a job's log): plain lines, no carriage return or escape
+        assert "\r" not in stream and "\x1b[" not in stream
+    printed = captured.out
     assert re.search(r"Hummingbird mIoU: (no measurable difference between|\S+ ahead of).*95 % interval", printed)
     assert len(re.findall(r"pretraining vs random init, (vit|locatvit), Hummingbird mIoU: "
                           r"(no measurable difference|\S+ ahead of)", printed)) == 2
@@ -105,3 +108,30 @@ def test_supervised_recipes_are_like_for_like_and_named_sup(tmp_path):
                          (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))]}
     text = "\n".join(demo.conclusion(report, "96 steps", tmp_path, "sup"))
     assert "after 96 steps of supervised training each" in text
+
+
+def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_path, capsys, monkeypatch):
+    """The demo saved its random-init backbones over whatever had their names in --out, and two
+    demos into one --out raced; now both are refused before any work."""
+    import os
+
+    from locatdino import cli
+    from locatdino.output_files import output_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "locatvit_random_init.pth").write_bytes(b"a user's file")
+    (out / "notes.txt").write_text("kept")
+    monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
+    assert cli.main(["demo", "--quick", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds an earlier demo (locatvit_random_init.pth): "
+                                       "pass --overwrite to replace it, or another --out\n")
+    with output_lock(out, "--out"):  # another demo, still running
+        assert cli.main(["demo", "--quick", "--out", str(out), "--overwrite"]) == 1
+    assert capsys.readouterr().err.startswith(f"locatdino demo: --out {out} is in use by another run (pid {os.getpid()}")
+    assert (out / "locatvit_random_init.pth").read_bytes() == b"a user's file"
+    recipe = {"model": {"backbone": "vit_tiny_patch16_224", "backbone_kwargs": {"depth": 1}}, "seed_everything": 3}
+    demo._save_random_init(recipe, out / "locatvit_random_init.pth")  # with --overwrite: replaced whole
+    state = torch.load(out / "locatvit_random_init.pth", weights_only=True)
+    assert "blocks.0.attn.qkv.weight" in state and "blocks.1.attn.qkv.weight" not in state
+    assert sorted(p.name for p in out.iterdir()) == [".locatdino.lock", "locatvit_random_init.pth", "notes.txt"]

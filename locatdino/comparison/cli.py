@@ -32,13 +32,16 @@ from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.evaluation.features import check_layer
-from locatdino.evaluation.options import POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device
-from locatdino.evaluation.splits import CachedSplit, SubsetSplit, open_split
+from locatdino.evaluation.options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device,
+                                          open_splits)
+from locatdino.evaluation.splits import CachedSplit, SubsetSplit
+from locatdino.evaluation.views import BadSample
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
 from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
+from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.options import add_protocol_arguments, config_from_args
 
 # compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
@@ -106,10 +109,10 @@ def _linprobe_config(args: argparse.Namespace, cfg: Any) -> LinearProbeConfig | 
 
 def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     """The memory and query segmentation splits, or ``(None, None)`` for shards without masks."""
-    common = dict(seed=args.seed, scene_size=args.scene_size)
     try:
-        train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300, **common)
-        val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+        train, val = open_splits(args)
+    except BadSample:  # masks there, none of them usable
+        raise
     except ValueError:
         if args.dataset != "shards":
             raise
@@ -174,15 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
         _check_layer(specs, cfg.layer)
         linprobe = _linprobe_config(args, cfg)
-        ensure_writable(out, "--out")
         train, val = _open_splits(args)
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
         if args.baselines and train is None:
             raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
+        ensure_writable(out, "--out")  # after the data: a refused run leaves no folder behind
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
     with output_lock(out, "--out"):  # a second compare into --out is refused, not raced

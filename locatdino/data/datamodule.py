@@ -43,7 +43,7 @@ import lightning as L
 import torch
 from webdataset.utils import make_seed
 
-from locatdino.data.decoded_images import DecodedImage, collate_decoded, default_image_size
+from locatdino.data.decoded_images import DecodedImage, check_decoded_size, collate_decoded, default_image_size
 from locatdino.data.gpu_multicrop import GPUMultiCrop
 from locatdino.data.multicrop import MultiCropTransform
 from locatdino.data.shard_sources import ScenesSource
@@ -79,7 +79,8 @@ class ShardDataModule(L.LightningDataModule):
         augment_on: ``cpu``: the multi-crop runs in the DataLoader workers; ``gpu``: they only
             decode and the multi-crop runs batched on the training device (see the module docstring).
         decoded_size: with ``augment_on: gpu``, the side the workers resize every image to
-            (default: ``decoded_images.default_image_size``, 368 px for 224 px global crops).
+            (default: ``decoded_images.default_image_size``, 368 px for 224 px global crops; at
+            least the largest crop).
     """
 
     def __init__(self, train_urls: str | list[str] = "shards/scenes", batch_size: int = 64, num_workers: int = 8,
@@ -97,7 +98,8 @@ class ShardDataModule(L.LightningDataModule):
         self.shuffle_buffer, self.seed, self.pin_memory = shuffle_buffer, seed, pin_memory
         self.synthetic, self.synthetic_size, self.synthetic_seed = synthetic, synthetic_size, synthetic_seed
         self.augment_on = augment_on
-        self.decoded_size = decoded_size or default_image_size(self.multicrop)
+        self.decoded_size = (default_image_size(self.multicrop) if decoded_size is None
+                             else check_decoded_size(decoded_size, self.multicrop))
         self.gpu_multicrop: GPUMultiCrop | None = None
         self.stream: ShardStream | None = None
         self._epoch = 0
@@ -123,6 +125,7 @@ class ShardDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         self.stream = self.build_stream(rank, world)
+        self.stream.check_usable()  # shards of nothing but bad samples would stream forever, silently
 
     def build_stream(self, rank: int = 0, world_size: int = 1) -> ShardStream:
         """The fixed-length stream of one rank (also usable without a Trainer)."""

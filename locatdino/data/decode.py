@@ -41,13 +41,17 @@ def find_image(sample: Mapping[str, object]) -> bytes:
 
 
 def _open(data: bytes | str | os.PathLike, draft: tuple[int, int] | None = None) -> Image.Image:
+    in_memory = isinstance(data, bytes | bytearray)
+    if in_memory and not data:
+        raise DecodeError("empty file (0 bytes)")
     try:
-        image = Image.open(io.BytesIO(data) if isinstance(data, bytes | bytearray) else data)
+        image = Image.open(io.BytesIO(data) if in_memory else data)
         if draft is not None:
             image.draft(None, draft)  # JPEG only: decode at 1/2, 1/4 or 1/8 scale, still >= draft
         image.load()  # force full decoding: truncated files fail here, not later in a worker
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
-        raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+        message = str(exc).split(" <_io.BytesIO")[0] if in_memory else str(exc)  # not the buffer's address
+        raise DecodeError(f"{type(exc).__name__}: {message}") from None
     if image.width < 1 or image.height < 1:
         raise DecodeError(f"empty image {image.size}")
     return image

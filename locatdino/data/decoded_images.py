@@ -34,6 +34,20 @@ def default_image_size(multicrop: MultiCropTransform) -> int:
     return 16 * math.ceil(side / 16)
 
 
+def check_decoded_size(size: int, multicrop: MultiCropTransform) -> int:
+    """``size`` if it is at least the largest crop, else ``ValueError`` naming ``decoded_size``,
+    the crop and both sizes: every crop would be upsampled from fewer pixels than it has (0 or a
+    negative size is not "the default": that is ``null``)."""
+    crops = [("global_crop_size", multicrop.global_crop_size)]
+    if multicrop.num_local_crops:
+        crops.append(("local_crop_size", multicrop.local_crop_size))
+    name, largest = max(crops, key=lambda c: c[1])
+    if size < largest:
+        raise ValueError(f"decoded_size {size} px is smaller than the largest crop (multicrop.{name} {largest} px): "
+                         f"give at least {largest}, or leave it null for the default {default_image_size(multicrop)} px")
+    return size
+
+
 @dataclass(frozen=True)
 class DecodedImage:
     """Image → ``(uint8 [3, size, size], int64 [2] decoded (h, w))``; ``decode`` is the stream's

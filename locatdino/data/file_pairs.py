@@ -31,6 +31,11 @@ class FilePairsSegmentation:
         image, mask = self.pairs[index]
         return decode_rgb(image, upright=False), decode_mask(mask)  # masks label the stored pixel grid
 
+    def sample_source(self, index: int) -> str:
+        """Sample ``index`` named for messages: its mask file (and its image's name)."""
+        image, mask = self.pairs[index]
+        return f"{mask} (image {Path(image).name})"
+
 
 def find_root(root: str | Path, nested: tuple[str, ...], subdirs: tuple[str, ...], name: str) -> Path:
     """The first of ``root`` and ``root/<n>`` for ``n`` in ``nested`` holding every folder of

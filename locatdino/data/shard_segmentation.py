@@ -100,7 +100,9 @@ class ShardSegmentation:
 
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         url, key, image, mask = self._items[index]
-        try:
-            return decode_rgb(self._read(url, image), upright=False), decode_mask(self._read(url, mask))
-        except ValueError as exc:
-            raise ValueError(f"{url}:{key}: {exc}") from None
+        return decode_rgb(self._read(url, image), upright=False), decode_mask(self._read(url, mask))
+
+    def sample_source(self, index: int) -> str:
+        """Sample ``index`` named for messages: ``<shard>:<key>``."""
+        url, key, _, _ = self._items[index]
+        return f"{url}:{key}"

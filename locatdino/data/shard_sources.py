@@ -5,13 +5,21 @@ webdataset sample in ``sample(item)`` (run in worker processes). Samples carry t
 encoded bytes (no re-encoding, no quality loss) under their format's key (``jpg``, ``png``, ...),
 the class index as ``cls`` for class-folder trees, and the label map as ``seg.png`` for
 segmentation sets. ``metadata()`` goes into the shard index (class names, ignore index).
+
+What a reader gets is what the index counts: a file that does not decode (a text file named
+``.jpg``, a zero-byte ``.png``) raises :class:`~locatdino.data.decode.DecodeError` naming it, and
+the writer skips and counts it; sample keys are unique, because WebDataset groups consecutive tar
+members of one key into one sample (``a.jpg`` + ``a.png``, or ``a.b.jpg`` + ``a_b.jpg``, would be
+read as one): a file whose natural key is taken keeps its extension in its key (``a_png``).
 """
 
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from locatdino.data.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
-from locatdino.data.decode import IMAGE_SUFFIXES
+from locatdino.data.decode import IMAGE_SUFFIXES, DecodeError, decode_mask, decode_rgb
 from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_class, scene_classes, scene_rng
 from locatdino.data.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
 
@@ -39,6 +47,42 @@ class ShardSource(Protocol):
 def _key(text: str) -> str:
     """A webdataset key: no dots (the key ends at the first dot of a tar member's base name)."""
     return text.replace(".", "_").replace("\\", "/")
+
+
+def unique_keys(files: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A distinct webdataset key per file (relative paths, in writing order): the path without
+    its extension, dots made underscores; a file whose key an earlier one has gets its
+    extension appended (``a.png`` after ``a.jpg``: ``a_png``), then ``_2``, ``_3``... if needed.
+    Returns the keys and ``{file: key}`` of the files that did not get their natural key."""
+    natural = [_key(str(Path(f).with_suffix(""))) for f in files]
+    taken, used, keys, renamed = set(natural), set(), [], {}
+    for file, key in zip(files, natural):
+        if key in used:
+            base = key = f"{key}_{Path(file).suffix.lower()[1:]}"
+            n = 1
+            while key in taken:
+                n += 1
+                key = f"{base}_{n}"
+            taken.add(key)
+            renamed[file] = key
+        used.add(key)
+        keys.append(key)
+    return keys, renamed
+
+
+def _read(path: Path, check: Callable[[bytes], object], name: str) -> bytes:
+    """The bytes of ``path`` once ``check`` decoded them; ``DecodeError`` naming ``name`` if not."""
+    try:
+        data = path.read_bytes()
+        check(data)
+    except (OSError, DecodeError) as exc:
+        raise DecodeError(f"{name}: {exc}") from None
+    return data
+
+
+# decode as the shard stream will (a JPEG at libjpeg's 1/8 scale: its whole stream is still read)
+_CHECK_IMAGE = partial(decode_rgb, draft=(1, 1))
+_CHECK_PAIRED_IMAGE = partial(decode_rgb, upright=False, draft=(1, 1))  # masks label the stored grid
 
 
 def _segmentation(names: tuple[str, ...], ignore_index: int | None) -> dict[str, Any]:
@@ -63,22 +107,31 @@ class FolderSource:
             raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {self.root}")
         nested = all(len(p.parts) > 1 for p in self._files)
         self.classes = sorted({p.parts[0] for p in self._files}) if nested else None
+        self._keys, self.renamed = unique_keys([p.as_posix() for p in self._files])
 
-    def items(self) -> list[tuple[str, int | None]]:
+    def items(self) -> list[tuple[str, str, int | None]]:
         index = {c: i for i, c in enumerate(self.classes or [])}
-        return [(p.as_posix(), index.get(p.parts[0]) if self.classes else None) for p in self._files]
+        return [(p.as_posix(), key, index.get(p.parts[0]) if self.classes else None)
+                for p, key in zip(self._files, self._keys)]
 
-    def sample(self, item: tuple[str, int | None]) -> Sample:
-        rel, cls = item
+    def sample(self, item: tuple[str, str, int | None]) -> Sample:
+        rel, key, cls = item
         path = self.root / rel
         ext = path.suffix.lower()[1:]
-        out: Sample = {"__key__": _key(rel[: -len(path.suffix)]), "jpg" if ext == "jpeg" else ext: path.read_bytes()}
+        out: Sample = {"__key__": key, "jpg" if ext == "jpeg" else ext: _read(path, _CHECK_IMAGE, rel)}
         if cls is not None:
             out["cls"] = str(cls)
         return out
 
     def metadata(self) -> dict[str, Any]:
-        return {"classes": self.classes}
+        return {"classes": self.classes, **_renamed(self.renamed)}
+
+
+def _renamed(renamed: dict[str, str], shown: int = 100) -> dict[str, Any]:
+    """The index entry of files stored under another key than their natural one (none: no entry)."""
+    if not renamed:
+        return {}
+    return {"renamed_keys": {"count": len(renamed), "first": dict(list(renamed.items())[:shown])}}
 
 
 @dataclass
@@ -91,19 +144,21 @@ class PairSource:
 
     def __post_init__(self) -> None:
         finder = {"voc": voc_pairs, "ade20k": ade20k_pairs}[self.kind]
-        self._pairs = [(str(i), str(m)) for i, m in finder(self.root, self.split)]
+        pairs = finder(self.root, self.split)
+        keys, self.renamed = unique_keys([i.name for i, _ in pairs])
+        self._pairs = [(str(i), str(m), key) for (i, m), key in zip(pairs, keys)]
 
-    def items(self) -> list[tuple[str, str]]:
+    def items(self) -> list[tuple[str, str, str]]:
         return self._pairs
 
-    def sample(self, item: tuple[str, str]) -> Sample:
-        image, mask = map(Path, item)
-        return {"__key__": _key(image.stem), "jpg": image.read_bytes(), "seg.png": mask.read_bytes()}
+    def sample(self, item: tuple[str, str, str]) -> Sample:
+        image, mask, key = item
+        return {"__key__": key, "jpg": _read(Path(image), _CHECK_PAIRED_IMAGE, image),
+                "seg.png": _read(Path(mask), decode_mask, mask)}
 
     def metadata(self) -> dict[str, Any]:
-        if self.kind == "voc":
-            return _segmentation(VOC_CLASSES, VOC_IGNORE_INDEX)
-        return _segmentation(ADE20K_CLASSES, ADE20K_IGNORE_INDEX)
+        names, ignore = (VOC_CLASSES, VOC_IGNORE_INDEX) if self.kind == "voc" else (ADE20K_CLASSES, ADE20K_IGNORE_INDEX)
+        return {**_segmentation(names, ignore), **_renamed(self.renamed)}
 
 
 MULTILABEL_KEY = "classes.json"  # a sample's multi-label image-level label: a JSON list of class ids
@@ -143,6 +198,9 @@ class ScenesSource:
 def build_source(source: str | Path, kind: str = "auto", split: str | None = None, synthetic: int = 0,
                  seed: int = 0, size: int = 224) -> ShardSource:
     """Pick the source: ``kind`` in auto/folder/voc/ade20k/scenes (auto looks at the tree)."""
+    if synthetic and (str(source) != "scenes" or kind not in ("auto", "scenes")):
+        given = f"--kind {kind}" if str(source) == "scenes" else f"the source {source}"
+        raise ValueError(f"--synthetic {synthetic} writes built-in scenes, but {given} was given too: drop one")
     if synthetic or kind == "scenes" or str(source) == "scenes":
         if synthetic <= 0:
             raise ValueError("built-in scenes need --synthetic N (number of images) > 0")

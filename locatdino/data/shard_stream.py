@@ -295,6 +295,25 @@ class ShardStream(IterableDataset):
             yield sample
         log.short_shard(url, n, self.expected.get(url))
 
+    def check_usable(self) -> None:
+        """``ValueError`` naming the shards unless one of their samples decodes (and has its label):
+        a fixed-length stream over shards where every sample is skipped would read them forever
+        without yielding a batch. Reads in order up to the first good sample (usually the first)."""
+        log = _SkipLog()
+        read = 0
+        for sample in wds.tarfile_to_samples(handler=log.shard_error)({"url": url} for url in self.urls):
+            read += 1
+            try:
+                self.decode(find_image(sample))
+                if self.target is not None:
+                    self.target(sample)
+                return
+            except Exception as exc:  # noqa: BLE001 - what _batches would skip
+                log.sample(sample, exc)
+        where = self.urls[0] + (f" and {len(self.urls) - 1} more" if len(self.urls) > 1 else "")
+        reason = log.notes[0] if log.notes else "no sample in them"
+        raise ValueError(f"no usable sample in the shards {where}: {read} read, every one skipped ({reason})")
+
     def _batches(self, samples: Iterable[dict[str, Any]], log: _SkipLog) -> Iterator[dict[str, Any]]:
         buf: list[Any] = []
         for sample in samples:

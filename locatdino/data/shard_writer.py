@@ -15,13 +15,20 @@ How a run stays safe:
 - an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
   the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
   are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
+- ``prefix`` is a file-name stem (:func:`check_prefix`): ``../x`` or ``/abs/x`` would write
+  outside ``out_dir``, over whatever is there.
+- a sample the source cannot decode (``DecodeError``) is skipped, counted and named in the index
+  (``skipped_files``); a source with no usable sample is refused, and a disk that fills ends the
+  run with one line (:class:`~locatdino.output_files.DiskFullError`), ``out_dir`` as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -33,11 +40,25 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
+from locatdino.data.decode import DecodeError
 from locatdino.data.shard_sources import ShardSource
-from locatdino.output_files import atomic_write_text, make_temporary_dir, remove_stale_temporaries
+from locatdino.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
+                                    remove_stale_temporaries)
+from locatdino.progress import progress as progress_bar
 
 INDEX_NAME = "index.json"
+SKIPPED_NAMED = 100  # skipped files named in index.json (all are counted)
+_PREFIX = re.compile(r"[\w+-][\w.+-]*")
 _worker: dict[str, Any] = {}
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a file-name stem (letters, digits, ``_ - + .``; no path separator,
+    no ``..``), else ``ValueError`` naming ``--prefix``."""
+    if not _PREFIX.fullmatch(prefix) or ".." in prefix:
+        raise ValueError(f"--prefix {prefix!r} is not a file-name stem (letters, digits, '_', '-', '+', '.'; no '/' "
+                         "or '..'): the shards are written into OUT_DIR")
+    return prefix
 
 
 def _init_worker(source: ShardSource, counter: Any) -> None:
@@ -46,13 +67,18 @@ def _init_worker(source: ShardSource, counter: Any) -> None:
     _worker.update(source=source, counter=counter)
 
 
-def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize: float) -> list[dict[str, Any]]:
-    """Write one chunk of items with a ShardWriter; returns ``[{path, num_samples, cls}]``."""
+def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize: float) -> dict[str, list[Any]]:
+    """Write one chunk of items with a ShardWriter; returns ``{"shards": [{path, num_samples,
+    cls}], "skipped": ["<file>: <reason>"]}`` (a shard left empty by skips is removed)."""
     source, counter = _worker["source"], _worker["counter"]
     shards: list[dict[str, Any]] = []
+    skipped: list[str] = []
     classes: Counter[str] = Counter()
 
     def finished(fname: str) -> None:
+        if writer.count == 0:  # ShardWriter opens its first shard before the first sample
+            os.remove(fname)
+            return
         shards.append({"path": fname, "num_samples": writer.count, "cls": dict(classes)})
         classes.clear()
 
@@ -60,14 +86,16 @@ def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize:
                              post=finished, verbose=0)
     with writer:
         for item in items:
-            sample = source.sample(item)
-            writer.write(sample)
-            if "cls" in sample:
-                classes[sample["cls"]] += 1
+            try:
+                sample = source.sample(item)
+                writer.write(sample)
+                classes.update([sample["cls"]] if "cls" in sample else [])
+            except DecodeError as exc:
+                skipped.append(str(exc))
             if counter is not None:
                 with counter.get_lock():
                     counter.value += 1
-    return shards
+    return {"shards": shards, "skipped": skipped}
 
 
 def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
@@ -98,8 +126,13 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
         maxsize: bytes after which ``ShardWriter`` starts a new shard (a shard may exceed it by
             one sample).
         workers: writer processes (default: all CPUs; 0 or 1 writes in this process).
+        prefix: shard file-name stem (:func:`check_prefix`).
     """
+    check_prefix(prefix)
+    if maxcount < 1 or not maxsize > 0:
+        raise ValueError(f"maxcount must be at least 1 and maxsize more than 0 bytes, got {maxcount} and {maxsize}")
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     previous = _previous_shards(out, prefix, overwrite)
@@ -109,19 +142,29 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     tmp = str(make_temporary_dir(out / "tmp-shards"))
     start = time.time()
     try:
-        with tqdm(total=len(items), unit="img", desc=f"shards → {out}", disable=not progress) as bar:
+        with progress_bar(total=len(items), unit="img", desc=f"shards → {out}", disable=not progress) as bar:
             results = _run(source, chunks, tmp, maxcount, maxsize, workers, bar)
-        written = [s for chunk in results for s in chunk]
+        written = [s for chunk in results for s in chunk["shards"]]
+        skipped = [note for chunk in results for note in chunk["skipped"]]
+        if not written:
+            raise ValueError(f"nothing to write: none of the {len(skipped)} file(s) decodes, e.g. {skipped[0]}")
         for old in previous:
             old.unlink()
-        index = _finalise(written, out, prefix, source, time.time() - start)
+        index = _finalise(written, skipped, out, prefix, source, time.time() - start)
+    except OSError as exc:  # a full disk, also when a writer process met it
+        if disk_full_message(exc) is None:
+            raise
+        raise DiskFullError(errno.ENOSPC, f"{out}: {os.strerror(errno.ENOSPC)} while writing shards (no shard "
+                            "written; the folder is as it was)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not any(out.iterdir()):  # a failed first run leaves no empty folder behind
+            out.rmdir()
     return index
 
 
 def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, maxsize: float, workers: int,
-         bar: tqdm) -> list[list[dict[str, Any]]]:
+         bar: tqdm) -> list[dict[str, list[Any]]]:
     if workers <= 1:
         _init_worker(source, None)
         results = []
@@ -145,7 +188,7 @@ def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, 
         return [f.result() for f in futures]
 
 
-def _finalise(written: list[dict[str, Any]], out: Path, prefix: str, source: ShardSource,
+def _finalise(written: list[dict[str, Any]], skipped: list[str], out: Path, prefix: str, source: ShardSource,
               seconds: float) -> dict[str, Any]:
     shards, class_counts = [], Counter()
     for i, s in enumerate(written):
@@ -163,6 +206,7 @@ def _finalise(written: list[dict[str, Any]], out: Path, prefix: str, source: Sha
         "shards": shards,
         **source.metadata(),
         "class_counts": {k: class_counts[k] for k in sorted(class_counts, key=int)} if class_counts else None,
+        "skipped_files": {"count": len(skipped), "first": skipped[:SKIPPED_NAMED]},
         "seconds": round(seconds, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

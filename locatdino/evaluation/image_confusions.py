@@ -12,6 +12,7 @@ producer of per-image matrices can build one (:meth:`from_matrices`).
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
 from collections.abc import Iterable
@@ -22,9 +23,12 @@ import numpy as np
 from scipy.sparse import csr_matrix
 
 from locatdino.errors import first_line
+from locatdino.input_files import read_bounded
 from locatdino.output_files import atomic_write
 
 CONFUSION_FILE = "per_image_confusion.npz"  # its name beside a run's results.json (hbird, linprobe)
+# 2,000 ADE20K images hold about 10 MB; a file (or its arrays unpacked) past this is not one
+MAX_BYTES = 2 << 30
 
 
 @dataclass
@@ -117,11 +121,18 @@ class ImageConfusions:
     @classmethod
     def load(cls, path: str | os.PathLike) -> ImageConfusions:
         """Read a file :meth:`save` wrote; ``ValueError`` naming the file and what is wrong when it
-        is not one, or holds cells outside its own images and classes."""
-        if not zipfile.is_zipfile(path):  # np.load would try a pickle and say "pickled data"
+        is not one (a FIFO, a device, a file or arrays larger than :data:`MAX_BYTES`), or holds
+        cells outside its own images and classes."""
+        data = io.BytesIO(read_bounded(path, MAX_BYTES, "per-image confusion file"))
+        if not zipfile.is_zipfile(data):  # np.load would try a pickle and say "pickled data"
             raise ValueError(f"{path}: not a per-image confusion file (not an .npz archive)")
+        with zipfile.ZipFile(data) as archive:
+            unpacked = sum(member.file_size for member in archive.infolist())
+        if unpacked > MAX_BYTES:  # compressed zeros: a few kB that unpack to gigabytes
+            raise ValueError(f"{path}: its arrays unpack to {unpacked / 2**20:.0f} MiB, more than a per-image "
+                             f"confusion file ever holds ({MAX_BYTES / 2**20:.0f} MiB)")
         try:
-            with np.load(path) as data:
+            with np.load(data) as data:
                 loaded = cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
                              data["image"].astype(np.int64), data["cell"].astype(np.int64),
                              data["count"].astype(np.int64))

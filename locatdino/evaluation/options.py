@@ -26,6 +26,8 @@ from locatdino.errors import UserError
 from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
+from locatdino.evaluation.splits import open_split
+from locatdino.evaluation.views import check_usable
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
@@ -81,6 +83,20 @@ def add_loader_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=at_least(0), default=None,
                    help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The memory (``--train-split``) and query (``--val-split``) splits of the data options,
+    each refused (one line) when it has fewer images than asked for or none that can be used
+    (:func:`~locatdino.evaluation.views.check_usable`): before any model is loaded."""
+    common = dict(seed=args.seed, scene_size=args.scene_size)
+    train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300,
+                       option="--num-train", **common)
+    val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
+                     option="--num-val", **common)
+    check_usable(train, f"--train-split {args.train_split}")
+    check_usable(val, f"--val-split {args.val_split}")
+    return train, val
 
 
 def encoder_device(name: str, command: str) -> torch.device:

@@ -47,11 +47,14 @@ def open_split(
     seed: int = 0,
     scene_size: int = 224,
     default_scenes: int = 100,
+    option: str | None = None,
 ) -> Any:
     """Split ``split`` of dataset ``name``, limited to a seeded random subset of ``count`` images.
 
     The built-in scenes are rendered on demand, so for them ``count`` is the number of scenes
-    (``default_scenes`` when None) of ``scene_size`` px.
+    (``default_scenes`` when None) of ``scene_size`` px. A ``count`` above the split's size is
+    refused naming ``option`` (the command-line flag that asked for it): scores of 3 images
+    read as scores of the 16 asked for. Without ``option`` ``count`` is a cap (the whole split).
     """
     from locatdino.data import build_segmentation_dataset
 
@@ -65,6 +68,9 @@ def open_split(
     if data_dir is None:
         raise ValueError(f"dataset {name!r} needs a data directory (--data-dir)")
     dataset = build_segmentation_dataset(name, data_dir, split)
+    if option is not None and count is not None and count > len(dataset):
+        raise ValueError(f"{option} {count}: split {split!r} of {name} has only {len(dataset)} images (ask for at most "
+                         f"{len(dataset)}, or leave {option} out to use them all)")
     if count is not None and count < len(dataset):
         rng = np.random.default_rng(seed)
         dataset = SubsetSplit(dataset, np.sort(rng.choice(len(dataset), size=count, replace=False)))

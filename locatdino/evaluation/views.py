@@ -2,8 +2,11 @@
 
 Datasets follow the protocol of INTERFACES.md: ``ds[i] -> (PIL RGB image, mask [H, W])`` with
 ``num_classes``, ``ignore_index`` and ``class_names``. Both wrappers are map-style datasets for a
-``DataLoader`` (workers decode and augment in parallel). A sample that fails to decode or whose
-mask does not match its image is skipped with a warning naming it and counted; never fatal.
+``DataLoader`` (workers decode and augment in parallel). A sample that fails to decode, whose
+mask does not match its image, or whose mask holds a label outside ``[0, num_classes)`` that is
+not the ignore index (masks of another dataset, a grayscale rendering) is skipped with a warning
+naming it and counted; never fatal. A split where *every* sample is so is refused before the
+work by :func:`check_usable`, naming the first file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -27,24 +30,66 @@ def view_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
-def load_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor] | None:
-    """``(image uint8 [3, H, W], mask int32 [H, W])`` of ``dataset[index]``, or None (with a
-    warning) when the sample is corrupt."""
+class BadSample(ValueError):
+    """A sample of a labelled split that cannot be used; the message names it and says why."""
+
+
+def sample_name(dataset: Any, index: int) -> str:
+    """The file (or ``shard:key``) of ``dataset[index]`` where its reader tells, through subsets."""
+    while hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # SubsetSplit, CachedSplit
+        dataset, index = dataset.dataset, int(dataset.indices[index])
+    source = getattr(dataset, "sample_source", None)
+    return source(index) if source is not None else f"sample {index} of {type(dataset).__name__}"
+
+
+def read_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor]:
+    """``(image uint8 [3, H, W], mask int32 [H, W])`` of ``dataset[index]``; :class:`BadSample`
+    naming it when it does not decode, its mask does not match the image or holds a label that
+    is neither a class nor the ignore index."""
     try:
         image, mask = dataset[index]
         image = TF.pil_to_tensor(image.convert("RGB"))
         mask = torch.from_numpy(np.asarray(mask, dtype=np.int32))  # 16-bit PNG labels fit
     except (OSError, ValueError, SyntaxError, TypeError) as err:
-        warnings.warn(f"skipping sample {index} of {type(dataset).__name__}: {err}", stacklevel=2)
-        return None
+        raise BadSample(f"{sample_name(dataset, index)}: {err}") from None
     if mask.shape != image.shape[-2:]:
-        warnings.warn(
-            f"skipping sample {index} of {type(dataset).__name__}: mask {tuple(mask.shape)} does not "
-            f"match image {tuple(image.shape[-2:])}",
-            stacklevel=2,
-        )
-        return None
+        raise BadSample(f"{sample_name(dataset, index)}: mask {tuple(mask.shape)} does not match image "
+                        f"{tuple(image.shape[-2:])}")
+    c, ignore = dataset.num_classes, dataset.ignore_index
+    if mask.numel() and (int(mask.min()) < 0 or int(mask.max()) >= c):
+        values = mask.unique()
+        bad = values[((values < 0) | (values >= c)) & (values != ignore if ignore is not None else True)]
+        if len(bad):
+            shown = ", ".join(map(str, bad[:5].tolist())) + (", ..." if len(bad) > 5 else "")
+            raise BadSample(f"{sample_name(dataset, index)}: label {shown} out of range: classes are 0..{c - 1}"
+                            + (f", ignore index {ignore}" if ignore is not None else ""))
     return image, mask
+
+
+def load_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor] | None:
+    """:func:`read_pair`, or None with a warning naming the sample when it is bad."""
+    try:
+        return read_pair(dataset, index)
+    except BadSample as err:
+        warnings.warn(f"skipping {err}", stacklevel=2)
+        return None
+
+
+def check_usable(dataset: Any, what: str) -> None:
+    """:class:`BadSample` (one line naming ``what``, e.g. ``"--val-split val"``, and the first bad
+    file) unless some sample of ``dataset`` can be used. Reads up to the first good sample, in
+    practice the first: only a split where every sample is bad (masks of the wrong size
+    everywhere, another dataset's labels) is read through, which costs a decode per image and
+    no forward pass, instead of a run whose scores are empty."""
+    first = None
+    for index in range(len(dataset)):
+        try:
+            read_pair(dataset, index)
+            return
+        except BadSample as err:
+            first = first or str(err)
+    raise BadSample(f"{what}: none of its {len(dataset)} images can be used (first: {first})" if first else
+                    f"{what} has no image")
 
 
 class MemoryViews(Dataset):

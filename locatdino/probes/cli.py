@@ -15,12 +15,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
 
 from locatdino.arguments import ArgumentParser, at_least, non_negative_float, positive_float
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                          add_model_arguments, encoder_device, load_backbones, model_runs, record_run)
-from locatdino.evaluation.splits import CachedSplit, open_split
-from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
+                                          add_model_arguments, encoder_device, load_backbones, model_runs, open_splits,
+                                          record_run)
+from locatdino.evaluation.splits import CachedSplit
+from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
+                                    remove_stale_temporaries)
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
@@ -104,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     device = encoder_device(args.device, "linprobe")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
-        common = dict(seed=args.seed, scene_size=args.scene_size)
-        train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
-                               default_scenes=300, **common)
-        val_set = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, **common)
+        train_set, val_set = open_splits(args)
         cfg.check_train_size(len(train_set))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino linprobe: {err}") from None
@@ -121,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     out = Path(args.out)
     _check_outputs(out, [label for *_, label in runs], args.cache_dir, args.overwrite)
+    with output_lock(out, "--out"):  # a second run into --out is refused, not raced
+        return _probe_all(args, runs, models, train_set, val_set, cfg, device)
+
+
+def _probe_all(args: argparse.Namespace, runs: list[tuple[str, str | None, str, str]], models: list[nn.Module],
+               train_set: Any, val_set: Any, cfg: LinearProbeConfig, device: torch.device) -> int:
+    """Every model's probe, each written as it finishes, then the comparison of them all."""
+    out = Path(args.out)
     results = []
     for (name, ckpt, _, label), model in zip(runs, models):
         iterations = cfg.total_iterations(len(train_set))

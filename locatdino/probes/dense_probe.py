@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+from locatdino.progress import progress
 
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.image_confusions import ImageConfusions
@@ -166,7 +166,7 @@ def _store_features(extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeC
     views = TrainViews(dataset, np.arange(len(dataset)), cfg.input_size)
     loader = DataLoader(_Indexed(views), batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
     skipped = 0
-    for items, n_bad in clock.iterate(tqdm(loader, desc="features", disable=not cfg.progress, leave=False), "data"):
+    for items, n_bad in clock.iterate(progress(loader, desc="features", disable=not cfg.progress, leave=False), "data"):
         skipped += n_bad
         if items:
             indices, pairs = zip(*items)
@@ -248,8 +248,8 @@ def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConf
     curve, running, skipped = [], [], [0]
     head.train()
     batches = _batches(extractor, train_set, order, cfg, _workers(cfg, extractor.device), clock, skipped)
-    progress = tqdm(total=iterations, desc="linear probe", disable=not cfg.progress, leave=False)
-    with contextlib.closing(batches), progress:
+    progress_bar = progress(total=iterations, desc="linear probe", disable=not cfg.progress, leave=False)
+    with contextlib.closing(batches), progress_bar:
         for it, (feats, targets) in enumerate(batches, start=1):
             with clock("head"):
                 loss = _loss(head, feats, targets)
@@ -261,8 +261,8 @@ def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConf
             if it % every == 0 or it == iterations:
                 curve.append((it, round(float(np.mean(running)), 5)))
                 running.clear()
-                progress.set_postfix(loss=curve[-1][1])
-            progress.update()
+                progress_bar.set_postfix(loss=curve[-1][1])
+            progress_bar.update()
     return head.eval(), curve, skipped[0]
 
 
@@ -293,7 +293,7 @@ def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cf
     views = EvalViews(dataset, cfg.input_size, extractor.patch_size)
     loader = DataLoader(views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device),
                         collate_fn=collate_items)
-    for items, n_bad in clock.iterate(tqdm(loader, desc="evaluate", disable=not cfg.progress, leave=False), "data"):
+    for items, n_bad in clock.iterate(progress(loader, desc="evaluate", disable=not cfg.progress, leave=False), "data"):
         skipped += n_bad
         groups: dict[tuple[int, ...], list[tuple[Tensor, tuple[int, int], Tensor]]] = {}
         for item in items:  # images of one padded size go through the backbone together

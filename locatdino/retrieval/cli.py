@@ -22,12 +22,13 @@ from torch import nn
 
 from locatdino.arguments import ArgumentParser
 from locatdino.evaluation.options import (add_data_arguments, add_model_arguments, encoder_device, load_backbones,
-                                          model_runs, record_run)
-from locatdino.evaluation.splits import SubsetSplit, open_split
+                                          model_runs, open_splits, record_run)
+from locatdino.evaluation.splits import SubsetSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
 from locatdino.retrieval.options import add_protocol_arguments, config_from_args
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
@@ -166,12 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = model_runs(args, "hbird")
     device = encoder_device(args.device, "hbird")
     try:
-        config_from_args(args, None)  # inconsistent settings fail before any data is read
-        common = dict(seed=args.seed, scene_size=args.scene_size)
-        train_set = open_split(args.dataset, args.data_dir, args.train_split, args.num_train,
-                               default_scenes=300, **common)
-        val_set = open_split(args.dataset, args.data_dir, args.val_split, args.num_val,
-                             default_scenes=100, **common)
+        cfg = config_from_args(args, None)  # inconsistent settings fail before any data is read
+        check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
+        train_set, val_set = open_splits(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder

@@ -30,7 +30,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
-from tqdm.auto import tqdm
+from locatdino.progress import progress
 
 from locatdino.evaluation.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.evaluation.features import FeatureExtractor
@@ -39,7 +39,7 @@ from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
-from locatdino.retrieval.index import PatchIndex
+from locatdino.retrieval.index import PatchIndex, check_index_device, faiss_gpu_available
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
@@ -166,7 +166,7 @@ def build_memory(
     sampler_rng = torch.Generator().manual_seed(cfg.seed)
     min_valid = math.ceil(cfg.min_valid_fraction * p * p)
     skipped = 0
-    batches = tqdm(_loader(views, cfg, extractor), desc="memory", disable=not cfg.progress, leave=False)
+    batches = progress(_loader(views, cfg, extractor), desc="memory", disable=not cfg.progress, leave=False)
     for images, masks, n_skipped in clock.iterate(batches, "data"):
         skipped += n_skipped
         if not masks:
@@ -250,7 +250,7 @@ def score_queries(scores_of: Callable[[torch.Tensor], torch.Tensor], dataset: An
     cm = ConfusionMatrix(num_classes, dataset.ignore_index, keep_images=True)
     skipped = 0
     loader = _loader(QueryViews(dataset, size), cfg, extractor)
-    batches = tqdm(loader, desc="query", disable=not cfg.progress, leave=False)
+    batches = progress(loader, desc="query", disable=not cfg.progress, leave=False)
     for images, masks, n_skipped in clock.iterate(batches, "data"):
         skipped += n_skipped
         if not masks:
@@ -299,6 +299,9 @@ def hummingbird(
     clock = PhaseClock()
     provenance = run_provenance()
     start = time.perf_counter()
+    check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
+    if cfg.index == AUTO and cfg.index_device == "gpu" and not faiss_gpu_available():
+        cfg = replace(cfg, index="Flat")  # the one search a GPU runs without faiss-gpu (torch, exact)
     choice = None if cfg.index == AUTO else IndexChoice(cfg.index, cfg.nprobe)
     index = None if choice is None else _patch_index(extractor, cfg, choice)  # a bad spec fails before encoding
     bank, skipped_train = build_memory(extractor, train_set, cfg, clock)

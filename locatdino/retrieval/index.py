@@ -35,6 +35,21 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+def check_index_device(device: str, spec: str, backend: str = "auto") -> None:
+    """``ValueError`` before any work when index device ``"gpu"`` cannot be had: a FAISS build
+    without GPU support leaves only exact search (``Flat``, or ``auto``, which then picks it)
+    with the torch backend on a CUDA device; otherwise it would fail once the memory is built."""
+    if device != "gpu" or faiss_gpu_available():
+        return
+    if spec not in ("Flat", "auto") or backend == "faiss":
+        raise ValueError(f"--index-device gpu: this FAISS has no GPU support (faiss-cpu build), and without it only "
+                         f"exact search runs on a GPU (--index Flat, not {spec!r}; --knn-backend auto or torch, "
+                         f"not {backend!r}): use --index-device cpu or install faiss-gpu")
+    if not torch.cuda.is_available():
+        raise ValueError("--index-device gpu: neither FAISS (a faiss-cpu build) nor torch sees a GPU here: use "
+                         "--index-device auto or cpu")
+
+
 class PatchIndex:
     """An inner-product k-NN index built from a ``[N, D]`` feature array (FAISS, or torch exact
     search on a GPU that FAISS cannot use).

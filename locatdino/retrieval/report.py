@@ -26,6 +26,7 @@ from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matc
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
+from locatdino.input_files import read_bounded
 from locatdino.output_files import atomic_write_text
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
@@ -212,7 +213,11 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
             raise FileNotFoundError(f"{p}: no results.json found")
         for f in files:
             try:
-                data = json.loads(f.read_text())
+                text = read_bounded(f, MAX_RESULTS_BYTES, "Hummingbird results.json")  # no FIFO, device, huge file
+            except OSError as err:
+                raise ValueError(f"{f}: not a Hummingbird results.json ({err.strerror or err})") from None
+            try:
+                data = json.loads(text)
                 data["miou"]
             except (OSError, ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
@@ -226,6 +231,7 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
 
 
 SCORES = ("miou", "miou_matched", "pixel_accuracy")  # percentages a report prints
+MAX_RESULTS_BYTES = 64 << 20  # a results.json holds a few kB; past this it is something else
 _TOLERANCE = 1e-3  # percent: a stored mIoU against its own per-image matrices (float rounding only)
 
 

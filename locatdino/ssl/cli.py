@@ -55,6 +55,7 @@ from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
                                       earlier_checkpoints)
+from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -113,10 +114,15 @@ class FitCLI(LightningCLI):
             raise cause from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """``trainer.precision 16-mixed`` on the CPU trains in fp16 as asked (:func:`fp16_on_cpu`)."""
-        config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
-        if fp16_on_cpu(config):
-            plugins = config.get("plugins") or []
+        """The Trainer, with plain progress lines instead of Lightning's bar when stdout is not a
+        terminal (a job's log file; :mod:`locatdino.ssl.log_progress`), and ``trainer.precision
+        16-mixed`` on the CPU training in fp16 as asked (:func:`fp16_on_cpu`)."""
+        trainer_config = self._get(self.config_init, "trainer", default={}) or {}
+        if wants_line_progress({**trainer_config, **kwargs}):
+            callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
+            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), LineProgressBar()]
+        if fp16_on_cpu(trainer_config):
+            plugins = trainer_config.get("plugins") or []
             plugins = plugins if isinstance(plugins, list) else [plugins]
             kwargs.update(precision=None, plugins=[*plugins, MixedPrecision("16-mixed", "cpu")])
         return super().instantiate_trainer(**kwargs)

@@ -86,3 +86,24 @@ def test_skipped_samples_logger_counts_and_names_bad_samples(tmp_path, caplog):
     assert [m.split(": ")[1].split(" ")[1] for m in named] == [f"{path}:k2", f"{path}:k7", f"{path}:k2"]
     assert lines[3:] == ["rank 0: more than 3 skips, from now on only counted (data/skipped)",
                          "rank 0: 4 sample(s) skipped in this run, 3 named above"]
+
+
+def test_fit_on_shards_where_every_sample_is_bad_stops_at_once_with_one_line(tmp_path, capsys):
+    """Such shards gave a fixed-length stream that skipped samples forever: no step, no output."""
+    from locatdino import cli
+    from tests.ssl.ssl_helpers import tiny_overrides
+
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for k in range(2):
+        with wds.TarWriter(str(folder / f"shard-{k:06d}.tar")) as w:
+            for i in range(3):
+                w.write({"__key__": f"s{k}{i}", "jpg": b"<html>not found</html>"})
+    dm = ShardDataModule(str(folder), batch_size=2, num_workers=0, multicrop=SMALL)
+    with pytest.raises(ValueError, match=r"no usable sample in the shards .*shard-00000\d.tar and 1 more: 6 read, "
+                                         r"every one skipped \(.*:s\d\d: UnidentifiedImageError"):
+        dm.setup("fit")
+    status = cli.main(["fit", *tiny_overrides(tmp_path, shards=folder), "--trainer.max_steps", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and err[-1].startswith("locatdino fit: no usable sample in the shards "), err
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -147,3 +147,19 @@ def test_a_feature_cache_left_by_a_killed_run_is_removed_by_the_next(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [store.folder.name]  # the dead run's cache is gone
     store.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_linprobe_into_one_out_is_refused_while_the_first_runs(tmp_path, capsys, monkeypatch):
+    """Two probes into one --out raced for the same results.json: the second is refused at once."""
+    import os
+
+    import locatdino.probes.cli as linprobe
+    from locatdino.output_files import output_lock
+
+    monkeypatch.setattr(linprobe, "linear_probe", lambda *a, **k: pytest.fail("probed into a locked --out"))
+    out = tmp_path / "out"
+    with output_lock(out, "--out"):  # the first run, still probing
+        assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(out), *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"locatdino linprobe: --out {out} is in use by another run "
+                                                   f"(pid {os.getpid()} on ")

@@ -239,3 +239,59 @@ def test_damaged_confusion_files_are_named_in_one_line(tmp_path, damage, expecte
         cli.main(["report", str(results)])
     assert str(refused.value) == f"locatdino hbird report: {path}: {expected}".replace("\\'", "'")
 
+
+
+@pytest.mark.parametrize("name", ["results.json", CONFUSION_FILE])
+@pytest.mark.parametrize("kind, expected", [
+    ("fifo", "is a FIFO, not a"), ("/dev/zero", "is a character device, not a"), ("huge", "holds more than"),
+])
+def test_a_fifo_a_device_or_a_huge_file_is_refused_not_read(tmp_path, name, kind, expected):
+    """``open`` of a FIFO waited for a writer forever, ``/dev/zero`` was read forever, a huge
+    results.json went whole into ``json.loads``."""
+    import os
+    import signal
+
+    from locatdino.evaluation.image_confusions import MAX_BYTES
+    from locatdino.retrieval import cli
+    from locatdino.retrieval.report import MAX_RESULTS_BYTES
+
+    results = _run_with_matrices(tmp_path / "run")
+    path = tmp_path / "run" / name
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:  # sparse: no disk is used
+            f.truncate((MAX_RESULTS_BYTES if name == "results.json" else MAX_BYTES) + 1)
+
+    def hung(*_):
+        raise TimeoutError(f"hbird report hung on {kind} {name}")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(SystemExit) as refused:
+            cli.main(["report", str(results)])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    what = "Hummingbird results.json" if name == "results.json" else "per-image confusion file"
+    message = str(refused.value)
+    assert message.startswith(f"locatdino hbird report: {path} {expected}") and message.count(what) == 1, message
+    assert "\n" not in message
+
+
+def test_a_confusion_file_whose_arrays_unpack_too_large_is_refused(tmp_path, monkeypatch):
+    import locatdino.evaluation.image_confusions as image_confusions
+
+    path = tmp_path / CONFUSION_FILE
+    with open(path, "wb") as f:  # 8 MB of zeros, about 8 kB compressed
+        np.savez_compressed(f, num_classes=2, class_mask=np.ones(2, bool), num_images=1,
+                            image=np.zeros(10**6, np.int64), cell=np.zeros(1, np.int64), count=np.zeros(1, np.int64))
+    monkeypatch.setattr(image_confusions, "MAX_BYTES", 2**20)
+    assert path.stat().st_size < 2**20
+    with pytest.raises(ValueError, match=r"its arrays unpack to 8 MiB, more than a per-image confusion file ever "
+                                         r"holds \(1 MiB\)"):
+        ImageConfusions.load(path)
