@@ -4,8 +4,8 @@ Every rank of a multi-process run meets the others in collectives (the gradient 
 step, barriers around checkpoints). When a rank dies, its peers' connections close and they fail
 within seconds. When a rank hangs instead (a frozen node, a stuck file system or data loader, a
 faulty GPU), nothing closes: its peers wait in the next collective until the process group's
-timeout, torch's default 30 minutes (gloo) or 10 (NCCL), while every other accelerator of the job
-idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
+timeout (Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL
+alike), while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
 sets that timeout on the strategy, so a hung rank costs ``S`` seconds.
 
 ``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
