@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import random
+import signal
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count, islice
@@ -339,15 +340,26 @@ class ShardStream(IterableDataset):
         return batch
 
 
+def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a worker ignores SIGTERM and SIGUSR1. A scheduler signals
+    every process of a job, workers included; a worker killed by it (torch's default) fails the
+    training process's next batch before it could save its checkpoint. The training process
+    handles both (``locatdino.ssl.stop_checkpoint``) and ends its workers itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 class ShardLoader(DataLoader):
     """DataLoader over a ``ShardStream`` (batches come ready-made: ``batch_size=None``).
 
     Starts a new ``epoch`` of the stream on every ``iter()``; workers are not persistent, so each
     epoch's workers receive the stream with the new epoch number (new shard and sample orders).
-    ``len()`` is the fixed number of batches per rank.
+    ``len()`` is the fixed number of batches per rank. Workers leave a scheduler's stop signals to
+    the training process (:func:`leave_stop_signals_to_the_trainer`).
     """
 
     def __init__(self, stream: ShardStream, num_workers: int = 0, **kwargs: Any) -> None:
+        kwargs.setdefault("worker_init_fn", leave_stop_signals_to_the_trainer)
         super().__init__(stream, batch_size=None, num_workers=num_workers, persistent_workers=False, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:

@@ -37,6 +37,7 @@ import warnings
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -51,11 +52,20 @@ from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.collective_timeout import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    LostRank,
+    apply_collective_timeout,
+    check_collective_timeout,
+    lost_rank_message,
+    nccl_environment,
+)
 from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
                                       earlier_checkpoints)
 from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
+from locatdino.ssl.restarts import resume_after_restart
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -77,20 +87,27 @@ class FitCLI(LightningCLI):
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
+        parser.add_argument("--collective_timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S,
+                            help="seconds a rank waits for the others in a collective before the run stops: what a "
+                            "hung rank costs (docs/multinode.md)")
         parser.add_argument("--overwrite", action="store_true",
                             help="start a new run in a trainer.default_root_dir that holds another run's checkpoints, "
                             "deleting them, its logs and its curves first (without it such a folder is refused)")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse, then check the values users get wrong (:func:`check_fit_config`) before
-        anything is built or seeded; a parser error names the ``--config`` file that set the key."""
+        """Parse, resume by itself when the launcher restarted the job (:func:`resume_after_restart`),
+        then check the values users get wrong (:func:`check_fit_config`) before anything is built
+        or seeded; a parser error names the ``--config`` file that set the key."""
         token = FIT_ARGS.set(tuple(args))
         try:
             super().parse_arguments(parser, args)
         finally:
             FIT_ARGS.reset(token)
         subcommand = self.config.get("subcommand")
-        check_fit_config(self.config[subcommand] if subcommand else self.config)  # run=False: flat
+        config = self.config[subcommand] if subcommand else self.config  # run=False: flat
+        resume_after_restart(config)
+        check_fit_config(config)
+        check_collective_timeout(config.collective_timeout)
 
     def before_instantiate_classes(self) -> None:
         """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``."""
@@ -138,6 +155,8 @@ class FitCLI(LightningCLI):
         for key in ("step_checkpoint", "epoch_checkpoint"):
             remove_stale_temporaries(config[key].dirpath)
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
+        if apply_collective_timeout(self.trainer.strategy, config.collective_timeout):
+            os.environ.update(nccl_environment(config.collective_timeout, os.environ))
 
     def _run_subcommand(self, subcommand: str) -> None:
         """``before_fit``, ``fit``, ``after_fit`` (LightningCLI's one method around all three) with
@@ -153,6 +172,15 @@ class FitCLI(LightningCLI):
                 saved = [cb.saved for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint) and cb.saved]
                 raise StoppedBySignal(f"stopped by SIGTERM at step {trainer.global_step}: " + (
                     f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved")) from None
+            except Exception as err:
+                saved = [cb.last_model_path for cb in trainer.checkpoint_callbacks
+                         if getattr(cb, "last_model_path", "")]
+                message = lost_rank_message(err, rank=trainer.global_rank, step=trainer.global_step,
+                                            timeout_s=self.config.fit.collective_timeout,
+                                            checkpoint=saved[-1] if saved else None)
+                if message is None:
+                    raise
+                raise LostRank(message) from None
 
     def after_fit(self) -> None:
         """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``."""
@@ -245,8 +273,12 @@ def main(argv: list[str]) -> int:
         print(f"locatdino fit: {err}", file=sys.stderr)
         return 1
     except StoppedBySignal as stop:
-        print(f"locatdino fit: {stop}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank stops at the same step with the same checkpoint
+            print(f"locatdino fit: {stop}", file=sys.stderr)
         return SIGTERM_EXIT_STATUS
+    except LostRank as lost:  # each surviving rank says it: which ones survived is the news
+        print(f"locatdino fit: {lost}", file=sys.stderr)
+        return 1
     except Exception as err:  # a full disk, however deep torch or Lightning wrapped it
         message = disk_full_message(err)
         if message is None:

@@ -14,7 +14,7 @@ non-finite loss.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lightning.pytorch import LightningModule
@@ -33,6 +33,23 @@ class RunLength:
     total_steps: int
     steps_per_epoch: int
     global_batch: int
+    world_size: int = 0  # 0: a checkpoint from before it was recorded
+
+
+def resumed_run_change(then: RunLength, now: RunLength) -> str:
+    """One line on what differs between the run a checkpoint was saved in (``then``) and its
+    resumed run (``now``). On another number of ranks: the global batch, the peak lr (every
+    objective scales it linearly with the global batch), the steps per epoch and the schedules'
+    length, and the data order (the shards are split over the ranks anew)."""
+    if then.world_size and then.world_size != now.world_size:
+        lr_factor = now.global_batch / then.global_batch
+        return (f"resumed on {now.world_size} ranks, the checkpoint was trained on {then.world_size}: global batch "
+                f"{then.global_batch} -> {now.global_batch} images, so the peak lr x {lr_factor:g} "
+                f"(it scales with the global batch); {then.steps_per_epoch} -> {now.steps_per_epoch} steps per epoch, "
+                f"schedules rebuilt for {now.total_steps} steps (were {then.total_steps}); the shards are split over "
+                "the ranks anew, so the data order differs from an uninterrupted run")
+    return (f"the schedules differ from the checkpoint's: {asdict(then)} then, {asdict(now)} now "
+            "(changed max_epochs/max_steps or batch size?)")
 
 
 class PretrainingObjective(LightningModule):
@@ -74,10 +91,11 @@ class PretrainingObjective(LightningModule):
             # optimizer steps per epoch as Lightning counts them: a last, partial accumulation steps too
             steps_per_epoch=max(math.ceil(batches / trainer.accumulate_grad_batches), 1),
             global_batch=int(self.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches),
+            world_size=trainer.world_size,
         )
-        if self._run_length is not None and self._run_length != length:
-            rank_zero_warn(f"{name}: the schedules differ from the checkpoint's: {asdict(self._run_length)} "
-                           f"then, {asdict(length)} now (changed max_epochs/max_steps, world size or batch size?).")
+        then = self._run_length
+        if then is not None and then != (length if then.world_size else replace(length, world_size=0)):
+            rank_zero_warn(f"{name}: {resumed_run_change(then, length)}")
         self._run_length = length
         return length
 

@@ -1,19 +1,36 @@
-"""Stopping a run the way cluster schedulers expect: SIGTERM saves ``last.ckpt``, exit non-zero.
+"""Stopping a run the way cluster schedulers expect: SIGTERM saves ``last.ckpt``, exit non-zero;
+SLURM's early-warning signal saves ``last.ckpt`` and requeues the job.
 
-SLURM (and most schedulers) send SIGTERM some time before killing a job. Lightning turns it into
-a :class:`~lightning.pytorch.utilities.exceptions.SIGTERMException` at the end of the current
-batch, on every rank; left alone that is a ``SystemExit`` with status 0 and no checkpoint of the
-steps since the last periodic save. :class:`SigtermCheckpoint` writes ``last.ckpt`` at that
-point (``--ckpt_path last`` resumes it), and :class:`StoppedBySignal` carries the stop up to the
-command, which says so in one line and exits with 128 + SIGTERM (143), so a wrapper script
-or requeue logic sees the job did not finish.
+SLURM (and most schedulers) send SIGTERM some time before killing a job, to every process of it.
+Lightning's own handler is unsafe with several ranks: it runs a collective inside the signal
+handler, wherever each rank happens to be, and a 2 x 2-rank job signalled this way dies of a
+collective mismatch without saving (gloo: "Received data size doesn't match expected size");
+its SLURM requeue handler writes the checkpoint inside the handler too (mid-step, so a
+checkpoint may hold a student one update ahead of its teacher). :class:`SigtermCheckpoint`
+replaces both handlers, for the training loop, by ones that only set a flag; at the end of every
+training batch the ranks agree on the flags (one all-reduce of two numbers), so all of them act
+at the same step:
+
+- **SIGTERM**: save ``last.ckpt`` (``--ckpt_path last`` resumes it) and stop;
+  :class:`StoppedBySignal` carries the stop up to the command, which says so in one line and
+  exits with 128 + SIGTERM (143), so a wrapper script or requeue logic sees the job did not finish.
+- **the requeue signal** (SIGUSR1, ``#SBATCH --signal=USR1@90``; only when Lightning's
+  ``SLURMEnvironment`` with ``auto_requeue`` is the cluster environment, as it is under ``srun``):
+  save ``last.ckpt``, then rank 0 runs ``scontrol requeue <job id>`` as Lightning would. SLURM
+  then ends the job (the SIGTERM above) and starts it again, and ``fit`` resumes the saved
+  ``last.ckpt`` by itself (:mod:`locatdino.ssl.restarts`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+from types import FrameType
 
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -24,19 +41,78 @@ class StoppedBySignal(Exception):
     """A run stopped by SIGTERM after saving its checkpoint; ``str()`` is one line naming it."""
 
 
+def requeue_signal(trainer: Trainer) -> signal.Signals | None:
+    """The signal that asks this run to save and requeue itself: Lightning's
+    ``SLURMEnvironment.requeue_signal`` when that is the run's cluster environment with
+    ``auto_requeue`` on, else ``None``."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is None and SLURMEnvironment.detect():  # one task: a strategy without an environment
+        environment = SLURMEnvironment()
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal
+    return None
+
+
+def slurm_job_id() -> str:
+    """The id ``scontrol requeue`` takes: ``<array job>_<task>`` in a job array, else ``SLURM_JOB_ID``."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
+
+
 class SigtermCheckpoint(Callback):
-    """On a SIGTERM stop, save the run's state as ``last.ckpt`` in ``dirpath`` (every rank takes
-    part, as sharded strategies need; the checkpoint IO plugin writes it atomically)."""
+    """Save the run's state as ``last.ckpt`` in ``dirpath`` on SIGTERM (then stop) or on SLURM's
+    requeue signal (then requeue); see the module docstring. Every rank takes part in the save, as
+    sharded strategies need; the checkpoint IO plugin writes it atomically."""
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = dirpath
         self.saved: str | None = None
+        self._saved_step = -1
+        self._received = {"stop": False, "requeue": False}
 
     @property
     def path(self) -> str:
         return os.path.join(self.dirpath, "last.ckpt")
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Replace Lightning's handlers (registered just before the loop; it restores the ones
+        before it at teardown) by flag-setting ones."""
+        signal.signal(signal.SIGTERM, self._flag("stop"))
+        requeue = requeue_signal(trainer)
+        if requeue is not None:
+            signal.signal(requeue, self._flag("requeue"))
+
+    def _flag(self, name: str):
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self._received[name] = True
+        return handler
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        flags = torch.tensor([self._received["stop"], self._received["requeue"]], dtype=torch.int32,
+                             device=pl_module.device)
+        stop, requeue = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="max").tolist())
+        if requeue:
+            self._received["requeue"] = False
+            self.save(trainer)
+            if trainer.is_global_zero:
+                self._requeue(trainer)
+        if stop:
+            raise SIGTERMException()
+
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(self.path)
-            self.saved = self.path
+            self.save(trainer)
+
+    def save(self, trainer: Trainer) -> None:
+        """``last.ckpt`` of the current step, once per step."""
+        if self._saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved, self._saved_step = self.path, trainer.global_step
+
+    def _requeue(self, trainer: Trainer) -> None:
+        job = slurm_job_id()
+        status = subprocess.call(["scontrol", "requeue", job])
+        outcome = (f"requeued SLURM job {job}: it resumes from it when it starts again" if status == 0 else
+                   f"`scontrol requeue {job}` failed (status {status}): the job will not start again by itself")
+        print(f"locatdino fit: requeue signal at step {trainer.global_step}: saved {self.path}; {outcome}",
+              file=sys.stderr, flush=True)

@@ -55,6 +55,17 @@ class SigtermAt(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def assert_same_training_state(ranks: dict) -> None:
+    """Every rank of ``{rank: SaveRankState dump}`` ended with rank 0's state (weights, counters)
+    and read its own data (no two first batches equal)."""
+    first = ranks[0]
+    for rank, state in ranks.items():
+        assert state.keys() == first.keys()
+        assert [k for k in first if k != "_first_batch" and not torch.equal(first[k], state[k])] == [], rank
+    batches = [state["_first_batch"] for state in ranks.values()]
+    assert not any(torch.equal(a, b) for i, a in enumerate(batches) for b in batches[i + 1:])
+
+
 def assert_same_checkpoint(expected_path, got_path) -> None:
     """Two runs ended at the same step with the same weights (FSDP against DDP: sharded clipping
     norms and EMA on shards sum in another order, hence the tolerance)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddp_helpers import assert_same_checkpoint
+from ddp_helpers import assert_same_checkpoint, assert_same_training_state
 from ssl_helpers import ROOT, locatdino_in_subprocess, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -27,14 +27,6 @@ def fit_in_subprocess(tmp_path: Path, *extra: str, shards: Path | None = None, t
                             "--trainer.callbacks+=ddp_helpers.SaveRankState", "--trainer.callbacks.out_dir", str(dump),
                             *extra, timeout=timeout)
     return {r: torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)}
-
-
-def assert_same_training_state(ranks: dict) -> None:
-    a, b = ranks[0], ranks[1]
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k]) and k != "_first_batch"]
-    assert different == []
-    assert not torch.equal(a["_first_batch"], b["_first_batch"])  # each rank read its own data
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,91 @@
+"""How long a rank waits for the others before the run stops, and the line it stops with.
+
+Every rank of a multi-process run meets the others in collectives (the gradient all-reduce of each
+step, barriers around checkpoints). When a rank dies, its peers' connections close and they fail
+within seconds. When a rank hangs instead (a frozen node, a stuck file system or data loader, a
+faulty GPU), nothing closes: its peers wait in the next collective until the process group's
+timeout (Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL
+alike), while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
+sets that timeout on the strategy, so a hung rank costs ``S`` seconds.
+
+``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
+The measured ones (benchmarks/RESULTS.md, "A stuck node: how long until the job stops"): writing
+a checkpoint (rank 0 writes, the others wait at the barrier after it), a torch.compile of the
+training step (about 2 minutes per process on the CPU; one rank compiling cold while the others
+hit their cache makes them wait that long), the online Hummingbird monitor (every rank runs it,
+so ranks wait only for the slowest), a large ``synthetic`` scene set written by ``prepare_data``.
+
+NCCL (GPUs) applies the timeout in its watchdog thread: with torch's default
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=3`` a timed-out collective ends the process (the watchdog's
+"Watchdog caught collective operation timeout" line, then SIGABRT) rather than raising here. A
+second thread, the heartbeat monitor, ends the process when the watchdog itself is stuck (a hung
+CUDA or NCCL call) for ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (torch: 480 s); :func:`nccl_environment`
+sets it to the collective timeout unless the user set it, so that failure costs no more.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from locatdino.errors import UserError
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 240.0
+HEARTBEAT_VARIABLE = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
+
+# what gloo, c10d's store and NCCL say when a peer is gone (its connections closed) or silent
+_CLOSED = re.compile(r"connection (reset|closed) by peer|broken pipe|remote process exited|failed to recv, got 0 bytes",
+                     re.I)
+_TIMED_OUT = re.compile(r"timed out|timeout", re.I)
+
+class LostRank(Exception):
+    """A collective failed because another rank died or hung; ``str()`` is one line naming it."""
+
+
+def check_collective_timeout(seconds: Any) -> float:
+    """``seconds`` as a float, or a one-line :class:`UserError` naming the option."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise UserError(f"collective_timeout: must be a positive number of seconds, got {seconds!r}")
+    return float(seconds)
+
+
+def apply_collective_timeout(strategy: Any, seconds: float) -> bool:
+    """Give ``strategy`` (Lightning's DDP, FSDP, DeepSpeed, model-parallel: each keeps the
+    process-group timeout it was built with in ``_timeout``, read when the group is created in
+    ``setup_environment``) the timeout ``seconds``; ``False`` for a strategy without a process
+    group (one device)."""
+    if not hasattr(strategy, "_timeout"):
+        return False
+    strategy._timeout = timedelta(seconds=seconds)
+    return True
+
+
+def nccl_environment(seconds: float, environ: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL variables to set before the process group exists: the heartbeat timeout equal to
+    the collective timeout (whole seconds, at least 1), unless ``environ`` already sets it."""
+    if HEARTBEAT_VARIABLE in environ:
+        return {}
+    return {HEARTBEAT_VARIABLE: str(max(1, math.ceil(seconds)))}
+
+
+def lost_rank_message(error: BaseException, *, rank: int, step: int, timeout_s: float,
+                      checkpoint: str | None) -> str | None:
+    """One line for a collective that failed because a peer died (connection closed) or hung
+    (timed out), or ``None`` when ``error`` is something else."""
+    text = str(error)
+    if not (isinstance(error, dist.DistError) or "/gloo/" in text):  # not raised by the process group
+        return None
+    if _CLOSED.search(text):
+        what = "another rank closed its connection: it died (killed, out of memory, a failed node)"
+    elif _TIMED_OUT.search(text):
+        what = (f"no answer from another rank for collective_timeout = {timeout_s:g} s: it hangs (a frozen "
+                "node, a stuck file system or data loader) or died without closing its connections")
+    else:
+        return None
+    return (f"rank {rank} stopped at step {step}: {what}; last checkpoint: {checkpoint or 'none saved yet'} "
+            "(resume with --ckpt_path last)")

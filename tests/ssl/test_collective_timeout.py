@@ -1,0 +1,80 @@
+"""The collective timeout's logic on the CPU: the option's check, the strategies it reaches, the
+NCCL variables it sets (NCCL itself needs GPUs), and which errors become the one-line stop
+(the texts gloo and c10d raise; the end-to-end stops are in tests/multinode)."""
+
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+
+from locatdino.errors import UserError
+from locatdino.ssl import DINOFSDPStrategy
+from locatdino.ssl.collective_timeout import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    apply_collective_timeout,
+    check_collective_timeout,
+    lost_rank_message,
+    nccl_environment,
+)
+
+# what gloo raised in this project's runs: a frozen peer (timeout 5 s), a killed one
+GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
+                "waiting 5000ms for send operation to complete")
+GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:15550: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
+              "application.")
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_naming_the_option(bad):
+    with pytest.raises(UserError, match=r"^collective_timeout: must be a positive number of seconds, got"):
+        check_collective_timeout(bad)
+    assert check_collective_timeout(7) == 7.0
+
+
+@pytest.mark.parametrize("strategy", [DDPStrategy(), FSDPStrategy(), DINOFSDPStrategy()], ids=type)
+def test_the_timeout_reaches_every_strategy_with_a_process_group(strategy):
+    assert strategy._timeout == timedelta(minutes=30)  # torch's default, what a frozen node used to cost
+    assert apply_collective_timeout(strategy, 7.5)
+    assert strategy._timeout == timedelta(seconds=7.5)
+
+
+def test_one_device_has_no_timeout_to_set():
+    assert not apply_collective_timeout(SingleDeviceStrategy("cpu"), 7.5)
+
+
+def test_nccl_heartbeat_follows_the_timeout_unless_the_user_set_it():
+    assert nccl_environment(DEFAULT_COLLECTIVE_TIMEOUT_S, {}) == {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "240"}
+    assert nccl_environment(0.2, {}) == {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "1"}
+    assert nccl_environment(7.5, {}) == {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "8"}
+    assert nccl_environment(240, {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600"}) == {}
+
+
+def message(error):
+    return lost_rank_message(error, rank=2, step=7, timeout_s=5, checkpoint="run/checkpoints/last.ckpt")
+
+
+def test_a_frozen_peer_is_named_with_the_timeout():
+    assert message(RuntimeError(GLOO_TIMEOUT)) == (
+        "rank 2 stopped at step 7: no answer from another rank for collective_timeout = 5 s: it hangs (a frozen node, "
+        "a stuck file system or data loader) or died without closing its connections; last checkpoint: "
+        "run/checkpoints/last.ckpt (resume with --ckpt_path last)")
+
+
+@pytest.mark.parametrize("error", [RuntimeError(GLOO_RESET), dist.DistBackendError(
+    "NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error"),
+    dist.DistNetworkError("failed to recv, got 0 bytes")])
+def test_a_dead_peer_is_named(error):
+    assert message(error).startswith("rank 2 stopped at step 7: another rank closed its connection: it died")
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), ValueError("timed out reading shard"),
+                                   RuntimeError("Connection reset by peer")])  # not from the process group
+def test_other_errors_are_left_alone(error):
+    assert message(error) is None
+
+
+def test_no_checkpoint_yet_is_said():
+    assert lost_rank_message(RuntimeError(GLOO_TIMEOUT), rank=0, step=0, timeout_s=240, checkpoint=None).endswith(
+        "last checkpoint: none saved yet (resume with --ckpt_path last)")
