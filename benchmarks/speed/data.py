@@ -24,11 +24,11 @@ from torchvision import datasets
 from torchvision import transforms as T
 
 from locatdino.data import MultiCropTransform, ShardLoader, ShardStream, expand_urls, write_shards
-from locatdino.data import photometric as P
-from locatdino.data.decode import decode_rgb
-from locatdino.data.multicrop import to_uint8_rgb
 from locatdino.data.scenes import render_scene, scene_rng
-from locatdino.data.shard_sources import FolderSource
+from locatdino.data.shards.sources import FolderSource
+from locatdino.data.transforms import photometric as P
+from locatdino.data.transforms.decode import decode_rgb
+from locatdino.data.transforms.multicrop import to_uint8_rgb
 
 
 class _PILBlur:

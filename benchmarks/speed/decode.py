@@ -27,10 +27,10 @@ import torch
 from PIL import Image
 from torchvision.io import decode_jpeg, decode_png
 
-from locatdino.data.decode import decode_rgb
-from locatdino.data.decoded_images import DecodedImage, default_image_size
-from locatdino.data.multicrop import MultiCropTransform
 from locatdino.data.scenes import render_scene, scene_rng
+from locatdino.data.transforms.decode import decode_rgb
+from locatdino.data.transforms.decoded_images import DecodedImage, default_image_size
+from locatdino.data.transforms.multicrop import MultiCropTransform
 
 RECIPE_CROPS = {  # recipe: the MultiCropTransform fields that differ from the default (configs/*.yaml)
     "tiny": dict(global_crop_size=64, local_crop_size=32, num_local_crops=4, color_jitter_prob=0.3,

@@ -37,8 +37,8 @@ from PIL import Image
 
 from benchmarks.speed.mfu import DinoStep, median_step_s
 from locatdino.data.scenes import render_scene, scene_rng
-from locatdino.data.shard_sources import FolderSource
-from locatdino.data.shard_writer import write_shards
+from locatdino.data.shards.sources import FolderSource
+from locatdino.data.shards.writer import write_shards
 from locatdino.ssl.cli import build_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -66,10 +66,10 @@ from benchmarks.speed.dino_step import StepTimer  # noqa: E402
 # the evaluation protocol's names through studies.supervised: one import site for the evaluation/ move
 from benchmarks.studies.supervised import CachedSplit, ImageConfusions, miou_interval, open_split, score  # noqa: E402
 from locatdino.data import MultiCropTransform, collate_multicrop  # noqa: E402
-from locatdino.data.classification_transform import ClassificationTransform  # noqa: E402
-from locatdino.data.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.data.labelled_datamodule import collate_labelled  # noqa: E402
 from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
+from locatdino.data.transforms.classification import ClassificationTransform  # noqa: E402
+from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
 from locatdino.output_files import atomic_write_text  # noqa: E402
 from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
@@ -194,7 +194,7 @@ class _Scene(torch.utils.data.Dataset):
 class DeviceMultiCrop(pl.LightningDataModule):
     """The project's GPU loader path (``data.init_args.augment_on: gpu``) for in-memory scenes:
     the loader yields uint8 images, and the DINO multi-crop runs batched on the training device
-    (:class:`~locatdino.data.gpu_multicrop.GPUMultiCrop`, seeded per batch as the data module does)."""
+    (:class:`~locatdino.data.transforms.gpu_multicrop.GPUMultiCrop`, seeded per batch as the data module does)."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, multicrop: MultiCropTransform, seed: int) -> None:
         super().__init__()

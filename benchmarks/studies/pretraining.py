@@ -37,8 +37,10 @@ import yaml
 
 from benchmarks.speed.dino_step import lightning_round
 from locatdino.comparison.runner import ShownImages
-from locatdino.data import MultiCropTransform, collate_multicrop, scenes, shard_sources
+from locatdino.data import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import ScenesSegmentation, scene_class
+from locatdino.data.scenes import render as scene_render
+from locatdino.data.shards import sources as shard_sources
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -163,8 +165,8 @@ def plain_scenes() -> None:
     """Every scene of this process (and of the processes it forks: shard writers, loader workers)
     rendered with ``image_wide=False``. An ablation, so it lives here rather than as a data option:
     ``render_scene`` is looked up by its two callers at call time."""
-    plain = functools.partial(scenes.render_scene, image_wide=False)
-    scenes.render_scene = shard_sources.render_scene = plain
+    plain = functools.partial(scene_render.render_scene, image_wide=False)
+    scene_render.render_scene = shard_sources.render_scene = plain
 
 
 def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None:

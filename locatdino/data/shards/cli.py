@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from locatdino.arguments import ArgumentParser, at_least
-from locatdino.data.shard_sources import build_source
-from locatdino.data.shard_writer import check_prefix, write_shards
+from locatdino.data.shards.sources import build_source
+from locatdino.data.shards.writer import check_prefix, write_shards
 from locatdino.output_files import DiskFullError
 
 _UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}

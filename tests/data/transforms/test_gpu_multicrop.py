@@ -15,10 +15,10 @@ import torch
 from scipy.stats import ks_2samp
 from torchvision.transforms import v2
 
-from locatdino.data import multicrop
-from locatdino.data.decoded_images import DecodedImage, collate_decoded, default_image_size
-from locatdino.data.gpu_multicrop import GPUMultiCrop, cut_crops, sample_crop_boxes
-from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
+from locatdino.data.transforms import multicrop
+from locatdino.data.transforms.decoded_images import DecodedImage, collate_decoded, default_image_size
+from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop, cut_crops, sample_crop_boxes
+from locatdino.data.transforms.multicrop import MultiCropTransform, collate_multicrop
 
 SMALL = dict(global_crop_size=32, local_crop_size=16, num_local_crops=4)
 NO_AUG = dict(flip_prob=0.0, color_jitter_prob=0.0, grayscale_prob=0.0, global_blur_prob=(0.0, 0.0),

@@ -19,12 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from locatdino.data.ade20k import ADE20KSegmentation
-from locatdino.data.coco_stuff import COCOStuffSegmentation
-from locatdino.data.pascal_context import PascalContextSegmentation
+from locatdino.data.datasets.ade20k import ADE20KSegmentation
+from locatdino.data.datasets.coco_stuff import COCOStuffSegmentation
+from locatdino.data.datasets.pascal_context import PascalContextSegmentation
+from locatdino.data.datasets.voc import VOCSegmentation
 from locatdino.data.scenes import ScenesSegmentation
-from locatdino.data.shard_segmentation import ShardSegmentation
-from locatdino.data.voc import VOCSegmentation
+from locatdino.data.shards.segmentation import ShardSegmentation
 
 DATASETS = ("scenes", "voc", "ade20k", "pascal_context", "coco_stuff", "shards")
 

@@ -7,7 +7,7 @@ the class index as ``cls`` for class-folder trees, and the label map as ``seg.pn
 segmentation sets. ``metadata()`` goes into the shard index (class names, ignore index).
 
 What a reader gets is what the index counts: a file that does not decode (a text file named
-``.jpg``, a zero-byte ``.png``) raises :class:`~locatdino.data.decode.DecodeError` naming it, and
+``.jpg``, a zero-byte ``.png``) raises :class:`~locatdino.data.transforms.decode.DecodeError` naming it, and
 the writer skips and counts it; sample keys are unique, because WebDataset groups consecutive tar
 members of one key into one sample (``a.jpg`` + ``a.png``, or ``a.b.jpg`` + ``a_b.jpg``, would be
 read as one): a file whose natural key is taken keeps its extension in its key (``a_png``).
@@ -26,10 +26,10 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from locatdino.data.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
-from locatdino.data.decode import IMAGE_SUFFIXES, DecodeError, decode_mask, decode_rgb
+from locatdino.data.datasets.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
+from locatdino.data.datasets.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
 from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_class, scene_classes, scene_rng
-from locatdino.data.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
+from locatdino.data.transforms.decode import IMAGE_SUFFIXES, DecodeError, decode_mask, decode_rgb
 
 Sample = dict[str, Any]
 

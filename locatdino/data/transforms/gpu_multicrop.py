@@ -1,10 +1,10 @@
 """DINO multi-crop on the training device: whole batches, one random draw per crop (issue 35).
 
 ``augment_on: gpu`` moves the augmentation of :class:`~locatdino.data.MultiCropTransform` out of
-the DataLoader workers: they only decode (``locatdino.data.decoded_images``), and
+the DataLoader workers: they only decode (``locatdino.data.transforms.decoded_images``), and
 :class:`GPUMultiCrop` turns a batch of uint8 ``[B, 3, S, S]`` images into the DINO batch
 ``{"global": [V_g, B, 3, G, G], "local": [V_l, B, 3, L, L]}`` on whatever device the batch is on,
-with the same distributions as the CPU path (``tests/data/test_gpu_multicrop.py`` compares them
+with the same distributions as the CPU path (``tests/data/transforms/test_gpu_multicrop.py`` compares them
 over thousands of draws):
 
 - **crop boxes**: :func:`sample_crop_boxes`, torchvision's ``RandomResizedCrop`` algorithm (10
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import roi_align
 
-from locatdino.data.multicrop import MultiCropTransform
+from locatdino.data.transforms.multicrop import MultiCropTransform
 
 ASPECT_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default, the CPU path's
 _TRIES = 10

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, find_root, listed_pairs
+from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
 PASCAL_CONTEXT_CLASSES: tuple[str, ...] = ("background",) + tuple(n.strip() for n in (
     "aeroplane, bag, bed, bedclothes, bench, bicycle, bird, boat, book, bottle, building, bus, cabinet, car, cat, "

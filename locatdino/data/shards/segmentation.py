@@ -19,9 +19,9 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
-from locatdino.data.decode import IMAGE_KEYS, decode_mask, decode_rgb
-from locatdino.data.shard_stream import expand_urls
-from locatdino.data.shard_writer import INDEX_NAME
+from locatdino.data.shards.stream import expand_urls
+from locatdino.data.shards.writer import INDEX_NAME
+from locatdino.data.transforms.decode import IMAGE_KEYS, decode_mask, decode_rgb
 
 MASK_KEY = "seg.png"
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from locatdino.data import photometric as P
+from locatdino.data.transforms import photometric as P
 
 torch.manual_seed(0)
 X = torch.rand(5, 3, 23, 31)

@@ -1,11 +1,11 @@
 """``SkippedSamplesLogger``: make corrupt-sample skips visible during training.
 
 The shard stream never stops on a bad sample; it drops it and records it in the batch
-(``batch["skipped"]``, ``batch["skipped_keys"]``, see ``locatdino.data.shard_stream``). This
+(``batch["skipped"]``, ``batch["skipped_keys"]``, see ``locatdino.data.shards.stream``). This
 callback turns that into a metric and one log line per skip naming the shard and key, so a
 silently rotting data set shows up in the logs instead of as a mysteriously smaller epoch.
 
-Lines go through :mod:`logging` (logger ``locatdino.data.skipped``), not :mod:`warnings`: Python
+Lines go through :mod:`logging` (logger ``locatdino.data.shards.skipped``), not :mod:`warnings`: Python
 shows only the first of identical warnings, so a cap counted in warnings would count lines
 nobody saw.
 """

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.data.data_fixtures import IdTransform, batch_ids, write_id_shards
-from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, shard_sizes
+from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls, shard_sizes
 
 
 def _run(stream, workers=2):

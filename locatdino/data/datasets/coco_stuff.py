@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, find_root, folder_pairs
+from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, folder_pairs
 
 COCO_STUFF_CLASSES: tuple[str, ...] = tuple(n.strip() for n in (
     "person, bicycle, car, motorcycle, airplane, bus, train, truck, boat, traffic light, fire hydrant, stop sign, "

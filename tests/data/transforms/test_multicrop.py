@@ -3,8 +3,8 @@ import pytest
 import torch
 from PIL import Image
 
-from locatdino.data import multicrop
-from locatdino.data.multicrop import MultiCropTransform, collate_multicrop
+from locatdino.data.transforms import multicrop
+from locatdino.data.transforms.multicrop import MultiCropTransform, collate_multicrop
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # written out: an independent check
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, find_root, folder_pairs
+from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, folder_pairs
 
 ADE20K_CLASSES: tuple[str, ...] = ("other",) + tuple(n.strip() for n in (
     "wall, building, sky, floor, tree, ceiling, road, bed, windowpane, grass, cabinet, sidewalk, person, earth, "

@@ -7,8 +7,8 @@ import webdataset as wds
 from PIL import Image
 
 from tests.data.data_fixtures import id_image, png_bytes
-from locatdino.data.decode import DecodeError, decode_mask, decode_rgb, find_image
-from locatdino.data.shard_stream import ShardStream
+from locatdino.data.shards.stream import ShardStream
+from locatdino.data.transforms.decode import DecodeError, decode_mask, decode_rgb, find_image
 
 
 def _encoded(image: Image.Image, fmt: str) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from locatdino.data.decode import decode_mask, decode_rgb
+from locatdino.data.transforms.decode import decode_mask, decode_rgb
 
 
 class FilePairsSegmentation:

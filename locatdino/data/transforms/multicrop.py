@@ -9,7 +9,7 @@ p 0.2, local crops: blur p 0.5; blur sigma U(0.1, 2); ImageNet normalisation.
 Where the time goes and how it is kept low: the image is converted to a uint8 tensor once; each
 crop is cut and resized on uint8 (torchvision's SIMD bicubic path, ~3× faster than PIL); the crops
 of one resolution are stacked in small chunks, converted to float once, and every photometric op
-runs on a chunk with per-crop parameters (``locatdino.data.photometric``: float-only hue,
+runs on a chunk with per-crop parameters (``locatdino.data.transforms.photometric``: float-only hue,
 separable blur); the result is normalised straight into the output stack. 1.7× faster than the
 reference PIL transform per image (benchmarks/RESULTS.md, "Data loading").
 """
@@ -28,7 +28,7 @@ from torch.utils.data import default_collate
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from locatdino.data import photometric as P
+from locatdino.data.transforms import photometric as P
 
 # Crops are augmented in equal chunks of at most this many pixels (a 224 px global crop alone,
 # 8 local 96 px crops as 2 × 4): the float working set of a chunk and its temporaries stays small

@@ -40,8 +40,8 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
-from locatdino.data.decode import DecodeError
-from locatdino.data.shard_sources import ShardSource
+from locatdino.data.shards.sources import ShardSource
+from locatdino.data.transforms.decode import DecodeError
 from locatdino.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
                                     remove_stale_temporaries)
 from locatdino.progress import progress as progress_bar
@@ -121,7 +121,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     """Write ``source`` as tar shards into ``out_dir``; returns the index (also saved as index.json).
 
     Args:
-        source: a ``ShardSource`` (see ``locatdino.data.shard_sources.build_source``).
+        source: a ``ShardSource`` (see ``locatdino.data.shards.sources.build_source``).
         maxcount: samples per shard (also the unit of work of one process).
         maxsize: bytes after which ``ShardWriter`` starts a new shard (a shard may exceed it by
             one sample).

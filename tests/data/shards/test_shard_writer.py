@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from locatdino.data import cli
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, scene_class, scene_classes
-from locatdino.data.shard_sources import FolderSource, ScenesSource, build_source
-from locatdino.data.shard_stream import expand_urls
-from locatdino.data.shard_writer import write_shards
+from locatdino.data.shards import cli
+from locatdino.data.shards.sources import FolderSource, ScenesSource, build_source
+from locatdino.data.shards.stream import expand_urls
+from locatdino.data.shards.writer import write_shards
 
 
 def _members(path):
@@ -91,7 +91,7 @@ def test_cli_writes_scenes_and_reports_errors(tmp_path, capsys):
 
 def test_written_images_decode_back_to_the_scene(tmp_path):
     from locatdino.data.scenes import render_scene, scene_rng
-    from locatdino.data.segmentation import build_segmentation_dataset
+    from locatdino.data.datasets.segmentation import build_segmentation_dataset
 
     write_shards(ScenesSource(2, seed=5, size=48, split="val"), tmp_path, workers=0, progress=False)
     ds = build_segmentation_dataset("shards", tmp_path, "val")

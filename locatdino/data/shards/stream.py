@@ -50,9 +50,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls as _expand_braces
 from webdataset.utils import make_seed
 
-from locatdino.data.decode import decode_rgb, find_image
-from locatdino.data.multicrop import collate_multicrop
-from locatdino.data.shard_writer import INDEX_NAME
+from locatdino.data.shards.writer import INDEX_NAME
+from locatdino.data.transforms.decode import decode_rgb, find_image
+from locatdino.data.transforms.multicrop import collate_multicrop
 
 _GLOB_CHARS = set("*?[")
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from pathlib import Path
 import webdataset as wds
 from PIL import Image
 
-from locatdino.data.decode import IMAGE_KEYS, decode_rgb
-from locatdino.data.shard_segmentation import ShardSegmentation, _tar_members
-from locatdino.data.shard_stream import expand_urls
-from locatdino.data.shard_writer import INDEX_NAME
+from locatdino.data.shards.segmentation import ShardSegmentation, _tar_members
+from locatdino.data.shards.stream import expand_urls
+from locatdino.data.shards.writer import INDEX_NAME
+from locatdino.data.transforms.decode import IMAGE_KEYS, decode_rgb
 
 LABEL_KEY = "cls"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.data.file_pairs import FilePairsSegmentation, find_root, listed_pairs
+from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
 VOC_CLASSES: tuple[str, ...] = (
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",

@@ -3,7 +3,7 @@
 With ``augment_on: gpu`` the DataLoader workers only decode: each image becomes a uint8
 ``[3, S, S]`` tensor (resized without keeping its aspect ratio, so every pixel is kept and a
 batch stacks) plus its decoded size ``(h, w)``. The device side
-(:class:`locatdino.data.gpu_multicrop.GPUMultiCrop`) samples the crop boxes in the decoded
+(:class:`locatdino.data.transforms.gpu_multicrop.GPUMultiCrop`) samples the crop boxes in the decoded
 image's own pixels — so scale and aspect ratio mean what they mean on the CPU path — and maps them
 onto the ``S × S`` grid. ``S`` defaults to the side at which the smallest global crop is cut at its
 output resolution (:func:`default_image_size`); a JPEG larger than needed is decoded at a reduced
@@ -22,8 +22,8 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.transforms.v2 import functional as TF
 
-from locatdino.data.decode import decode_rgb
-from locatdino.data.multicrop import MultiCropTransform, to_uint8_rgb
+from locatdino.data.transforms.decode import decode_rgb
+from locatdino.data.transforms.multicrop import MultiCropTransform, to_uint8_rgb
 
 
 def default_image_size(multicrop: MultiCropTransform) -> int:

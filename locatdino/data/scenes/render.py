@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from locatdino.data.scene_textures import TEXTURES, colourize, fbm, rgb, value_noise
+from locatdino.data.scenes.textures import TEXTURES, colourize, fbm, rgb, value_noise
 
 SCENE_CLASSES: tuple[str, ...] = (
     "sky", "water", "grass", "ground", "mountain", "tree", "bush", "building", "rock", "animal",
