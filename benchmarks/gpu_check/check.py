@@ -4,7 +4,7 @@ cost, the commands end to end.
     python -m benchmarks.gpu_check --out DIR                 # one CUDA GPU: 440 s, compiles included
     python -m benchmarks.gpu_check --out DIR --deadline 300 --only kernels speed
     python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/test_gpu_check.py)
-    bash benchmarks/gpu_run.sh                               # on the device machine: wheels, this check, a tarball
+    bash benchmarks/gpu_check/run.sh                         # on the device machine: wheels, this check, a tarball
 
 Everything lands in ``--out``, written as it goes, so a run cut short still leaves its evidence,
 and nothing large (a few hundred KB: no checkpoint, no shard; the last row checks it):

@@ -32,7 +32,7 @@ the workers. LocAtViT's GAug takes its
 materialised-mask path (``--gaug-path``; FlexAttention's compile is not budgeted); no
 ``torch.compile``. On a GPU machine with torch, timm, Lightning and numpy but no network, bring the
 missing packages (faiss-cpu, webdataset, kornia, ...) as wheels: here, once,
-``bash benchmarks/gpu_wheels.sh`` (into the git-ignored ``.whl/``), then one device run carrying
+``bash benchmarks/gpu_check/wheels.sh`` (into the git-ignored ``.whl/``), then one device run carrying
 ``.whl``::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\

@@ -238,7 +238,7 @@ def render_scene(rng: np.random.Generator, height: int = 224, width: int | None 
     ``image_wide=False`` leaves out the effects that one scene shares across all its pixels (the
     sky-coloured haze over far things, exposure, white balance) while drawing the same random
     numbers, so the layout and mask stay those of the default scene: an ablation of what crops of
-    one image can agree on without looking at its content (``benchmarks/bench_pretraining.py``).
+    one image can agree on without looking at its content (``benchmarks/studies/pretraining.py``).
     """
     h, w = height, width or height
     scale = min(h, w) / 224
