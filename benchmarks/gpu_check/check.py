@@ -48,8 +48,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -57,12 +55,12 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-import timm
 import torch
 
 from benchmarks.gpu_check.children import child_env, run_cases
-from benchmarks.gpu_check.common import KERNEL_CASES, ROOT, SPEED_CASES, Row, equivalence_cases
+from benchmarks.gpu_check.common import KERNEL_CASES, SPEED_CASES, Row, equivalence_cases
 from benchmarks.gpu_check.e2e import DRY_E2E, FULL_E2E, e2e
+from benchmarks.results_io import header
 from locatdino.output_files import atomic_write_text
 
 SECTIONS = ("kernels", "equivalence", "speed", "e2e")
@@ -71,28 +69,25 @@ OUT_LIMIT_MIB = 8  # what --out may weigh: it has to come back from the GPU mach
 
 
 def environment(dry: bool) -> dict:
-    """What ran: versions, the GPU and its driver, the checkout."""
-    def command(*cmd: str) -> str | None:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip() or None
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
+    """What ran: the command, the date, the machine and versions (``results_io.header``), and the
+    GPU's own details: CUDA, Triton, cuDNN, driver, shared memory per block."""
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    env = {"utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "dry_run": dry, "python": platform.python_version(), "torch": torch.__version__,
-           "torch_cuda": torch.version.cuda, "triton": triton_version, "timm": timm.__version__,
-           "cpu_count": os.cpu_count(), "git_commit": command("git", "rev-parse", "HEAD")}
+    env = {**header(), "dry_run": dry, "torch_cuda": torch.version.cuda, "triton": triton_version}
     if not dry:
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            driver = None
         props = torch.cuda.get_device_properties(0)
         env |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
                 "compute_capability": f"{props.major}.{props.minor}", "cudnn": torch.backends.cudnn.version(),
                 "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
-                "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")}
+                "driver": driver}
     return env
 
 

@@ -32,17 +32,16 @@ timm.__version__, 'kornia', kornia.__version__, torch.cuda.is_available() and to
 } 2>&1 | tee "$OUT/machine.txt"
 
 echo "== decode per core"
-timeout "$(left 60)" $PY -m benchmarks.speed.decode --reps 20 2>&1 | tee "$OUT/decode.txt"
+timeout "$(left 60)" $PY -m benchmarks.speed.decode --reps 20 --results "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
 
 echo "== input pipeline: bare step, loader alone, fit; CPU and GPU multi-crop paths"
-timeout "$(left 300)" $PY -m benchmarks.speed.input_pipeline --device $DEVICE "${PIPELINE[@]}" --out /tmp/pipeline 2>&1 \
-    | grep -v -e "^Seed set" -e "available:" -e "Tip:" | tee "$OUT/pipeline.txt"
-cp /tmp/pipeline/results.json "$OUT/pipeline.json" 2>/dev/null
+timeout "$(left 300)" $PY -m benchmarks.speed.input_pipeline --device $DEVICE "${PIPELINE[@]}" --out /tmp/pipeline \
+    --results "$OUT/pipeline.json" 2>&1 | grep -v -e "^Seed set" -e "available:" -e "Tip:" | tee "$OUT/pipeline.txt"
 tar -czf "$OUT/fit_logs.tar.gz" -C /tmp/pipeline --exclude='*.jpg' --exclude='*.tar' --exclude='*.ckpt' . 2>/dev/null
 
 echo "== MFU: eager and fused AdamW at batch 64 and 256, then compile and bf16 weights at 256"
 timeout "$(left 120)" $PY -m benchmarks.speed.mfu --device $DEVICE "${MFU[@]}" --batch "${BATCHES[@]}" \
-    --configs eager "+ fused AdamW" --json "$OUT/mfu_eager.json" 2>&1 | tee "$OUT/mfu.txt"
+    --configs eager "+ fused AdamW" --results "$OUT/mfu_eager.json" 2>&1 | tee "$OUT/mfu.txt"
 timeout "$(left 600)" $PY -m benchmarks.speed.mfu --device $DEVICE "${MFU[@]}" --batch $BIG \
-    --models ViT-S LocAtViT-S --json "$OUT/mfu_ladder.json" 2>&1 | tee -a "$OUT/mfu.txt"
+    --models ViT-S LocAtViT-S --results "$OUT/mfu_ladder.json" 2>&1 | tee -a "$OUT/mfu.txt"
 echo "finished with $((DEADLINE - SECONDS)) s of the budget left"

@@ -11,6 +11,7 @@ Prints each case's verdict under :func:`benchmarks.gpu_check.cases.judge` and th
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import warnings
@@ -20,11 +21,15 @@ import torch
 import benchmarks.gpu_check.cases as cases
 import locatdino.models.gaug.attention as attention_module
 import locatdino.models.gaug.flex_bias_attention as flex_module
+from benchmarks.results_io import add_results_option, write_results
 
 SHAPES = ((0, 96), (4, 224), (0, 448))  # (registers, px)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_results_option(parser, "bf16_criterion_cpu.json")
+    args = parser.parse_args()
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     attend, mask = flex_module._attend, attention_module.outer_product_mask
     biased = {"flex": ("_attend", flex_module, lambda q, k, v, r, c, *rest: attend(q, k, v, 1.01 * r, c, *rest)),
@@ -32,6 +37,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     print("| shape | path | dtype | bias | verdict | worst tensor: error (limit) | old max-abs score |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
+    rows = []
     for reg, px in SHAPES:
         start = time.perf_counter()
         model = cases.equivalence_model(cases.FULL, reg)
@@ -56,10 +62,15 @@ def main() -> None:
                         setattr(module, name, saved)
                     v = cases.judge(got, want, names, ref_bf16 if dtype == torch.bfloat16 else None)
                     old = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
-                    print(f"| {px} px, {reg} registers | {path} | {'bf16' if dtype == torch.bfloat16 else 'fp32'} | "
+                    rows.append({"px": px, "registers": reg, "path": path,
+                                 "dtype": "bf16" if dtype == torch.bfloat16 else "fp32", "bias_error": wrong,
+                                 "pass": v.ok, "tensor": v.tensor, "error": v.error, "limit": v.limit,
+                                 "old_max_abs_score": old})
+                    print(f"| {px} px, {reg} registers | {path} | {rows[-1]['dtype']} | "
                           f"{'x 1.01' if wrong else 'right'} | {'PASS' if v.ok else 'FAIL'} | "
                           f"{v.tensor}: {v.error:.1e} ({v.limit:.1e}) | {old:.1e} |", flush=True)
         print(f"({px} px done in {time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+        write_results(args.results, "bf16_criterion_cpu.json", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import timm
 import torch
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.ssl import DINOModule, update_teacher
 
 MODEL = "locatvit_small_patch16_224"
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    add_results_option(parser, "compile.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {MODEL}, {args.threads} thread(s), process CPU time, min of {args.reps}")
@@ -93,6 +95,7 @@ def main() -> None:
     # every compiled model shares VisionTransformer.forward's code object: one cache entry per
     # (model, resolution, grad mode); a DINO step alone needs 3 (teacher, student at 2 sizes)
     torch._dynamo.config.recompile_limit = 64
+    rows = {}
     for name in args.cases:
         torch._dynamo.reset()
         make = CASES[name]()
@@ -105,6 +108,8 @@ def main() -> None:
             times["compiled"].append(cpu_time(compiled))
         te, tc = min(times["eager"]), min(times["compiled"])
         print(f"{name:<38} {te:8.3f} {tc:11.3f} {tc / te:15.3f} {first - tc:10.0f}", flush=True)
+        rows[name] = {"eager_s": te, "compiled_s": tc, "compile_s": first - tc}
+        write_results(args.results, "compile.json", {"model": MODEL, "cases": rows})
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision import transforms as T
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.data import MultiCropTransform, ShardLoader, ShardStream, expand_urls, write_shards
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.shards.sources import FolderSource
@@ -127,6 +128,7 @@ def main() -> None:
     ap.add_argument("--local-crops", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache", default=None, help="folder to keep the rendered JPEGs in between runs")
+    add_results_option(ap, "data.json")
     args = ap.parse_args()
     torch.manual_seed(0)
     random.seed(0)
@@ -161,8 +163,11 @@ def main() -> None:
 
         jpeg = (jpegs / "scenes" / "00000.jpg").read_bytes()
         print("\nsingle process, ms per image:")
-        for name, value in breakdown(jpeg, reference, ours).items():
+        stages = breakdown(jpeg, reference, ours)
+        for name, value in stages.items():
             print(f"  {name:<38} {value:6.2f}")
+    write_results(args.results, "data.json", {"images_per_s": {"reference": base, "ours": mine},
+                                              "median_ratio": m / b, "ms_per_image": stages})
 
 
 if __name__ == "__main__":

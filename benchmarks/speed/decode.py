@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from PIL import Image
 from torchvision.io import decode_jpeg, decode_png
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.transforms.decode import decode_rgb
 from locatdino.data.transforms.decoded_images import DecodedImage, default_image_size
@@ -76,7 +75,7 @@ def measure(data: bytes, fmt: str, recipe: str, reps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--json", type=Path, default=None)
+    add_results_option(ap, "decode.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = {}
@@ -86,8 +85,7 @@ def main() -> None:
         results[label] = measure(data, fmt, recipe, args.reps)
         for name, value in results[label].items():
             print(f"{label:<24} {name:<44} {value:7.2f} {1e3 / value:11.0f}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_results(args.results, "decode.json", {"ms_per_image": results})
 
 
 if __name__ == "__main__":

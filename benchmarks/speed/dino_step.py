@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, teacher_entropies, update_teacher
 
 CONFIGS = {
@@ -114,14 +115,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="steps per round (first one not timed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    add_results_option(parser, "dino_step.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, lightning {pl.__version__}, {args.threads} thread(s), "
           f"{args.rounds} rounds x {args.steps - 2} timed steps per side")
     print(f"{'config':<16} {'lightning ms':>13} {'bare ms':>9} {'ratio':>7}")
+    rows = {}
     for name in args.configs:
         ml, mb, ratio = run(name, args.rounds, args.steps)
         print(f"{name:<16} {ml * 1e3:13.1f} {mb * 1e3:9.1f} {ratio:7.3f}")
+        rows[name] = {"lightning_s": ml, "bare_s": mb, "ratio": ratio}
+        write_results(args.results, "dino_step.json", {"median_step": rows})
 
 
 if __name__ == "__main__":

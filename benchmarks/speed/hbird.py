@@ -55,9 +55,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_io import add_results_option, write_results
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("HBIRD_BENCH_DATA", "/tmp/locatdino-bench/voc-scenes"))
-RESULTS = Path(os.environ.get("HBIRD_BENCH_OUT", "/tmp/locatdino-bench/hbird"))
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_SIMD_LEVEL": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
 BATCH = 16
@@ -291,9 +292,10 @@ OUR_CASES = {
 
 
 def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str],
-              model: str) -> list[dict]:
+              model: str) -> dict:
     """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
-    runs vary with the load of other jobs; compare medians)."""
+    runs vary with the load of other jobs; compare medians); the CPU as the cases saw it (``--isa``)
+    and the rows."""
     voc_scenes(n_train, n_val)
     machine = run_case({"kind": "machine"}, env)
     print(json.dumps(machine), flush=True)
@@ -307,7 +309,7 @@ def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dic
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(side_by_side_table(rows, machine), flush=True)
-    return [{"machine": machine}] + rows
+    return {"cases_machine": machine, "rows": rows}
 
 
 def side_by_side_table(rows: list[dict], machine: dict) -> str:
@@ -451,24 +453,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="our cases to run beside the baseline")
     p.add_argument("--isa", choices=("native", "avx2"), default="native",
                    help="avx2: make torch, oneDNN, fbgemm, MKL, FAISS and OpenBLAS take their AVX2 paths")
+    add_results_option(p, "hbird-<part>-<settings>.json")
     args = p.parse_args(argv)
     if args.part == "_case":
         return _case_main(args.spec)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     env = AVX2_ENV if args.isa == "avx2" else {}
     if args.part == "reference":
-        rows = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases,
-                         args.model)
-        name = f"reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json"
+        numbers = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases,
+                            args.model)
+        name = f"hbird-reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json"
     elif args.part == "index-sweep":
         size = (args.sizes or [448])[0]
         rows = run_case({"kind": "index-sweep", "size": size, "n_train": args.num_train, "n_val": args.num_val})["rows"]
         print("\n".join(json.dumps(r) for r in rows))
-        name = f"index-sweep-{size}.json"
+        numbers, name = {"rows": rows}, f"hbird-index-sweep-{size}.json"
     else:
-        rows = scaling(args.sizes or [10_000, 100_000, 1_000_000])
-        name = "scaling.json"
-    (RESULTS / name).write_text(json.dumps(rows, indent=2))
+        numbers, name = {"rows": scaling(args.sizes or [10_000, 100_000, 1_000_000])}, "hbird-scaling.json"
+    write_results(args.results, name, numbers)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from benchmarks.results_io import add_results_option, write_results
 from benchmarks.speed.mfu import DinoStep, median_step_s
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.shards.sources import FolderSource
@@ -135,7 +136,8 @@ def main() -> None:
     ap.add_argument("--fit-timeout", type=float, default=240)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of every part (default: 1 on the CPU, where more spin against other jobs)")
-    ap.add_argument("--out", type=Path, default=Path("runs/bench_pipeline"))
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_pipeline"), help="shards and fit runs")
+    add_results_option(ap, "input_pipeline.json")
     args = ap.parse_args()
     device = torch.device(args.device)
     threads = args.threads or (1 if device.type == "cpu" else None)
@@ -165,7 +167,7 @@ def main() -> None:
                 line += f" | fit {fit:8.1f} ({fit / bare:.2f}; target >= 0.90)"
             print(line, flush=True)
         rows.append(row)
-        (args.out / "results.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=1))
+        write_results(args.results, "input_pipeline.json", {"device": str(device), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.results_io import add_results_option, write_results
 from benchmarks.studies.scenes_ranking import supervised
 from locatdino.comparison.cli import LINPROBE_DEFAULTS
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -39,6 +40,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300, help="supervised training steps (batch 32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-ranking", action="store_true", help="only the cost rows")
+    add_results_option(p, "linprobe.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -58,6 +60,7 @@ def main() -> None:
     print(f"{args.model} built at {args.img_size} px, {args.num_train} / {args.num_val} scenes at {size} px, "
           f"{args.threads} threads, cached path, fp32")
     print("| model | setting | iterations × batch | mIoU | seconds (features / head / total) |\n|---|---|---|---|---|")
+    rows: list[dict] = []
 
     def row(name: str, model: torch.nn.Module, setting: str) -> float:
         cfg = settings[setting]
@@ -67,6 +70,9 @@ def main() -> None:
         t = result.timings
         print(f"| {name} | {setting} | {cfg.iterations} × {cfg.batch_size} | {result.miou:.1f} | "
               f"{t.get('features', 0):.1f} / {t.get('head', 0):.1f} / {wall:.1f} |", flush=True)
+        rows.append({"model": name, "setting": setting, "iterations": cfg.iterations, "batch_size": cfg.batch_size,
+                     "miou": result.miou, "seconds": {**t, "total": wall}})
+        write_results(args.results, "linprobe.json", {"rows": rows})
         return result.miou
 
     for setting in settings:  # cost, on the demo's architecture

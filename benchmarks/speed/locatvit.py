@@ -36,6 +36,7 @@ from pathlib import Path
 import timm
 import torch
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.models import locatify  # (importing locatdino registers locatvit_*)
 
 MODELS = ("ViT-S", "ViT-S + PRR", "LocAtViT-S")
@@ -144,6 +145,7 @@ def main() -> None:
     parser.add_argument("--memory-reps", type=int, default=3, help="fresh-process memory runs per model")
     parser.add_argument("--profile", action="store_true", help="print LocAtViT's top ops instead")
     parser.add_argument("--memory-child", metavar="MODEL", help=argparse.SUPPRESS)
+    add_results_option(parser, "locatvit.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_child:
@@ -153,7 +155,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, min of {args.reps}")
     print(f"{'':24s} {'ViT-S':>10s} {'+PRR ratio':>11s} {'LocAtViT-S':>11s} {'ratio':>7s}")
-    for case, t in bench_time(args.reps, CLOCKS[args.clock]).items():
+    times = bench_time(args.reps, CLOCKS[args.clock])
+    for case, t in times.items():
         base = t["ViT-S"]
         print(f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
               f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}")
@@ -162,6 +165,7 @@ def main() -> None:
         m = memory[key]
         print(f"{label:24s} {m['ViT-S']:6.0f} MiB {'':11s} {m['LocAtViT-S']:7.0f} MiB "
               f"{m['LocAtViT-S'] / m['ViT-S']:7.3f}")
+    write_results(args.results, "locatvit.json", {"seconds": times, "memory": memory})
 
 
 if __name__ == "__main__":

@@ -24,23 +24,22 @@ Each at every ``--batch`` (per GPU). Default sizes: the reference recipe (2 × 2
 65 536 prototypes), ViT-S/16 and LocAtViT-S/16; ``--toy`` shrinks everything for a CPU run whose
 timings mean nothing (tests/test_bench_mfu.py checks the FLOP count against a hand count).
 
-    python -m benchmarks.speed.mfu --device cuda --peak-tflops 790 --json mfu.json   # H200, bf16 dense
-    python -m benchmarks.speed.mfu --toy --device cpu --batch 4 8                     # CPU smoke run
+    python -m benchmarks.speed.mfu --device cuda --peak-tflops 790                        # H200, bf16 dense
+    python -m benchmarks.speed.mfu --toy --device cpu --batch 4 8 --results /tmp/mfu.json  # CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher
 
 aten = torch.ops.aten
@@ -202,7 +201,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--toy", action="store_true", help="tiny models and crops (a CPU smoke run)")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    add_results_option(ap, "mfu.json")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (more spin against other jobs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -217,8 +216,8 @@ def main() -> None:
     for model in args.models:
         for batch in args.batch:
             rows += ladder(model, batch, sizes, device, args.peak_tflops, args.warmup, args.reps, tuple(args.configs))
-            if args.json:  # after every ladder: a run cut short keeps what it measured
-                args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+            # after every ladder: a run cut short keeps what it measured
+            write_results(args.results, "mfu.json", {"peak_tflops": args.peak_tflops, "rows": [asdict(r) for r in rows]})
 
 
 if __name__ == "__main__":

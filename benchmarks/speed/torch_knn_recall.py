@@ -18,6 +18,7 @@ import faiss
 import numpy as np
 import torch
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.retrieval.torch_knn import TorchExactSearch
 
 
@@ -46,9 +47,11 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--k", type=int, default=30)
+    add_results_option(parser, "torch_knn_recall.json")
     args = parser.parse_args()
     print("| memory | coarse pass | recall@k | half-precision top-k alone | search s |")
     print("| --- | --- | --- | --- | --- |")
+    rows = []
     for cosine in (None, 0.99, 0.996, 0.999):
         data = clustered(args.memory + args.queries, args.dim, 100, cosine, 0)
         memory, queries = data[: args.memory], data[args.memory :]
@@ -62,8 +65,14 @@ def main() -> None:
             took = time.perf_counter() - start
             half = (torch.from_numpy(queries).to(dtype) @ torch.from_numpy(memory).to(dtype).T).float()
             label = "isotropic" if cosine is None else f"clusters, cosine ≈ {cosine}"
-            print(f"| {label} | {str(dtype).removeprefix('torch.')} | {recall(ids, ref_ids, exact, args.k):.4f} | "
-                  f"{recall(half.topk(args.k).indices.numpy(), ref_ids, exact, args.k):.3f} | {took:.2f} |", flush=True)
+            rows.append({"memory": label, "coarse_dtype": str(dtype).removeprefix("torch."),
+                         "recall": recall(ids, ref_ids, exact, args.k),
+                         "coarse_topk_recall": recall(half.topk(args.k).indices.numpy(), ref_ids, exact, args.k),
+                         "search_s": took})
+            r = rows[-1]
+            print(f"| {label} | {r['coarse_dtype']} | {r['recall']:.4f} | {r['coarse_topk_recall']:.3f} | {took:.2f} |",
+                  flush=True)
+    write_results(args.results, "torch_knn_recall.json", {"k": args.k, "rows": rows})
 
 
 if __name__ == "__main__":

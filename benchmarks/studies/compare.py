@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.comparison.intervals import attach_differences, model_differences
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED
 
@@ -69,20 +70,26 @@ def table(reports: list[dict]) -> str:
 INTERVAL_METRICS = (("mIoU", "miou"), ("k-NN top-1", "knn_top1"), ("logistic top-1", "logistic_top1"))
 
 
-def per_seed_table(reports: list[dict], folders: list[Path], seeds: list[int]) -> str:
-    """Markdown: each seed's paired difference and its 95 % interval, per pair and metric."""
-    rows = ["| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-            "|" + "---|" * (len(seeds) + 2)]
-    cells = {}
+def seed_intervals(reports: list[dict], folders: list[Path]) -> dict[tuple[str, str, str], list]:
+    """Each seed's paired difference with its 95 % interval, per (pair, metric), seeds in order."""
+    intervals: dict[tuple[str, str, str], list] = {}
     for report, folder in zip(reports, folders):
         by_name = {m["spec"]["name"]: m for m in report["models"]}
         for a, b in PAIRS:
             for metric, interval in model_differences(by_name[a], by_name[b], folder).items():
-                cells.setdefault((a, b, metric), []).append(interval.text(1) + (" ✓" if not interval.covers_zero else ""))
+                intervals.setdefault((a, b, metric), []).append(interval)
+    return intervals
+
+
+def per_seed_table(intervals: dict[tuple[str, str, str], list], seeds: list[int]) -> str:
+    """Markdown: each seed's paired difference and its 95 % interval, per pair and metric."""
+    rows = ["| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+            "|" + "---|" * (len(seeds) + 2)]
     for a, b in PAIRS:
         for name, metric in INTERVAL_METRICS:
-            if (a, b, metric) in cells:
-                rows.append(f"| {a} − {b} | {name} | " + " | ".join(cells[(a, b, metric)]) + " |")
+            if (a, b, metric) in intervals:
+                rows.append(f"| {a} − {b} | {name} | " + " | ".join(
+                    i.text(1) + (" ✓" if not i.covers_zero else "") for i in intervals[(a, b, metric)]) + " |")
     return "\n".join(rows)
 
 
@@ -100,6 +107,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="the demo's --quick budget")
     p.add_argument("--out", default="runs/bench_compare")
     p.add_argument("--figures", default="benchmarks/figures/compare", help="where the first seed's figures go")
+    add_results_option(p, "compare.json")
     args = p.parse_args()
     reports, seconds = [], []
     for seed in args.seeds:
@@ -120,8 +128,15 @@ def main() -> None:
     folders = [Path(args.out) / f"seed{seed}" / "compare" for seed in args.seeds]
     print(f"\nPer seed, with 95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query / test images, "
           f"seed {SEED}; ✓: the interval excludes 0):\n")
-    print(per_seed_table(reports, folders, args.seeds))
+    intervals = seed_intervals(reports, folders)
+    print(per_seed_table(intervals, args.seeds))
     boot = [bootstrap_seconds(r, f) for r, f in zip(reports, folders)]
+    by_seed = [{m["spec"]["name"]: m for m in r["models"]} for r in reports]
+    write_results(args.results, "compare.json", {
+        "seeds": args.seeds, "demo_minutes": [s / 60 for s in seconds], "bootstrap_s": boot,
+        "per_seed": {model: {name: [get(s[model]) for s in by_seed] for name, get in METRICS} for model in MODELS},
+        "paired_intervals": [{"a": a, "b": b, "metric": metric, "seed": seed, **i.to_dict()}
+                             for (a, b, metric), per_seed in intervals.items() for seed, i in zip(args.seeds, per_seed)]})
     print(f"\nbootstrap of the three Δ of a compare (files read included): {min(boot):.2f}–{max(boot):.2f} s")
     print(f"\nfigures of seed {args.seeds[0]}: {figures}")
 

@@ -12,24 +12,22 @@ Collects what the other benchmarks measured on the same held-out scenes (100 mem
 - DINO and iBOT at 80 steps, 3 seeds: the numbers of ``ibot.py`` in RESULTS.md (its runs
   are not kept), copied below; recipe variants run since (``--ssl-variants LABEL=DIR``:
   ``ibot.py`` output folders) with their seed-mean Δ to random init;
-- token statistics (``--token-stats``: ``token_stats.py --out``).
+- token statistics (``--token-stats``: the results file of ``token_stats.py``).
 
-Writes one JSON (``--out``) and prints the table's markdown::
+Writes one JSON (``--results``) and prints the table's markdown::
 
     python -m benchmarks.studies.floor_results --report runs/demo/compare \\
-        --supervised "5e-4=runs/sup_lr0.0005" --token-stats runs/token_stats.json \\
-        --out benchmarks/results/pretraining_floor.json
+        --supervised "5e-4=runs/sup_lr0.0005" --token-stats benchmarks/results/token_stats.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
+from benchmarks.results_io import add_results_option, write_results
 from benchmarks.studies.supervised import _confusions, seed_mean_miou_interval
 from locatdino.comparison.intervals import model_differences
 
@@ -168,10 +166,9 @@ def main() -> None:
     p.add_argument("--ssl-variants", nargs="*", default=[], metavar="LABEL=DIR",
                    help="ibot.py folders of recipe variants")
     p.add_argument("--token-stats", type=Path, default=None)
-    p.add_argument("--out", type=Path, required=True)
+    add_results_option(p, "pretraining_floor.json")
     args = p.parse_args()
     result = {
-        "command": "benchmarks/studies/floor_results.py " + shlex.join(sys.argv[1:]),
         "protocol": "100 memory / 50 query held-out scenes at 128 px, fp32, exact search; Hummingbird k 30; "
                     "linear probe 320 x 8 cached; mIoU in %; Δ [95 %]: seed-mean paired bootstrap over the scenes",
         "compare": compare_rows(args.report),
@@ -183,8 +180,7 @@ def main() -> None:
                          for label, folder in (s.split("=", 1) for s in args.ssl_variants)},
         "token_stats": json.loads(args.token_stats.read_text()) if args.token_stats else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.results, "pretraining_floor.json", result)
     print(markdown(result, args.chosen or next(iter(result["supervised"]), "")))
 
 

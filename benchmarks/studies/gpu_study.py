@@ -21,7 +21,7 @@ query held-out scenes at 128 px, fp32), with the paired bootstrap interval over 
 (docs/evaluation.md). Progress lines show where the run is.
 
 ``--out`` (refused when it exists and is not empty; a few hundred kB, no checkpoints):
-``results.json`` (settings, machine, measured step times, every row; rewritten after each row),
+``results.json`` (command, date, machine, settings, measured step times, every row; rewritten after each row),
 ``table.md`` (the table, also printed), ``delta.png`` (Δ against random init per run),
 ``logs/<run>/metrics.csv`` (losses and schedules), ``confusions/*.npz`` (per-image matrices).
 
@@ -49,7 +49,6 @@ START = time.perf_counter()  # the deadline counts from here: imports, rendering
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -62,6 +61,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from PIL import Image  # noqa: E402
 from webdataset.utils import make_seed  # noqa: E402
 
+from benchmarks.results_io import header  # noqa: E402
 from benchmarks.speed.dino_step import StepTimer  # noqa: E402
 # the evaluation protocol's names through studies.supervised: one import site for the evaluation/ move
 from benchmarks.studies.supervised import CachedSplit, ImageConfusions, miou_interval, open_split, score  # noqa: E402
@@ -256,15 +256,6 @@ def measure(objective: str, backbone: str, loader, size: Size, seed: int) -> dic
     return {"s_per_step": per_step, "overhead_s": max(wall - per_step * (size.warmup_steps + size.timed_steps), 0.0)}
 
 
-def machine() -> dict:
-    info = {"torch": torch.__version__, "cpu_count": os.cpu_count(), "python": platform.python_version()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    head = ROOT / ".git" / "HEAD"
-    info["commit"] = head.read_text().strip() if head.is_file() else None
-    return info
-
-
 def interval_text(out: Path, protocol: str, run: str, backbone: str) -> tuple[str, dict]:
     """``+1.2 [+0.4, +2.0] ✓`` of ``run`` − random init on the same query scenes."""
     load = lambda tag: ImageConfusions.load(out / "confusions" / f"{protocol}_{tag}.npz")  # noqa: E731
@@ -309,7 +300,7 @@ def plot(out: Path, rows: list[dict]) -> None:
 
 def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str],
               augment_on: str = "cpu") -> dict:
-    results: dict = {"size": asdict(size), "seed": seed, "augment_on": augment_on, "machine": machine(),
+    results: dict = {**header(), "size": asdict(size), "seed": seed, "augment_on": augment_on,
                      "measured": {}, "rows": []}
     (out / "confusions").mkdir(parents=True, exist_ok=True)
     say(f"rendering {size.scenes} scenes at {size.scene_px} px ({size.workers} workers)")

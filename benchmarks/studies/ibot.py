@@ -36,8 +36,10 @@ import torch
 import yaml
 
 # the evaluation protocol's names through studies.supervised: one import site for the evaluation/ move
+from benchmarks.results_io import add_results_option, write_results
 from benchmarks.studies.supervised import (
-    CachedSplit, _confusions, miou_interval, open_split, paired_rows, score, seed_mean_miou_interval)
+    CachedSplit, _confusions, intervals_numbers, miou_interval, open_split, paired_intervals, paired_rows, score,
+    seed_mean_miou_interval)
 from locatdino.models import create_backbone
 from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.export import export_backbone
@@ -116,9 +118,10 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
 
 
-def table(out: Path, steps: int) -> str:
+def table(out: Path, steps: int) -> tuple[str, dict]:
     """Per (backbone, objective) mean ± std, then the paired differences against random init and
-    iBOT − DINO, per seed with intervals, over seeds, and the seed-mean interval."""
+    iBOT − DINO, per seed with intervals, over seeds, and the seed-mean interval; and the numbers
+    behind it (the runs, every interval)."""
     by = {}
     for r in _rows(out):
         if r["steps"] in (0, steps):
@@ -136,12 +139,15 @@ def table(out: Path, steps: int) -> str:
               + " | mean ± std | seed-mean Δ [95 %] |", "|---|---|" + "---|" * (len(seeds) + 2)]
     pairs = [(b, o, "trained", "random", "random") for b in BACKBONES for o in OBJECTIVES]
     pairs += [(b, "ibot", "trained", "dino", "trained") for b in BACKBONES]
+    paired = {}
     for backbone, a, tag_a, b, tag_b in pairs:
         common = [s for s in seeds if (backbone, a, s) in by and (backbone, b, s) in by]
         if common:
-            lines += paired_rows(f"{backbone}: {a} − {b}", [by[(backbone, a, s)] for s in common], tag_a,
-                                 [by[(backbone, b, s)] for s in common], tag_b)
-    return "\n".join(lines)
+            label = f"{backbone}: {a} − {b}"
+            paired[label] = paired_intervals([by[(backbone, a, s)] for s in common], tag_a,
+                                             [by[(backbone, b, s)] for s in common], tag_b)
+            lines += paired_rows(label, paired[label])
+    return "\n".join(lines), {"steps": steps, "runs": list(by.values()), "paired": intervals_numbers(paired)}
 
 
 def plot(out: Path, steps: int, path: Path) -> None:
@@ -191,12 +197,16 @@ def main() -> None:
     p.add_argument("--num-train", type=int, default=100)
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--out", default="runs/bench_ibot")
-    p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--table", action="store_true",
+                   help="print the table of <out>/results.jsonl, write its numbers to --results, and stop")
+    add_results_option(p, "ibot.json")
     p.add_argument("--figure", type=Path, default=None, help="with --table: also draw the differences to this PNG")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
-        print(table(Path(args.out), args.steps))
+        markdown, numbers = table(Path(args.out), args.steps)
+        print(markdown)
+        write_results(args.results, "ibot.json", numbers)
         if args.figure:
             plot(Path(args.out), args.steps, args.figure)
         return

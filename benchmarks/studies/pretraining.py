@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import yaml
 
+from benchmarks.results_io import add_results_option, write_results
 from benchmarks.speed.dino_step import lightning_round
 from locatdino.comparison.runner import ShownImages
 from locatdino.data import MultiCropTransform, collate_multicrop
@@ -122,7 +123,7 @@ class ClassTokenKNN:
         return 100 * knn_accuracy(embed(self.train[0]), self.train[1], embed(self.val[0]), self.val[1])
 
 
-def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int = 4) -> None:
+def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int = 4) -> dict[str, float]:
     """Median seconds per DINO step of each setting's backbone kwargs on the recipe's batch."""
     recipe = yaml.safe_load(RECIPES[backbone].read_text())
     data = recipe["data"]["init_args"]
@@ -138,11 +139,11 @@ def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int =
         for _ in range(rounds):
             for name, module in modules.items():
                 times[name] += lightning_round(module, batch, steps, log_dir)
-    base = statistics.median(times[settings[0]])
-    for name in settings:
-        med = statistics.median(times[name])
-        print(f"{backbone} {name}: {med:.2f} s/step ({med / base:.2f}x {settings[0]}), "
+    medians = {name: statistics.median(times[name]) for name in settings}
+    for name, med in medians.items():
+        print(f"{backbone} {name}: {med:.2f} s/step ({med / medians[settings[0]]:.2f}x {settings[0]}), "
               f"{360 / med:.0f} steps in 6 min", flush=True)
+    return medians
 
 
 def token_similarity(model: torch.nn.Module, images: torch.Tensor) -> float:
@@ -169,7 +170,7 @@ def plain_scenes() -> None:
     scene_render.render_scene = shard_sources.render_scene = plain
 
 
-def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None:
+def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> dict:
     """Hummingbird mIoU of a finished run's teacher, student and random init at several blocks
     (diagnostic only: the protocol is the last block). Backbone, kwargs and seed come from the
     run's own ``config.yaml``."""
@@ -182,16 +183,19 @@ def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> None
               "student": create_backbone(backbone, ckpt, which="student", **kwargs)}
     train, val = eval_splits(args)
     images = ShownImages.from_split(val, len(val), args.input_size).images
+    similarity = {name: token_similarity(m, images) for name, m in models.items()}
     print(f"{fit_dir}: mean cosine similarity of two patch tokens of the same scene, last block "
           "(higher = tokens more alike, less local information): " +
-          ", ".join(f"{name} {token_similarity(m, images):.3f}" for name, m in models.items()))
+          ", ".join(f"{name} {value:.3f}" for name, value in similarity.items()))
     print(f"{fit_dir}: Hummingbird mIoU per block ({args.num_train} / {args.num_val} scenes at {args.input_size} px)")
     print("| block | " + " | ".join(models) + " | teacher − random |\n|---|---|---|---|---|")
+    per_block = {}
     for layer in layers:
         cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0, layer=layer)
-        miou = {name: hummingbird(m.eval(), train, val, cfg).miou for name, m in models.items()}
+        miou = per_block[layer] = {name: hummingbird(m.eval(), train, val, cfg).miou for name, m in models.items()}
         print(f"| {layer} | " + " | ".join(f"{v:.1f}" for v in miou.values()) +
               f" | {miou['teacher'] - miou['random']:+.1f} |", flush=True)
+    return {"run": str(fit_dir), "token_similarity": similarity, "miou_per_block": per_block}
 
 
 def main() -> None:
@@ -213,11 +217,16 @@ def main() -> None:
                    help="train and evaluate on scenes without their image-wide effects (haze, exposure, white balance)")
     p.add_argument("--diagnose", type=Path, metavar="FIT_DIR", help="score a finished run per block instead")
     p.add_argument("--layers", type=int, nargs="+", default=[2, 5, 8, 11], help="blocks for --diagnose")
+    add_results_option(p, "pretraining-<backbone>-<setting>.json (--throughput, --diagnose: "
+                          "pretraining-throughput-<backbone>.json, pretraining-blocks.json)")
     args = p.parse_args()
     if args.diagnose:
-        return diagnose(args.diagnose, args.layers, args)
+        write_results(args.results, "pretraining-blocks.json", diagnose(args.diagnose, args.layers, args))
+        return
     if args.throughput:
-        return throughput(args.backbone, args.throughput)
+        write_results(args.results, f"pretraining-throughput-{args.backbone}.json",
+                      {"s_per_step": throughput(args.backbone, args.throughput)})
+        return
     if not args.setting:
         p.error("--setting or --throughput is required")
 
@@ -238,9 +247,10 @@ def main() -> None:
 
     print("| backbone | setting | seed | steps | fit min | teacher | student | random | Δ | "
           "k-NN teacher | k-NN random | monitor curve |\n|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    name = args.setting + ("+" + "_".join(a.lstrip("-").split(".")[-1] for a in args.extra) if args.extra else "")
+    name += "+plain_scenes" * args.plain_scenes
+    rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        name = args.setting + ("+" + "_".join(a.lstrip("-").split(".")[-1] for a in args.extra) if args.extra else "")
-        name += "+plain_scenes" * args.plain_scenes
         fit_dir = out / args.backbone / name / f"seed{seed}"
         argv = ["--config", str(recipe_path), *flags, "--seed_everything", str(seed),
                 "--trainer.default_root_dir", str(fit_dir), "--data.init_args.train_urls",
@@ -266,6 +276,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "results.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        write_results(args.results, f"pretraining-{args.backbone}-{name}.json", {"rows": rows})
         curve = " ".join(f"{s}:{m:.1f}" for s, m in row["curve"])
         print(f"| {args.backbone} | {name} | {seed} | {steps} | {fit_min:.1f} | {row['teacher']:.1f} | "
               f"{row['student']:.1f} | {row['random']:.1f} | {row['delta']:+.1f} | {row['knn_teacher']:.1f} | "

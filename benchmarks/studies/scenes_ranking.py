@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -60,6 +61,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3, help="random-init draws")
     p.add_argument("--steps", type=int, default=300, help="supervised training steps (batch 32)")
     p.add_argument("--checkpoint", action="append", default=[], help="DINO export to score as well")
+    add_results_option(p, "scenes_ranking.json")
     args = p.parse_args()
 
     size = args.input_size
@@ -76,12 +78,16 @@ def main() -> None:
         torch.manual_seed(seed)
         randoms.append(score(create_backbone(args.model, img_size=args.img_size)))
     print(f"| random init ({args.seeds} seeds) | {np.mean(randoms):.1f} ± {np.std(randoms):.1f} |", flush=True)
+    miou = {"random_init": randoms, "checkpoints": {}}
     for ckpt in args.checkpoint:
-        print(f"| DINO teacher `{ckpt}` | {score(create_backbone(args.model, ckpt)):.1f} |", flush=True)
+        miou["checkpoints"][ckpt] = score(create_backbone(args.model, ckpt))
+        print(f"| DINO teacher `{ckpt}` | {miou['checkpoints'][ckpt]:.1f} |", flush=True)
     start = time.perf_counter()
     model = supervised(args.model, args.img_size, args.steps, 512, seed=0)
     minutes = (time.perf_counter() - start) / 60
-    print(f"| supervised patch classifier ({args.steps} steps, {minutes:.1f} min) | {score(model):.1f} |")
+    miou["supervised"] = score(model)
+    print(f"| supervised patch classifier ({args.steps} steps, {minutes:.1f} min) | {miou['supervised']:.1f} |")
+    write_results(args.results, "scenes_ranking.json", {"miou": miou, "supervised_minutes": minutes})
 
 
 if __name__ == "__main__":

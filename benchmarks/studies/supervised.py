@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.evaluation.bootstrap import miou_interval, seed_mean_miou_interval
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -187,10 +188,11 @@ def _confusions(row: dict, protocol: str, tag: str) -> ImageConfusions:
     return ImageConfusions.load(Path(row["run"]) / "confusions" / f"{protocol}_{tag}.npz")
 
 
-def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> str:
+def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> tuple[str, dict]:
     """Markdown from ``results.jsonl``: per variant mean ± std, then paired differences (per seed,
     mean ± std over seeds, and the bootstrap interval of the seed-mean difference) for each variant
-    against ViT and for each variant's trained network against its random init."""
+    against ViT and for each variant's trained network against its random init; and the numbers
+    behind it (the runs, every interval)."""
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["labels"] == labels and r["steps"] == steps and r.get("extra", []) == extra
             and r.get("more", {}) == more]
@@ -208,24 +210,44 @@ def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> s
               + " | mean ± std | seed-mean Δ [95 %] |", "|---|---|" + "---|" * (len(seeds) + 2)]
     pairs = [(f"{v} − random init", v, "trained", v, "random") for v in variants]
     pairs += [(f"{v} − vit", v, "trained", "vit", "trained") for v in variants[1:]]
+    paired = {}
     for label, va, ta, vb, tb in pairs:
         common = [s for s in seeds if (va, s) in by and (vb, s) in by]
-        lines += paired_rows(label, [by[(va, s)] for s in common], ta, [by[(vb, s)] for s in common], tb)
-    return "\n".join(lines)
+        paired[label] = paired_intervals([by[(va, s)] for s in common], ta, [by[(vb, s)] for s in common], tb)
+        lines += paired_rows(label, paired[label])
+    return "\n".join(lines), {"runs": list(by.values()), "paired": intervals_numbers(paired)}
 
 
-def paired_rows(label: str, rows_a: list[dict], tag_a: str, rows_b: list[dict], tag_b: str) -> list[str]:
-    """One table row per protocol for the paired difference A − B over seeds (``rows_a[i]`` and
-    ``rows_b[i]`` of the same seed; ``tag``: which saved confusions, ``trained`` or ``random``):
-    per seed with its interval, mean ± std over seeds, and the interval of the seed-mean Δ."""
-    lines = []
-    for protocol, name in (("hbird", "Hummingbird"), ("linprobe", "linear probe")):
+PROTOCOLS = (("hbird", "Hummingbird"), ("linprobe", "linear probe"))
+
+
+def paired_intervals(rows_a: list[dict], tag_a: str, rows_b: list[dict], tag_b: str) -> dict[str, dict]:
+    """Per protocol, the paired difference A − B over seeds (``rows_a[i]`` and ``rows_b[i]`` of the
+    same seed; ``tag``: which saved confusions, ``trained`` or ``random``): each seed's interval
+    (``per_seed``) and the interval of the seed-mean Δ (``seed_mean``)."""
+    intervals = {}
+    for protocol, _ in PROTOCOLS:
         a = [_confusions(r, protocol, tag_a) for r in rows_a]
         b = [_confusions(r, protocol, tag_b) for r in rows_b]
-        per_seed = [miou_interval(x, y) for x, y in zip(a, b)]
-        lines.append(f"| {label} | {name} | " + " | ".join(_mark(i) for i in per_seed) + " | "
-                     f"{_mean_std([i.delta for i in per_seed])} | {_mark(seed_mean_miou_interval(a, b))} |")
-    return lines
+        intervals[protocol] = {"seeds": [r["seed"] for r in rows_a],
+                               "per_seed": [miou_interval(x, y) for x, y in zip(a, b)],
+                               "seed_mean": seed_mean_miou_interval(a, b)}
+    return intervals
+
+
+def paired_rows(label: str, intervals: dict[str, dict]) -> list[str]:
+    """One table row per protocol of :func:`paired_intervals`: per seed with its interval, mean ±
+    std over seeds, and the interval of the seed-mean Δ."""
+    return [f"| {label} | {name} | " + " | ".join(_mark(i) for i in intervals[protocol]["per_seed"]) + " | "
+            f"{_mean_std([i.delta for i in intervals[protocol]['per_seed']])} | "
+            f"{_mark(intervals[protocol]['seed_mean'])} |" for protocol, name in PROTOCOLS]
+
+
+def intervals_numbers(paired: dict[str, dict[str, dict]]) -> dict:
+    """:func:`paired_intervals` per label, as JSON (each interval's ``to_dict``)."""
+    return {label: {protocol: {"seeds": v["seeds"], "per_seed": [i.to_dict() for i in v["per_seed"]],
+                               "seed_mean": v["seed_mean"].to_dict()} for protocol, v in protocols.items()}
+            for label, protocols in paired.items()}
 
 
 def main() -> None:
@@ -244,14 +266,18 @@ def main() -> None:
                    help='JSON added to every variant\'s backbone kwargs, e.g. \'{"global_pool": "avg"}\'')
     p.add_argument("--every", type=int, default=None,
                    help="also keep a checkpoint every N steps and score each with Hummingbird (the trajectory)")
-    p.add_argument("--table", action="store_true", help="print the table of <out>/results.jsonl and stop")
+    p.add_argument("--table", action="store_true",
+                   help="print the table of <out>/results.jsonl, write its numbers to --results, and stop")
+    add_results_option(p, "supervised.json")
     p.add_argument("--precision-check", action="store_true",
                    help="score the trained backbones of <out>/results.jsonl (--seeds, --variants) at "
                         "--precision auto, int8 and bf16 against fp32 instead of training")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
     if args.table:
-        print(table(Path(args.out), args.labels, args.steps, args.extra, args.backbone_kwargs))
+        markdown, numbers = table(Path(args.out), args.labels, args.steps, args.extra, args.backbone_kwargs)
+        print(markdown)
+        write_results(args.results, "supervised.json", numbers)
         return
     torch.set_num_threads(2)
     if args.precision_check:

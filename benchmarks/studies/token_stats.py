@@ -16,17 +16,16 @@ probe read (last block, no final norm, no PRR):
 
     python -m benchmarks.studies.token_stats \\
         vit-random=vit_tiny_patch16_224:runs/demo/vit_random_init.pth \\
-        vit-dino=vit_tiny_patch16_224:runs/demo/vit_teacher.pth --out runs/token_stats.json
+        vit-dino=vit_tiny_patch16_224:runs/demo/vit_teacher.pth
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
+from benchmarks.results_io import add_results_option, write_results
 from locatdino.comparison.measure import ModelSpec, ShownImages
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
 from locatdino.evaluation.splits import open_split
@@ -55,7 +54,7 @@ def main() -> None:
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--input-size", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="random init of a model without a checkpoint")
-    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    add_results_option(p, "token_stats.json")
     args = p.parse_args()
     torch.set_num_threads(2)
     val = open_split("scenes", None, "val", args.num_val, 0, args.input_size)
@@ -73,10 +72,7 @@ def main() -> None:
     for name, r in rows.items():
         print(f"| {name} | {r['norm']:.2f} ({r['norm'] / first:.1f}×) | {100 * r['top_share']:.0f} % | "
               f"{r['within_scene']:.3f} | {r['across_scenes']:.3f} |")
-    if args.out:
-        args.out.write_text(json.dumps({"command": "token_stats.py " + " ".join(args.models),
-                                        "num_val": args.num_val, "input_size": args.input_size, "rows": rows},
-                                       indent=2) + "\n")
+    write_results(args.results, "token_stats.json", {"num_val": args.num_val, "input_size": args.input_size, "rows": rows})
 
 
 if __name__ == "__main__":
