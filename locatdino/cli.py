@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
     "fit": ("locatdino.ssl.cli", "pretraining (DINO, or supervised) from a YAML config (LightningCLI)"),
     "export": ("locatdino.ssl.export", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
-    "shards": ("locatdino.data.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
+    "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),

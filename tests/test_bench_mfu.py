@@ -1,14 +1,9 @@
-"""benchmarks/bench_mfu.py: the FLOP count behind its MFU, against hand counts (no timing)."""
-
-import sys
-from pathlib import Path
+"""benchmarks/speed/mfu.py: the FLOP count behind its MFU, against hand counts (no timing)."""
 
 import timm
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_mfu  # noqa: E402
+from benchmarks.speed import mfu as bench_mfu
 
 
 def test_a_linear_layer_costs_2_bio_forward_and_4_bio_backward():

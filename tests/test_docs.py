@@ -55,7 +55,7 @@ def test_docs_are_linked_from_readme_index():
 def test_no_shipped_text_points_to_internal_notes():
     """Docstrings, configs and pages cite docs/ (which ships), not the developers' SPEC.md."""
     files = [*ROOT.joinpath("locatdino").rglob("*.py"), *ROOT.joinpath("locatdino").rglob("*.yaml"),
-             *ROOT.joinpath("benchmarks").glob("*.py"), *PAGES]
+             *ROOT.joinpath("benchmarks").rglob("*.py"), *PAGES]
     cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"SPEC ?§|SPEC\.md", line)]
     assert not cited, f"references to the internal SPEC.md: {cited}"

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the dry run (every case built and run at toy size on the CPU, so the
+"""benchmarks/gpu_check/: the dry run (every case built and run at toy size on the CPU, so the
 script is ready for the next GPU), the deadline and crash handling of its child processes, whole
 error texts in its results, the size of what it leaves in --out, and the bf16 equivalence
 criterion on full-size CPU results."""
@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_check  # noqa: E402
-import gpu_check_cases as cases  # noqa: E402
-from gpu_check_common import FULL, Row, error_row  # noqa: E402
+import benchmarks.gpu_check.cases as cases
+import locatdino.models.gaug.attention as attention_module
+from benchmarks.gpu_check import check as gpu_check
+from benchmarks.gpu_check.common import FULL, Row, error_row
 
-import locatdino.models.gaug.attention as attention_module  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # A stand-in child speaking the @@ protocol: case "sleep" hangs, case "die" kills its process.
 FAKE_CHILD = textwrap.dedent("""
@@ -130,7 +129,7 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out),
                            "--deadline", "1200"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -150,7 +149,7 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
         "locatdino hbird locatvit_tiny 32 px", "locatdino hbird vit_tiny_patch16_224 32 px"}
     results = json.loads((out / "results.json").read_text())
     assert len(results["rows"]) == len(rows) and results["exit_status"] == 0
-    assert set(results["sections"]) == set(counts) - {"report"} and results["environment"]["torch"]
+    assert set(results["sections"]) == set(counts) - {"report"} and results["environment"]["machine"]["software"]["torch"] == torch.__version__.split("+")[0]
     assert all("detail" in row for row in results["rows"])
     assert "flex options: {'bfloat16, head size 32, cpu': 'BLOCK_M=64 BLOCK_N=32 num_stages=1, fp32 profiles'}" in \
         next(r["detail"] for r in results["rows"] if r["case"] == "flex bf16 224 px, class token")

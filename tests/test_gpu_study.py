@@ -1,4 +1,4 @@
-"""benchmarks/gpu_study.py at toy size on the CPU: the whole study end to end (so the script is
+"""benchmarks/studies/gpu_study.py at toy size on the CPU: the whole study end to end (so the script is
 ready for the next GPU), every run's random init is the network its module starts from, and an
 existing results folder is never written into."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.studies import gpu_study
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_study  # noqa: E402
 
 
 @pytest.mark.parametrize("objective", list(gpu_study.OBJECTIVES))
@@ -35,8 +35,8 @@ def test_imports_without_jsonargparse():
                "    def find_spec(self, name, path, target=None):\n"
                "        if name.split('.')[0] == 'jsonargparse': raise ImportError(name)\n"
                "sys.meta_path.insert(0, Block())\n"
-               "import gpu_study\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
+               "import benchmarks.studies.gpu_study\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", blocker], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -52,8 +52,8 @@ def test_an_existing_results_folder_is_refused(tmp_path, capsys):
 def test_toy_study_end_to_end(tmp_path):
     out = tmp_path / "study"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_study.py"), "--toy", "--out", str(out)],
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -81,8 +81,8 @@ def test_toy_study_with_the_multicrop_on_the_device(tmp_path):
     multi-crop runs on the training device (here CPU tensors), through a whole DINO run."""
     out = tmp_path / "study"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_study.py"), "--toy", "--out", str(out),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out),
                            "--objectives", "dino", "--backbones", "vit", "--augment-on", "gpu"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -123,7 +123,7 @@ def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _labelled_shards(args: argparse.Namespace, split: str, count: int | None) -> Any:
-    from locatdino.data.shard_labels import ShardImageLabels
+    from locatdino.data.shards.labels import ShardImageLabels
 
     folder = Path(args.data_dir) / split
     if not folder.is_dir():

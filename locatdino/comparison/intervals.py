@@ -7,7 +7,7 @@ probe with the same bootstrap over the test images (from each model's per-image 
 ``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
 
 "A beats B" is said only when the interval excludes 0; otherwise the text says "no measurable
-difference". The report, the demo's conclusion and ``benchmarks/bench_compare.py`` all word a
+difference". The report, the demo's conclusion and ``benchmarks/studies/compare.py`` all word a
 difference through :func:`difference_text`.
 """
 

@@ -2,7 +2,7 @@
 
 Lightning adds no DistributedSampler to an IterableDataset, so this module owns the split: it
 reads the rank and world size from the trainer in ``setup`` and builds a fixed-length
-``ShardStream`` (``locatdino.data.shard_stream``) per rank: every rank yields exactly
+``ShardStream`` (``locatdino.data.shards.stream``) per rank: every rank yields exactly
 ``batches_per_epoch`` batches per epoch, whatever the shard count, so DDP never hangs.
 
 YAML (LightningCLI)::
@@ -18,9 +18,9 @@ YAML (LightningCLI)::
         augment_on: gpu                                        # multi-crop on the training device
 
 ``augment_on: gpu``: the workers only decode (a uint8 ``[3, S, S]`` image and its decoded size per
-sample, ``locatdino.data.decoded_images``) and ``on_after_batch_transfer`` — run by Lightning on
+sample, ``locatdino.data.transforms.decoded_images``) and ``on_after_batch_transfer`` — run by Lightning on
 every rank, after the batch reached the device — applies the multi-crop to the whole batch
-(:class:`~locatdino.data.gpu_multicrop.GPUMultiCrop`, kornia). Its random draws are seeded by
+(:class:`~locatdino.data.transforms.gpu_multicrop.GPUMultiCrop`, kornia). Its random draws are seeded by
 ``(seed, rank, augmented batches so far)``; the count is part of ``state_dict``, so a resumed run
 draws what the uninterrupted one would have. On a CPU-only machine the same path runs on CPU
 tensors in the training process, which is slower than the default ``cpu`` (augmentation in the
@@ -43,12 +43,13 @@ import lightning as L
 import torch
 from webdataset.utils import make_seed
 
-from locatdino.data.decoded_images import DecodedImage, check_decoded_size, collate_decoded, default_image_size
-from locatdino.data.gpu_multicrop import GPUMultiCrop
-from locatdino.data.multicrop import MultiCropTransform
-from locatdino.data.shard_sources import ScenesSource
-from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls, shard_sizes
-from locatdino.data.shard_writer import write_shards
+from locatdino.data.shards.sources import ScenesSource
+from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls, shard_sizes
+from locatdino.data.shards.writer import write_shards
+from locatdino.data.transforms.decoded_images import (DecodedImage, check_decoded_size, collate_decoded,
+                                                      default_image_size)
+from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop
+from locatdino.data.transforms.multicrop import MultiCropTransform
 
 log = logging.getLogger(__name__)
 # Lightning warns that an IterableDataset's __len__ may be wrong when workers duplicate data; each

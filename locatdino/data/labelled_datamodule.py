@@ -35,11 +35,11 @@ from typing import Any, Literal
 import torch
 import webdataset as wds
 
-from locatdino.data.classification_transform import ClassificationTransform
 from locatdino.data.datamodule import ShardDataModule
-from locatdino.data.shard_sources import MULTILABEL_KEY
-from locatdino.data.shard_stream import ShardLoader, ShardStream, expand_urls
-from locatdino.data.shard_writer import INDEX_NAME
+from locatdino.data.shards.sources import MULTILABEL_KEY
+from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls
+from locatdino.data.shards.writer import INDEX_NAME
+from locatdino.data.transforms.classification import ClassificationTransform
 from locatdino.errors import UserError
 
 

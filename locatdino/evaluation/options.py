@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from locatdino.arguments import at_least, integer
-from locatdino.data.segmentation import DATASETS
+from locatdino.data.datasets.segmentation import DATASETS
 from locatdino.errors import UserError
 from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.precision import PRECISIONS

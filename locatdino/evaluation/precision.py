@@ -12,7 +12,7 @@ fastest arithmetic depends on the hardware, not on the model:
   using its AVX-512 kernels: ``ATEN_CPU_CAPABILITY=avx2`` turns bf16 off), int8 on other x86
   CPUs with AVX2, fp32 elsewhere.
 
-Their effect on the mIoU is measured against fp32 by ``benchmarks/bench_hbird.py``.
+Their effect on the mIoU is measured against fp32 by ``benchmarks/speed/hbird.py``.
 """
 
 from __future__ import annotations

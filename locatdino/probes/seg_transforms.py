@@ -37,7 +37,7 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 
-from locatdino.data.photometric import adjust_hue
+from locatdino.data.transforms.photometric import adjust_hue
 from locatdino.evaluation.augment import MEAN_RGB, NEAREST_EXACT
 
 IGNORE = -1

@@ -28,7 +28,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from timm.models import split_model_name_tag
 
-from locatdino.data.shard_stream import expand_urls
+from locatdino.data.shards.stream import expand_urls
 from locatdino.errors import UserError, first_line
 from locatdino.models import create_backbone, load_checkpoint
 from locatdino.output_files import ensure_writable

@@ -124,8 +124,8 @@ def _colour_folder_shards(root, split):
     """ImageFolder-style shards of one split: class 'red' and class 'blue', 6 noisy images each."""
     from PIL import Image
 
-    from locatdino.data.shard_sources import build_source
-    from locatdino.data.shard_writer import write_shards
+    from locatdino.data.shards.sources import build_source
+    from locatdino.data.shards.writer import write_shards
 
     rng = np.random.default_rng(len(split))
     for name, colour in (("blue", (0, 0, 200)), ("red", (200, 0, 0))):
@@ -138,7 +138,7 @@ def _colour_folder_shards(root, split):
 
 @pytest.mark.slow
 def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
-    from locatdino.data.shard_labels import ShardImageLabels
+    from locatdino.data.shards.labels import ShardImageLabels
 
     for split in ("train", "val"):
         _colour_folder_shards(tmp_path, split)

@@ -78,10 +78,10 @@ def test_skipped_samples_logger_counts_and_names_bad_samples(tmp_path, caplog):
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[SkippedSamplesLogger(max_warnings=3)])
-    with caplog.at_level("WARNING", logger="locatdino.data.skipped"):
+    with caplog.at_level("WARNING", logger="locatdino.data.shards.skipped"):
         trainer.fit(_Tiny(), datamodule=dm)
     assert trainer.callback_metrics["data/skipped"].item() == 4
-    lines = [r.getMessage() for r in caplog.records if r.name == "locatdino.data.skipped"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "locatdino.data.shards.skipped"]
     named = [m for m in lines if m.startswith("rank 0: skipped ")]
     assert [m.split(": ")[1].split(" ")[1] for m in named] == [f"{path}:k2", f"{path}:k7", f"{path}:k2"]
     assert lines[3:] == ["rank 0: more than 3 skips, from now on only counted (data/skipped)",

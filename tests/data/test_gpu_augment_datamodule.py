@@ -7,7 +7,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from locatdino.data import MultiCropTransform, ShardDataModule
-from locatdino.data.shard_stream import ShardLoader, ShardStream
+from locatdino.data.shards.stream import ShardLoader, ShardStream
 from tests.data.data_fixtures import id_of
 
 SMALL = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2)

@@ -6,10 +6,10 @@ import torch
 from PIL import Image
 
 from locatdino.data import LabelledShardDataModule
-from locatdino.data.classification_transform import ClassificationTransform
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, scene_class, scene_classes
-from locatdino.data.shard_sources import FolderSource
-from locatdino.data.shard_writer import write_shards
+from locatdino.data.shards.sources import FolderSource
+from locatdino.data.shards.writer import write_shards
+from locatdino.data.transforms.classification import ClassificationTransform
 from locatdino.errors import UserError
 
 N = 12

@@ -9,7 +9,7 @@ import time
 
 from lightning.pytorch import Callback
 
-from locatdino.data import shard_stream
+from locatdino.data.shards import stream as shard_stream
 from locatdino.ssl.restarts import restart_of
 
 

@@ -1,16 +1,11 @@
-import sys
-from pathlib import Path
-
 import faiss
 import numpy as np
 import pytest
 import torch
 
 import locatdino.retrieval.torch_knn as torch_knn
+from benchmarks.speed.torch_knn_recall import clustered  # the benchmark's memories, smaller
 from locatdino.retrieval.torch_knn import TorchExactSearch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_torch_knn_recall import clustered  # noqa: E402  (the benchmark's memories, smaller)
 
 
 def _unit(n, d, seed):

@@ -49,8 +49,8 @@ def test_fsdp_matches_ddp(ddp_run, tmp_path):
 
 
 def test_ddp_uneven_shards_and_a_step_skipped_on_one_rank(tmp_path):
-    from locatdino.data.shard_sources import ScenesSource
-    from locatdino.data.shard_writer import write_shards
+    from locatdino.data.shards.sources import ScenesSource
+    from locatdino.data.shards.writer import write_shards
 
     shards = tmp_path / "uneven"
     index = write_shards(ScenesSource(11, 0, 48), shards, maxcount=8, workers=0, progress=False)

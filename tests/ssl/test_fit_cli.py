@@ -402,7 +402,7 @@ def _commands_in_config_comments() -> list[list[str]]:
 def test_commands_in_config_comments_run(argv, monkeypatch, capsys):
     """The commands the recipes tell users to run are valid: ``fit`` parses (up to printing the
     merged config), ``shards`` reaches the writer with its source and output folder."""
-    from locatdino.data import cli as shards_cli
+    from locatdino.data.shards import cli as shards_cli
 
     monkeypatch.chdir(ROOT)
     command, args = argv[0], argv[1:]

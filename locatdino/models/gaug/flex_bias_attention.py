@@ -70,7 +70,7 @@ def flex_failure() -> str | None:
 
 
 def flex_report() -> dict:
-    """What was chosen and what failed so far in this process (for reports: ``benchmarks/gpu_check.py``)."""
+    """What was chosen and what failed so far in this process (for reports: ``benchmarks/gpu_check/``)."""
     return {"chosen": {key: options.name for key, options in _chosen.items()},
             "failed": [dict(entry) for entry in _failed], "off": _failure}
 

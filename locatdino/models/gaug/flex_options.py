@@ -21,7 +21,7 @@ q/k/v, forward + backward, compiled; SDPA without a bias 0.32 ms):
   kernel's fp32 scores, as exact as the CPU path); then torch's default tiles with the profiles in
   the input dtype (1.46 ms: they compile because bf16 profiles halve the gathered bytes, but the
   bias is rounded to bf16 first, so they come after every fp32-profile option). Whether bf16
-  profiles are worth their rounding is measured by ``benchmarks/gpu_check.py`` (``kernels``
+  profiles are worth their rounding is measured by ``benchmarks/gpu_check/`` (``kernels``
   section: time and error of each option), not assumed.
 - fp32: torch's default tiles (compiled and matched the CPU path to 1e-5 on the H200), then the
   two single-stage options.

@@ -60,7 +60,7 @@ def test_unwired_layer_raises_a_clear_error():
 @pytest.mark.parametrize("path", ["flex", "mask"])
 def test_forced_paths_match_the_separable_path(path):
     """Forward of the flex (CUDA) and mask paths inside the layer, prefix tokens included (the
-    flex backward runs only on GPU: benchmarks/gpu_check.py; its maths in test_flex_bias_attention)."""
+    flex backward runs only on GPU: benchmarks/gpu_check/; its maths in test_flex_bias_attention)."""
     x = torch.randn(2, 14, 32)
     layer = _layer().eval()
     with torch.no_grad():
