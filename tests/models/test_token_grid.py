@@ -1,9 +1,12 @@
 """A backbone's patch size and token grid have one owner, ``locatdino.models.token_grid``."""
 
+from pathlib import Path
+
 import pytest
 import timm
 from torch import nn
 
+import locatdino
 from locatdino.models.baselines import PixelPatches
 from locatdino.models.token_grid import fitting_sizes, patch_size, token_grid
 
@@ -33,3 +36,11 @@ def test_fitting_sizes():
     assert fitting_sizes(60, 16) == "48 or 64"
     assert fitting_sizes(10, 16) == "16"  # was "16 or 16"
 
+
+def test_no_other_module_reads_the_patch_embedding_s_geometry():
+    """``patch_embed.patch_size`` and ``dynamic_feat_size`` are read in token_grid.py only."""
+    package = Path(locatdino.__file__).parent
+    readers = [str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "token_grid.py" and any(s in p.read_text() for s in (
+                   "patch_embed.patch_size", "dynamic_feat_size", "patch_embed.dynamic_img_pad"))]
+    assert readers == []
