@@ -1,4 +1,4 @@
-"""Command-line options checked where they are parsed: one-line parser errors and range types.
+"""Command-line options checked where they are parsed, shown in groups, and mapped to configs.
 
 argparse answers a bad option with the command's whole usage (12–23 lines) and a well-typed
 value out of its range (``--num-train 0``, ``--input-size -64``, ``--k 0``) not at all: it fails
@@ -6,21 +6,111 @@ later, deep in a DataLoader worker or after minutes of work. :class:`ArgumentPar
 wrong in one line, ``locatdino <command>: <problem> (locatdino <command> --help lists the
 options)``, exit status 2; the range types turn an out-of-range value into such a line at parse
 time, before any data is read or model built.
+
+Every command's ``--help`` lists its options in the same groups (:func:`option_groups`): model,
+data, protocol, output, runtime. A protocol's options reach its config dataclass through a
+declared :class:`ConfigTable` (option → field), never by matching names: a renamed option then
+fails loudly (``tests/test_option_tables.py`` checks every table against its parser and config).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, NoReturn
+
+# the groups of every command's --help, in this order: title -> what its options choose
+GROUPS = {
+    "model": "which backbones, with which weights",
+    "data": "what is read: datasets, splits, sources",
+    "protocol": "what is measured, and how",
+    "output": "what is written, and where",
+    "runtime": "where and how fast it runs (also --threads N and --debug, as for every command: locatdino --help)",
+}
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors are one line naming the option (exit status 2)."""
+    """``argparse.ArgumentParser`` whose errors are one line naming the option (exit status 2),
+    and whose ``--help`` leaves out option groups that hold no option."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} ({self.prog} --help lists the options)\n")
+
+    def refuse(self, message: str) -> NoReturn:
+        """A usage error whose message already says what to write instead: one line, exit status 2."""
+        self.exit(2, f"{self.prog}: {message}\n")
+
+    def format_help(self) -> str:
+        groups = self._action_groups
+        self._action_groups = [g for g in groups if g._group_actions]
+        try:
+            return super().format_help()
+        finally:
+            self._action_groups = groups
+
+
+@dataclass(frozen=True)
+class OptionGroups:
+    """The argument groups of one command's parser (:data:`GROUPS`)."""
+
+    model: Any
+    data: Any
+    protocol: Any
+    output: Any
+    runtime: Any
+
+
+def option_groups(parser: argparse.ArgumentParser) -> OptionGroups:
+    """Add :data:`GROUPS` to ``parser``, in their order, and return them."""
+    return OptionGroups(**{title: parser.add_argument_group(title, text) for title, text in GROUPS.items()})
+
+
+def option_dest(option: str) -> str:
+    """argparse's attribute name of a long option: ``--no-progress`` → ``no_progress``."""
+    return option.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ConfigTable:
+    """Which command-line option sets which field of a config dataclass, declared.
+
+    ``options``: option → field; ``negated``: flags whose field is their negation
+    (``--no-progress`` → ``progress``); ``internal``: field → why no option of this command sets
+    it. Every field is one or the other (checked by the tests), so a field, or an option, cannot
+    be dropped without a word."""
+
+    config: type
+    options: Mapping[str, str]
+    internal: Mapping[str, str]
+    negated: frozenset[str] = frozenset()
+
+    def values(self, args: argparse.Namespace) -> dict[str, Any]:
+        """``{field: value}`` of the parsed ``args`` for every option of the table."""
+        values = {}
+        for option, field in self.options.items():
+            value = getattr(args, option_dest(option))  # an option gone from the parser fails here
+            values[field] = (not value) if option in self.negated else value
+        return values
+
+    def build(self, args: argparse.Namespace, **fixed: Any) -> Any:
+        """The config of ``args``, with the fields ``fixed`` gives (internal ones) set as given."""
+        return self.config(**self.values(args), **fixed)
+
+    def option_of(self, field: str) -> str:
+        """The option that sets ``field`` (``KeyError`` when none does)."""
+        for option, name in self.options.items():
+            if name == field:
+                return option
+        raise KeyError(field)
+
+    def unaccounted(self) -> list[str]:
+        """Fields neither an option sets nor declared internal, and table entries naming no field
+        (both empty for a sound table)."""
+        names = {f.name for f in fields(self.config)}
+        covered = set(self.options.values()) | set(self.internal)
+        return sorted(names - covered) + sorted(f"{name} (no such field)" for name in covered - names)
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

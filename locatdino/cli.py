@@ -3,7 +3,7 @@
 Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
 Errors escaping a sub-command are printed here, in one style for all of them
-(``locatdino <command>: <message>``, exit status 1; see :mod:`locatdino.errors`): ``--debug``
+(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see :mod:`locatdino.errors`): ``--debug``
 anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
 ``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.threads`).
 Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
@@ -20,7 +20,8 @@ import sys
 import threading
 
 from locatdino import __version__
-from locatdino.errors import debug_requested, one_line
+from locatdino.arguments import GROUPS
+from locatdino.errors import UsageError, debug_requested, one_line
 from locatdino.threads import choose_threads, pop_threads, set_threads
 
 # sub-command -> (module exposing main(argv), one-line help)
@@ -52,10 +53,14 @@ def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: locatdino [--version] [--debug] [--threads N] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "locatdino <command> --help shows the options of a command; --debug (or LOCATDINO_DEBUG=1)",
-              "shows the traceback of an error instead of its one-line message; --threads N (default: the cores",
-              "this process may use, or OMP_NUM_THREADS; never more than those cores) caps the CPU threads of",
-              "torch and FAISS."]
+    lines += ["", "locatdino <command> --help lists the options of a command, in the same groups for every",
+              "command: model, data, protocol, output, runtime.",
+              "", "runtime:", f"  {GROUPS['runtime'].split(' (')[0]}; these go anywhere on the command line", "",
+              "  --threads N  cap the CPU threads of torch and FAISS (default: the cores this process may",
+              "               use, or OMP_NUM_THREADS; never more than those cores)",
+              "  --debug      show the traceback of an error instead of its one-line message (or",
+              "               LOCATDINO_DEBUG=1)",
+              "  --version    print the version and exit"]
     return "\n".join(lines)
 
 
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"locatdino {name}: {one_line(err)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, UsageError) else 1
     finally:
         if catch_sigterm:
             signal.signal(signal.SIGTERM, previous)

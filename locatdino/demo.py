@@ -4,7 +4,7 @@ The question the project exists to answer, at CPU scale: does LocAtViT give bett
 features than a ViT under the same DINO pretraining? The demo
 
 1. ``locatdino fit`` — DINO-pretrains the tiny ViT and the tiny LocAtViT of
-   ``configs/tiny_vit.yaml`` / ``configs/tiny_locatvit.yaml`` (backbone, kwargs and budget are
+   ``configs/dino_tiny_vit.yaml`` / ``configs/dino_tiny_locatvit.yaml`` (backbone, kwargs and budget are
    read from the recipes) with the same seed and the same shards (the first fit writes the
    built-in scenes as WebDataset shards, the second reads them in the same order);
 2. ``locatdino export`` — each run's EMA teacher as a plain timm state dict, and each backbone at
@@ -39,17 +39,18 @@ import torch
 import yaml
 
 from locatdino import cli
-from locatdino.arguments import ArgumentParser, at_least
+from locatdino.arguments import ArgumentParser, at_least, option_groups
 from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
 from locatdino.models import create_backbone
+from locatdino.models.token_grid import fitting_sizes, patch_size
 from locatdino.output_files import atomic_write, ensure_writable, output_lock
 
 # --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
 RECIPE_SETS = {
-    "dino": ((CONFIG_DIR / "tiny_vit.yaml", CONFIG_DIR / "tiny_locatvit.yaml"), "dino"),
+    "dino": ((CONFIG_DIR / "dino_tiny_vit.yaml", CONFIG_DIR / "dino_tiny_locatvit.yaml"), "dino"),
     "supervised": ((CONFIG_DIR / "sup_tiny_vit.yaml", CONFIG_DIR / "sup_tiny_locatvit.yaml"), "sup"),
 }
 DEFAULT_RECIPES = RECIPE_SETS["dino"][0]
@@ -64,7 +65,7 @@ _FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, 
          "linprobe_iters": 320}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino demo",
         description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
@@ -72,22 +73,25 @@ def _parser() -> argparse.ArgumentParser:
         "scenes (no download).",
         formatter_class=DefaultsOnceHelpFormatter,
     )
-    p.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
-    p.add_argument("--quick", action="store_true",
-                   help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
-    p.add_argument("--recipe", choices=sorted(RECIPE_SETS), default="dino",
-                   help="how both backbones are pretrained: DINO (configs/tiny_*.yaml) or supervised on the "
-                   "scenes' image-level labels (configs/sup_tiny_*.yaml, the paper's recipe)")
-    p.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
-                   help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
-    p.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
-    p.add_argument("--seed", type=at_least(0), default=None,
-                   help="pretraining and random-init seed of both backbones (default: the recipes'); the "
-                   "held-out scenes and memory views stay the same")
-    p.add_argument("--num-train", type=at_least(1), default=None, help="memory images of the evaluation")
-    p.add_argument("--num-val", type=at_least(1), default=None, help="query images of the evaluation")
-    p.add_argument("--input-size", type=at_least(1), default=None, help="evaluation input size in px")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo in --out (its runs and report)")
+    groups = option_groups(p)
+    model, protocol = groups.model, groups.protocol
+    model.add_argument("--recipe", choices=sorted(RECIPE_SETS), default="dino",
+                       help="how both backbones are pretrained: DINO (configs/dino_tiny_*.yaml) or supervised on the "
+                       "scenes' image-level labels (configs/sup_tiny_*.yaml, the paper's recipe)")
+    model.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
+                       help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
+    model.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
+    model.add_argument("--seed", type=at_least(0), default=None,
+                       help="pretraining and random-init seed of both backbones (default: the recipes'); the "
+                       "held-out scenes and memory views stay the same")
+    protocol.add_argument("--quick", action="store_true",
+                          help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
+    groups.data.add_argument("--num-train", type=at_least(1), default=None, help="memory images of the evaluation")
+    groups.data.add_argument("--num-val", type=at_least(1), default=None, help="query images of the evaluation")
+    protocol.add_argument("--input-size", type=at_least(1), default=None, help="evaluation input size in px")
+    groups.output.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
+    groups.output.add_argument("--overwrite", action="store_true",
+                               help="replace an earlier demo in --out (its runs and report)")
     return p
 
 
@@ -141,11 +145,10 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, ove
     for label, recipe in zip(LABELS, recipes):
         name = model_args(recipe)["backbone"]
         with torch.device("meta"):
-            patch = create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})).patch_embed.patch_size[0]
+            patch = patch_size(create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})))[0]
         if input_size % patch:
-            below = input_size // patch * patch
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
-                            f"recipe's {name}: use {below or patch} or {below + patch}")
+                            f"recipe's {name}: use {fitting_sizes(input_size, patch)}")
     own = [path for pair in backbone_files(out, tag).values() for path in pair if path.exists()]
     earlier = sorted(str(p.relative_to(out)) for p in [*out.glob("fit-*/checkpoints/*.ckpt"),
                                                         *out.glob("compare/report.*"), *own])
@@ -210,11 +213,12 @@ def over_pixels(models: dict[str, Any], trained: list[str], folder: str | Path) 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    budget = {**(_QUICK if args.quick else _FULL),
-              **{k: v for k, v in vars(args).items() if k in _FULL and v is not None}}
+    given = {"max_steps": args.max_steps, "num_train": args.num_train, "num_val": args.num_val,
+             "input_size": args.input_size}  # the budget's entries an option may set
+    budget = {**(_QUICK if args.quick else _FULL), **{k: v for k, v in given.items() if v is not None}}
     out = Path(args.out)
     defaults, tag = RECIPE_SETS[args.recipe]
-    args.recipes = [resolve_recipe(str(path)) for path in args.recipes or defaults]  # a recipe name or a file
+    args.recipes = [resolve_recipe(str(path), "--recipes") for path in args.recipes or defaults]  # a name or a file
     recipes = [yaml.safe_load(Path(path).read_text()) for path in args.recipes]
     differences = recipe_differences(*recipes)
     if differences:
@@ -252,7 +256,8 @@ def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], reci
     report_dir = out / "compare"
     # fp32 and exact search: the demo's numbers are then the same on every CPU (auto picks bf16 or
     # int8 by CPU) and comparable with the table README shows
-    status = _run(["compare", *[specs[k] for k in order], "--baselines", "--precision", "fp32", "--index", "Flat",
+    models = [arg for key in order for arg in ("--model", specs[key])]
+    status = _run(["compare", *models, "--baselines", "--precision", "fp32", "--index", "Flat",
                    "--dataset", "scenes", "--num-train", str(budget["num_train"]),
                    "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
                    "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),

@@ -2,7 +2,7 @@
 
 A :class:`UserError` is a mistake the user can fix (a wrong value, file, key or shape): the
 command line prints it as one line, ``locatdino <command>: <message>``, on stderr and exits
-with status 1 — no traceback. Any other exception escaping a command is shortened the same way
+with status 1 (2 for a :class:`UsageError`, as argparse does) — no traceback. Any other exception escaping a command is shortened the same way
 (its first line, and its type unless it is a ``ValueError`` or ``OSError``), unless ``--debug`` or ``LOCATDINO_DEBUG=1`` asks for the traceback.
 """
 
@@ -15,6 +15,11 @@ DEBUG_ENV = "LOCATDINO_DEBUG"
 
 class UserError(Exception):
     """Bad input, said in one line that names the file, key, shape or value at fault."""
+
+
+class UsageError(UserError):
+    """A command line that is not valid (an option or name that is gone, with what to write
+    instead): one line, exit status 2 like argparse's own usage errors."""
 
 
 def debug_requested(argv: list[str]) -> bool:

@@ -11,10 +11,11 @@ import argparse
 
 
 class DefaultsOnceHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: X)`` unless the help names the default itself, X is ``None`` (the
-    help says what an unset option means) or the option is a flag taking no value."""
+    """Appends ``(default: X)`` unless the help names the default itself, X is ``None`` or an
+    empty list (the help says what an unset option means) or the option is a flag taking no value."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if "(default" in (action.help or "") or action.default is None or action.nargs == 0:
+        unset = action.default is None or action.default == []
+        if "(default" in (action.help or "") or unset or action.nargs == 0:
             return action.help
         return super()._get_help_string(action)

@@ -38,7 +38,7 @@ def test_ctrl_c_is_one_line_with_status_130(monkeypatch, capsys):
     (["hbird"], "locatdino hbird: the following arguments are required: --model"),
     (["export", "a.ckpt"], "locatdino export: the following arguments are required: out"),
     (["shards", "--maxcount", "0", "src", "out"], "locatdino shards: argument --maxcount: must be at least 1, got 0"),
-    (["compare", "a=vit_tiny_patch16_224", "--figure-images", "0"],
+    (["compare", "--model", "a=vit_tiny_patch16_224", "--figure-images", "0"],
      "locatdino compare: argument --figure-images: must be at least 1, got 0"),
     (["demo", "--input-size", "0"], "locatdino demo: argument --input-size: must be at least 1, got 0"),
 ])

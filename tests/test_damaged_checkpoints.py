@@ -58,8 +58,8 @@ def _arguments(command: str, path: str, tmp_path) -> list[str]:
     return {
         "fit --ckpt_path": ["fit", *tiny_overrides(tmp_path), "--ckpt_path", path],
         "fit --model.backbone_checkpoint": ["fit", *tiny_overrides(tmp_path), "--model.backbone_checkpoint", path],
-        "hbird": ["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", path, *small],
-        "linprobe": ["linprobe", "--model", "vit_tiny_patch16_224", "--checkpoint", path, *small],
+        "hbird": ["hbird", "--model", f"vit_tiny_patch16_224:{path}", *small],
+        "linprobe": ["linprobe", "--model", f"vit_tiny_patch16_224:{path}", *small],
     }[command]
 
 

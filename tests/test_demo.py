@@ -135,3 +135,11 @@ def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_p
     state = torch.load(out / "locatvit_random_init.pth", weights_only=True)
     assert "blocks.0.attn.qkv.weight" in state and "blocks.1.attn.qkv.weight" not in state
     assert sorted(p.name for p in out.iterdir()) == [".locatdino.lock", "locatvit_random_init.pth", "notes.txt"]
+
+
+def test_an_earlier_recipe_name_is_refused_before_any_work(tmp_path, capsys):
+    from locatdino import cli
+
+    assert cli.main(["demo", "--recipes", "tiny_vit", "dino_tiny_locatvit", "--out", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err == "locatdino demo: --recipes tiny_vit was renamed dino_tiny_vit\n"
+    assert not (tmp_path / "d").exists()

@@ -1,4 +1,4 @@
-"""The CPU recipes (configs/tiny_*.yaml) are what their headers claim: the token grid per global
+"""The CPU recipes (configs/dino_tiny_*.yaml) are what their headers claim: the token grid per global
 and local crop, measured by running the recipe's backbone on the recipe's own crops, and one
 recipe for both backbones (only the backbone and the output folder differ)."""
 
@@ -15,7 +15,7 @@ from locatdino.models import create_backbone
 
 from tests.ssl.ssl_helpers import ROOT
 
-RECIPES = ["tiny_vit.yaml", "tiny_locatvit.yaml"]
+RECIPES = ["dino_tiny_vit.yaml", "dino_tiny_locatvit.yaml"]
 # e.g. "8 x 8 tokens per 64 px global crop, 4 x 4 per 32 px local crop"
 CLAIM = re.compile(r"(\d+) x (\d+) tokens per (\d+) px global crop, (\d+) x (\d+) per (\d+) px local crop")
 

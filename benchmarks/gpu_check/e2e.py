@@ -58,7 +58,7 @@ FULL_E2E = E2E(
     hbird_device_args=["--device", "cuda", "--precision", "bf16"],
 )
 DRY_E2E = E2E(
-    fit_configs=("configs/tiny_vit.yaml", "configs/tiny_locatvit.yaml"), fit_steps=2, fit_batch=2,
+    fit_configs=("configs/dino_tiny_vit.yaml", "configs/dino_tiny_locatvit.yaml"), fit_steps=2, fit_batch=2,
     hbird_models=("vit_tiny_patch16_224", "locatvit_tiny"),
     fit_args=["--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed",
               "--model.backbone_kwargs", json.dumps(dict(img_size=32)),
@@ -150,7 +150,7 @@ def e2e(sizes: E2E, out: Path, until: float, dry: bool) -> Iterator[Row]:
 
 def hbird(sizes: E2E, ckpts: list[str], out: Path, until: float, dry: bool) -> Iterator[Row]:
     """Both teachers on the device and on the CPU in fp32, same memory views; one row per model."""
-    models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts) for arg in ("--model", name, "--checkpoint", ckpt)]
+    models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts) for arg in ("--model", f"{name}:{ckpt}")]
     results = {}
     for run, device_args in (("device", sizes.hbird_device_args), ("cpu-fp32", HBIRD_CPU_ARGS)):
         cmd = [sys.executable, "-m", "locatdino", "--debug", "hbird", *models, *sizes.hbird_args, *device_args,

@@ -1,6 +1,6 @@
 """Does the input keep up? The CPU and GPU multi-crop paths against the bare DINO step (issue 35).
 
-For each recipe (``tiny``: configs/tiny_locatvit.yaml, LocAtViT-T/8 at 64 px; ``vits``:
+For each recipe (``tiny``: configs/dino_tiny_locatvit.yaml, LocAtViT-T/8 at 64 px; ``vits``:
 configs/dino_vits16.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``locatdino fit`` builds it
 (``build_cli``) with the batch, worker count and ``augment_on`` of the run:
 
@@ -45,7 +45,7 @@ from locatdino.ssl.cli import build_cli
 ROOT = Path(__file__).resolve().parents[2]
 
 RECIPES = {  # name: (recipe, JPEG side, (batch, workers) on CUDA, (batch, workers) on the CPU)
-    "tiny": ("tiny_locatvit", 96, (256, 12), (32, 1)),
+    "tiny": ("dino_tiny_locatvit", 96, (256, 12), (32, 1)),
     "vits": ("dino_vits16", 448, (64, 12), (8, 1)),
 }
 FIT_SKIP_STEPS = 5

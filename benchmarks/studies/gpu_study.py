@@ -3,7 +3,7 @@
     python -m benchmarks.studies.gpu_study --out gpu_study_run      # one CUDA GPU: everything inside 9 minutes
     python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/test_gpu_study.py)
 
-Six runs — DINO (``configs/tiny_*.yaml``), iBOT (``configs/ibot_tiny_*.yaml``) and supervised
+Six runs — DINO (``configs/dino_tiny_*.yaml``), iBOT (``configs/ibot_tiny_*.yaml``) and supervised
 (``configs/sup_tiny_*.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px) — on built-in scenes
 rendered in memory at start-up (8192 scenes, batch 256), each with *full* schedules: a short
 throughput measurement of every run (its real step with its real loader, after a warm-up) sets its
@@ -76,7 +76,7 @@ from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = ("vit", "locatvit")
-OBJECTIVES = {"dino": (DINOModule, "tiny_{}"), "ibot": (IBOTModule, "ibot_tiny_{}"),
+OBJECTIVES = {"dino": (DINOModule, "dino_tiny_{}"), "ibot": (IBOTModule, "ibot_tiny_{}"),
               "supervised": (SupervisedModule, "sup_tiny_{}")}
 
 

@@ -4,7 +4,7 @@ Issue 33: every DINO and supervised run on the scenes scores below the network i
 (RESULTS, "Does pretraining learn at small scale?", "Supervised pretraining"), and the most
 likely cause named there is that DINO's loss sits on the class token only. iBOT adds a loss on
 the masked patch tokens (docs/pretraining.md). This trains tiny ViT and LocAtViT (patch 8, 64 px) with
-``configs/tiny_*.yaml`` (DINO) and ``configs/ibot_tiny_*.yaml`` (the same recipe plus the patch
+``configs/dino_tiny_*.yaml`` (DINO) and ``configs/ibot_tiny_*.yaml`` (the same recipe plus the patch
 loss) for the same number of optimizer steps and seeds, exports each teacher
 (``<out>/<backbone>/<objective>/seed<S>/backbone.pth``) and scores it frozen, as
 ``supervised.py`` does: Hummingbird mIoU (100 memory / 50 query held-out scenes at 128 px,
@@ -47,7 +47,7 @@ from locatdino.ssl.export import export_backbone
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = ("vit", "locatvit")
 OBJECTIVES = ("dino", "ibot")
-RECIPES = {("vit", "dino"): "tiny_vit", ("locatvit", "dino"): "tiny_locatvit",
+RECIPES = {("vit", "dino"): "dino_tiny_vit", ("locatvit", "dino"): "dino_tiny_locatvit",
            ("vit", "ibot"): "ibot_tiny_vit", ("locatvit", "ibot"): "ibot_tiny_locatvit"}
 
 

@@ -53,8 +53,8 @@ from locatdino.ssl import DINOModule
 from locatdino.ssl import cli as fit_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = {"vit_tiny_patch16_224": ROOT / "configs" / "tiny_vit.yaml",
-           "locatvit_tiny": ROOT / "configs" / "tiny_locatvit.yaml"}
+RECIPES = {"vit_tiny_patch16_224": ROOT / "configs" / "dino_tiny_vit.yaml",
+           "locatvit_tiny": ROOT / "configs" / "dino_tiny_locatvit.yaml"}
 
 # setting -> flags on top of the recipe (see the module docstring)
 SETTINGS: dict[str, list[str]] = {

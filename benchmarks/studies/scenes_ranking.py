@@ -25,6 +25,7 @@ from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
+from locatdino.models.token_grid import patch_size
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.patch_labels import patch_class_counts
 
@@ -37,7 +38,7 @@ def supervised(name: str, img_size: int, steps: int, images: int, seed: int) -> 
     x = torch.stack([torch.from_numpy(np.array(img)).permute(2, 0, 1) for img, _ in pairs])
     masks = torch.stack([torch.from_numpy(m).long() for _, m in pairs])
     model = create_backbone(name, img_size=img_size)
-    counts, _ = patch_class_counts(masks, model.patch_embed.patch_size[0], len(SCENE_CLASSES))
+    counts, _ = patch_class_counts(masks, patch_size(model)[0], len(SCENE_CLASSES))
     target = counts.argmax(-1)  # [N, h * w], row-major like the patch tokens
     head = torch.nn.Linear(model.embed_dim, len(SCENE_CLASSES))
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=5e-4, weight_decay=0.05)

@@ -1,8 +1,8 @@
 """What training changes in the patch tokens: their norm, the share of one direction, how alike a
 scene's tokens are.
 
-For each backbone (``NAME=MODEL[:CHECKPOINT]`` as ``locatdino compare`` takes them, ``none``: random
-init with ``--seed``) and for each patch's pixels (``pixels``, on the first backbone's grid), on
+For each backbone (``--model [LABEL=]NAME[:CHECKPOINT]`` as ``locatdino compare`` takes them,
+``none``: random init with ``--seed``) and for each patch's pixels (``pixels``, on the first backbone's grid), on
 the demo's held-out query scenes (50 at 128 px, fp32), the features Hummingbird and the linear
 probe read (last block, no final norm, no PRR):
 
@@ -15,8 +15,8 @@ probe read (last block, no final norm, no PRR):
   k-NN little to go on.
 
     python -m benchmarks.studies.token_stats \\
-        vit-random=vit_tiny_patch16_224:runs/demo/vit_random_init.pth \\
-        vit-dino=vit_tiny_patch16_224:runs/demo/vit_teacher.pth
+        --model vit-random=vit_tiny_patch16_224:runs/demo/vit_random_init.pth \\
+        --model vit-dino=vit_tiny_patch16_224:runs/demo/vit_teacher.pth
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import argparse
 import torch
 
 from benchmarks.results_io import add_results_option, write_results
-from locatdino.comparison.measure import ModelSpec, ShownImages
+from locatdino.comparison.measure import ShownImages
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
+from locatdino.evaluation.model_runs import MODEL_METAVAR, parse_model
 from locatdino.evaluation.splits import open_split
 from locatdino.models.baselines import PixelPatches
+from locatdino.models.token_grid import patch_size
 
 
 def token_stats(extractor: FeatureExtractor, images: torch.Tensor) -> dict[str, float]:
@@ -50,7 +52,7 @@ def token_stats(extractor: FeatureExtractor, images: torch.Tensor) -> dict[str, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="+", metavar="NAME=MODEL[:CHECKPOINT]")
+    p.add_argument("--model", action="append", required=True, metavar=MODEL_METAVAR)
     p.add_argument("--num-val", type=int, default=50)
     p.add_argument("--input-size", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="random init of a model without a checkpoint")
@@ -60,11 +62,11 @@ def main() -> None:
     val = open_split("scenes", None, "val", args.num_val, 0, args.input_size)
     images = ShownImages.from_split(val, len(val), args.input_size).images
     rows, patch = {}, None
-    for spec in map(ModelSpec.parse, args.models):
+    for label, name, checkpoint in map(parse_model, args.model):
         torch.manual_seed(args.seed)
-        backbone = load_backbone(spec.model, spec.checkpoint)
-        patch = patch or backbone.patch_embed.patch_size[0]
-        rows[spec.name] = token_stats(FeatureExtractor(backbone, l2_normalize=False), images)
+        backbone = load_backbone(name, checkpoint)
+        patch = patch or patch_size(backbone)[0]
+        rows[label or name] = token_stats(FeatureExtractor(backbone, l2_normalize=False), images)
     rows["pixels"] = token_stats(FeatureExtractor(PixelPatches(patch), l2_normalize=False), images)
     first = next(iter(rows.values()))["norm"]
     print("| tokens | mean norm (× first) | top direction's share of variance | cosine within a scene | "

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.features import eval_mode
 from locatdino.models.gaug.attention import GAugAttention
+from locatdino.models.token_grid import token_grid
 
 
 def _queries_keys(attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -39,9 +40,7 @@ def _attention_inputs(model: nn.Module, images: Tensor, blocks: list[int]) -> tu
     finally:
         for hook in hooks:
             hook.remove()
-    grid = model.patch_embed.dynamic_feat_size(x.shape[-2:]) if hasattr(model.patch_embed, "dynamic_feat_size") \
-        else tuple(s // model.patch_embed.patch_size[0] for s in x.shape[-2:])
-    return inputs, (int(grid[0]), int(grid[1]))
+    return inputs, token_grid(model, tuple(x.shape[-2:]))
 
 
 def class_token_attention(model: nn.Module, images: Tensor) -> Tensor:

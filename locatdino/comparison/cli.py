@@ -1,7 +1,7 @@
 """``locatdino compare``: several models side by side — one report with figures and probes.
 
-    locatdino compare vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
-        locat=locatvit_small:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+    locatdino compare --model vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
+        --model locat=locatvit_small:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
 
 Writes into ``--out``: ``report.md``, ``report.json``, ``figures/*.png`` (per-class IoU, mIoU vs
 memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality) and
@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from locatdino.arguments import ArgumentParser, at_least
+from locatdino.arguments import ArgumentParser, ConfigTable, at_least, option_groups
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.evaluation.features import check_layer
-from locatdino.evaluation.options import (POS_EMBED_CHOICES, POS_EMBED_HELP, add_data_arguments, encoder_device,
-                                          open_splits)
+from locatdino.evaluation.model_runs import add_model_arguments, model_runs
+from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
 from locatdino.help_format import DefaultsOnceHelpFormatter
@@ -42,11 +42,24 @@ from locatdino.output_files import atomic_write_text, ensure_writable, output_lo
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.index import check_index_device
-from locatdino.retrieval.options import add_protocol_arguments, config_from_args
+from locatdino.retrieval.options import add_protocol_arguments, config_from_args, parse_protocol_args, protocol_record
 
 # compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
 # at equal cost, more updates of a smaller batch train the head further than fewer of batch 32
 LINPROBE_DEFAULTS = {"iterations": 320, "batch_size": 8, "augment": "off"}
+# which option sets which field of compare's LinearProbeConfig (its Hummingbird config: the table
+# of locatdino.retrieval.options)
+PROBE_TABLE = ConfigTable(
+    LinearProbeConfig,
+    options={"--input-size": "input_size", "--linprobe-iters": "iterations", "--linprobe-batch-size": "batch_size",
+             "--linprobe-augment": "augment", "--layer": "layer", "--norm": "norm", "--prr": "prr",
+             "--precision": "precision", "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
+    internal={"epochs": "none: the budget is --linprobe-iters", "lr": "the paper's", "weight_decay": "the paper's",
+              "cache": "on: features computed once with --linprobe-augment off",
+              "cache_dir": "the system's temporary folder", "max_cache_ram_mb": "the probe's default",
+              "eval_batch_size": "the probe's default"},
+    negated=frozenset({"--no-progress"}),
+)
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -62,49 +75,46 @@ def _fraction(text: str) -> Fraction:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino compare",
         description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
         "per-class IoU, class-token probes, speed, and figures, in one report.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
-    p.add_argument("models", nargs="+", metavar="NAME=MODEL[:CHECKPOINT]",
-                   help="a display name, a timm / LocAtViT model and its weights (none or omitted: random "
-                   "init); the first model is the reference of the Δ columns")
-    p.add_argument("--pos-embed", choices=POS_EMBED_CHOICES, default="auto", help=POS_EMBED_HELP)
-    add_data_arguments(p)
-    add_protocol_arguments(p)
-    p.add_argument("--memory-fractions", type=_fraction, nargs="+", default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
-                   metavar="F", help="memory sizes to score, as fractions of the full memory")
-    p.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
-    p.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
-    p.add_argument("--baselines", action="store_true",
-                   help="add the rows that need no network: pixels (each patch's input values as its feature) "
-                   "and position-prior (the memory's class frequencies at each patch's place), on the first "
-                   "model's token grid, through the same Hummingbird and linear probe (docs/evaluation.md)")
-    p.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
-                   help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
-                   "protocol: locatdino linprobe)")
-    p.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
-                   help="linear-probe training batch (the paper's: 32)")
-    p.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
-                   help="linear-probe training views: off (whole images, features cached once) or official "
-                   "(the paper's augmentation, backbone every iteration)")
-    p.add_argument("--out", default="compare_results", help="output folder")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a report already in --out (report.md / .json, figures, per-image confusions)")
+    groups = option_groups(p)
+    add_model_arguments(groups.model, positional_hint=True)
+    groups.model.add_argument(
+        "--baselines", action="store_true",
+        help="add the rows that need no network: pixels (each patch's input values as its feature) and "
+        "position-prior (the memory's class frequencies at each patch's place), on the first model's token "
+        "grid, through the same Hummingbird and linear probe (docs/evaluation.md)")
+    add_data_arguments(groups.data)
+    add_protocol_arguments(groups)
+    protocol = groups.protocol
+    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+",
+                          default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
+                          metavar="F", help="memory sizes to score, as fractions of the full memory")
+    protocol.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
+    protocol.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
+                          help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
+                          "protocol: locatdino linprobe)")
+    protocol.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
+                          help="linear-probe training batch (the paper's: 32)")
+    protocol.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
+                          help="linear-probe training views: off (whole images, features cached once) or "
+                          "official (the paper's augmentation, backbone every iteration)")
+    groups.output.add_argument("--out", default="compare_results", help="output folder")
+    groups.output.add_argument("--overwrite", action="store_true",
+                               help="replace a report already in --out (report.md / .json, figures, per-image "
+                               "confusions)")
+    groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     return p
 
 
-def _linprobe_config(args: argparse.Namespace, cfg: Any) -> LinearProbeConfig | None:
+def _linprobe_config(args: argparse.Namespace) -> LinearProbeConfig | None:
     """The linear probe's settings: compare's budget options, Hummingbird's features and seed."""
-    if args.no_linprobe:
-        return None
-    return LinearProbeConfig(input_size=cfg.input_size, iterations=args.linprobe_iters,
-                             batch_size=args.linprobe_batch_size, augment=args.linprobe_augment, layer=cfg.layer,
-                             norm=cfg.norm, prr=cfg.prr, precision=cfg.precision, num_workers=cfg.num_workers,
-                             seed=cfg.seed, progress=cfg.progress)
+    return None if args.no_linprobe else PROBE_TABLE.build(args)
 
 
 def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -158,14 +168,11 @@ def _probe_set(args: argparse.Namespace, train: Any, val: Any) -> tuple[ProbeSet
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
-    try:
-        specs = [ModelSpec.parse(text) for text in args.models]
-    except ValueError as err:
-        raise SystemExit(f"locatdino compare: {err}") from None
+    parser = _parser()
+    args = parse_protocol_args(parser, argv)
+    runs = model_runs(args, parser)
+    specs = [ModelSpec(run.label, run.name, run.checkpoint) for run in runs]
     names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"locatdino compare: model names must be unique, got {', '.join(names)}")
     if args.baselines and set(names) & set(BASELINE_NAMES):
         raise SystemExit(f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
                          "baselines' rows: rename the model")
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
         check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
         _check_layer(specs, cfg.layer)
-        linprobe = _linprobe_config(args, cfg)
+        linprobe = _linprobe_config(args)
         train, val = _open_splits(args)
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.input_size} px", file=sys.stderr, flush=True)
             shown = ShownImages.from_split(val, args.figure_images, args.input_size)
         outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
-                                   pos_embed=args.pos_embed, device=device,
+                                   pos_embeds=[run.pos_embed for run in runs], device=device,
                                    linprobe=linprobe if train is not None else None, baselines=args.baselines)
         classes = report_classes(val) if val is not None else []
         models = [o.to_dict() for o in outcomes]
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         "val_split": args.val_split,
                         "num_train": len(train) if train is not None else len(probes.train_labels),
                         "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
-            "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"},
+            "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"}, "protocol": protocol_record(args),
                        "memory_fractions": [str(f) for f in args.memory_fractions],
                        "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None},
             "probes": probe_info,

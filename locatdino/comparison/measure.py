@@ -30,20 +30,12 @@ from locatdino.retrieval.transfer import predict
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model of a comparison: a display name, a timm model name and its weights (None: random)."""
+    """One model of a comparison: a display name (the ``--model`` label), a timm model name and
+    its weights (None: random)."""
 
     name: str
     model: str
     checkpoint: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> ModelSpec:
-        """``NAME=MODEL[:CHECKPOINT]``; a missing, empty or ``none`` checkpoint is random init."""
-        name, sep, rest = text.partition("=")
-        model, _, checkpoint = rest.partition(":")
-        if not sep or not name or not model:
-            raise ValueError(f"model {text!r}: expected NAME=MODEL[:CHECKPOINT], e.g. vanilla=vit_small_patch16_224:dino.pth")
-        return cls(name, model, None if checkpoint in ("", "none") else checkpoint)
 
 
 @dataclass

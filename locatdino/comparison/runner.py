@@ -1,6 +1,6 @@
 """Several frozen models side by side on one dataset: what ``locatdino compare`` measures.
 
-For each named model (``NAME=MODEL[:CHECKPOINT]``) on the *same* memory views and queries:
+For each model (``--model [LABEL=]NAME[:CHECKPOINT]``) on the *same* memory views and queries:
 
 - Hummingbird mIoU (identity and Hungarian) with per-class IoU — the unchanged engine
   (:func:`~locatdino.retrieval.evaluate.hummingbird`), once per memory size (fractions of the full
@@ -42,6 +42,7 @@ from locatdino.comparison.measure import (ModelOutcome, ModelSpec, ProbeSet, Sho
 from locatdino.errors import first_line
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
+from locatdino.models.token_grid import patch_size
 from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
 from locatdino.probes.dense_probe import LinearProbeConfig
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
@@ -53,7 +54,7 @@ def load_model(spec: ModelSpec, cfg: HummingbirdConfig, pos_embed: str = "auto")
         torch.manual_seed(cfg.seed)
     say(f"{spec.name}: loading {spec.model} ({spec.checkpoint or 'random init'})")
     backbone = load_backbone(spec.model, spec.checkpoint, pos_embed=pos_embed)
-    patch = backbone.patch_embed.patch_size[0]
+    patch = patch_size(backbone)[0]
     if cfg.input_size % patch:
         raise ValueError(f"--input-size {cfg.input_size} is not a multiple of its patch size {patch}")
     return backbone
@@ -108,15 +109,16 @@ def compare(
     fractions: list[Fraction],
     shown: ShownImages,
     probes: ProbeSet | None = None,
-    pos_embed: str = "auto",
+    pos_embeds: list[str] | None = None,
     device: torch.device | str = "cpu",
     linprobe: LinearProbeConfig | None = None,
     baselines: bool = False,
 ) -> tuple[list[ModelOutcome], dict[str, str]]:
     """Every model's :class:`ModelOutcome`, and ``{name: one-line error}`` of the models that failed.
 
-    Every model is loaded and checked first, so a bad checkpoint is reported at once rather than
-    after the others' evaluations; the models that load are then evaluated one after another.
+    Every model is loaded and checked first (with its ``pos_embeds`` rule; default: auto for all),
+    so a bad checkpoint is reported at once rather than after the others' evaluations; the models
+    that load are then evaluated one after another.
     ``baselines``: then the network-free rows (``baselines.py``) on the token grid of the first
     model that ran (none when no model ran or there are no masks)."""
     failed: dict[str, str] = {}
@@ -129,7 +131,9 @@ def compare(
             print(f"locatdino compare: model {spec.name!r} failed: {failed[spec.name]}", file=sys.stderr, flush=True)
             return None
 
-    loaded = [(spec, attempt(spec, lambda spec=spec: load_model(spec, cfg, pos_embed).to(device))) for spec in specs]
+    rules = pos_embeds or ["auto"] * len(specs)
+    loaded = [(spec, attempt(spec, lambda spec=spec, rule=rule: load_model(spec, cfg, rule).to(device)))
+              for spec, rule in zip(specs, rules)]
     outcomes, patch_sizes = [], []
     for spec, backbone in loaded:
         if backbone is not None:
@@ -137,7 +141,7 @@ def compare(
                                                            shown, probes, linprobe))
             if outcome is not None:
                 outcomes.append(outcome)
-                patch_sizes.append(backbone.patch_embed.patch_size[0])
+                patch_sizes.append(patch_size(backbone)[0])
     if baselines and patch_sizes and train_set is not None:
         outcomes += evaluate_baselines(patch_sizes[0], train_set, val_set, cfg, fractions, shown, linprobe)
     return outcomes, failed

@@ -11,7 +11,8 @@ way round.
   file format (``image_confusions``), paired-bootstrap and Wilson intervals (``bootstrap``,
   ``wilson``);
 - records: provenance (``provenance``), wall time per phase (``phase_clock``), shared markdown
-  cells (``tables``), and the command-line options every evaluation command shares (``options``).
+  cells (``tables``), and the command-line options every evaluation command shares (``options``;
+  the ``--model`` grammar and the backbones it names: ``model_runs``).
 """
 
 from locatdino.evaluation.features import FeatureExtractor, eval_mode, load_backbone

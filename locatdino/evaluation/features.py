@@ -22,6 +22,7 @@ from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
 from locatdino.models.baselines import PatchBaseline
+from locatdino.models.token_grid import patch_size
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
@@ -92,10 +93,7 @@ class FeatureExtractor:
         self.model, self.precision = (model, "fp32") if baseline else encoder_for(model, precision, self.device)
         self.layer, self.norm, self.prr = layer, norm, prr
         self.l2_normalize, self.to_cpu = l2_normalize, to_cpu
-        patch = model.patch_size if baseline else getattr(getattr(model, "patch_embed", None), "patch_size", None)
-        if patch is None:
-            raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size: not a timm ViT?")
-        self.patch_size = int(patch[0]) if isinstance(patch, (tuple, list)) else int(patch)
+        self.patch_size = patch_size(model)[0]
 
     @property
     def dim(self) -> int:

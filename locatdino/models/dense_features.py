@@ -8,7 +8,7 @@ from timm.layers import AttentionPoolPrr
 from timm.models.vision_transformer import VisionTransformer
 
 from locatdino.models.baselines import PatchBaseline
-from locatdino.models.gaug.patch_grid import check_image_size
+from locatdino.models.token_grid import token_grid
 
 
 def dense_features(
@@ -44,12 +44,11 @@ def dense_features(
     depth = len(model.blocks)
     if not -depth <= layer < depth:
         raise IndexError(f"layer {layer} out of range for a {depth}-block model")
-    patch_embed = model.patch_embed
     height, width = x.shape[-2:]
-    check_image_size((height, width), tuple(patch_embed.patch_size), bool(patch_embed.dynamic_img_pad))
-    if not model.dynamic_img_size and (height, width) != tuple(patch_embed.img_size):
+    h, w = token_grid(model, (height, width))
+    if not model.dynamic_img_size and (height, width) != tuple(model.patch_embed.img_size):
         raise ValueError(
-            f"input {height}×{width} px but the model was built for {patch_embed.img_size} without "
+            f"input {height}×{width} px but the model was built for {model.patch_embed.img_size} without "
             "dynamic_img_size: build it with dynamic_img_size=True for other sizes"
         )
 
@@ -70,7 +69,6 @@ def dense_features(
         refined = prr_tokens(torch.cat([prefix, patches], dim=1), num_heads, pool)
         tokens = refined[:, prefix.shape[1]:]
 
-    h, w = patch_embed.dynamic_feat_size((height, width))
     features = tokens.reshape(tokens.shape[0], h, w, tokens.shape[-1])
     return features.permute(0, 3, 1, 2) if output_fmt == "NCHW" else features
 

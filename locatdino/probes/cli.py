@@ -1,9 +1,9 @@
 """``locatdino linprobe``: the paper's dense linear probe from the command line (docs/evaluation.md).
 
-    locatdino linprobe --model locatvit_small --checkpoint last.ckpt --dataset ade20k \\
+    locatdino linprobe --model locatvit_small:last.ckpt --dataset ade20k \\
         --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade
 
-Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are probed one after
+Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are probed one after
 another on the same data, batches and seed. One model writes ``OUT/results.json``,
 ``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
 ``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. Results already there are kept unless
@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, at_least, non_negative_float, positive_float
+from locatdino.arguments import ArgumentParser, ConfigTable, at_least, non_negative_float, option_groups, positive_float
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                          add_model_arguments, encoder_device, load_backbones, model_runs, open_splits,
-                                          record_run)
+                                          encoder_device, open_splits, record_run)
 from locatdino.evaluation.splits import CachedSplit
+from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
@@ -32,54 +33,64 @@ from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
 
 
-def _parser() -> argparse.ArgumentParser:
+# which option sets which LinearProbeConfig field
+PROBE_TABLE = ConfigTable(
+    LinearProbeConfig,
+    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs", "--batch-size": "batch_size",
+             "--lr": "lr", "--weight-decay": "weight_decay", "--augment": "augment", "--no-cache": "cache",
+             "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--layer": "layer", "--norm": "norm",
+             "--prr": "prr", "--precision": "precision", "--eval-batch-size": "eval_batch_size",
+             "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
+    internal={},
+    negated=frozenset({"--no-cache", "--no-progress"}),
+)
+
+
+def _parser() -> ArgumentParser:
     d = LinearProbeConfig()
     p = ArgumentParser(
         prog="locatdino linprobe",
         description="The paper's segmentation metric: train a linear head (1x1 conv -> 512, GroupNorm(1, 512), "
         "GELU, 1x1 conv) on the frozen last-block patch tokens, report the mIoU on the query split.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
     )
-    add_model_arguments(p)
-    add_data_arguments(p)
-    add_feature_arguments(p, d)
-    p.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
-                   help="training crop side and evaluation short side (paper: 512)")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--iters", type=at_least(MIN_STEPS), default=None,
+    groups = option_groups(p)
+    add_model_arguments(groups.model)
+    add_data_arguments(groups.data)
+    protocol, runtime = groups.protocol, groups.runtime
+    protocol.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
+                          help="training crop side and evaluation short side (paper: 512)")
+    budget = protocol.add_mutually_exclusive_group()
+    budget.add_argument("--iters", type=at_least(MIN_STEPS), default=d.iterations,
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
     budget.add_argument("--epochs", type=positive_float, default=None,
                         help="training budget in passes over the training images instead of --iters")
-    p.add_argument("--batch-size", type=at_least(1), default=d.batch_size,
-                   help="training batch (paper: 32; at most the training images)")
-    p.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
-    p.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
-    p.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
-                   help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
-                   "every iteration); off: whole images resized to S x S, features cached once")
-    p.add_argument("--no-cache", action="store_true",
-                   help="with --augment off, recompute the features every iteration (the cached path's check)")
-    p.add_argument("--cache-dir", default=None,
-                   help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
-    p.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
-                   help="largest feature cache kept in RAM; larger ones are memory-mapped files")
-    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
-    p.add_argument("--seed", type=int, default=d.seed, help="head init, batch order, augmentation, subsets, random init")
-    add_loader_arguments(p)
-    p.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
-    p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    protocol.add_argument("--batch-size", type=at_least(1), default=d.batch_size,
+                          help="training batch (paper: 32; at most the training images)")
+    protocol.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
+    protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
+    protocol.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
+                          help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
+                          "every iteration); off: whole images resized to S x S, features cached once")
+    add_feature_arguments(groups, d)
+    protocol.add_argument("--seed", type=int, default=d.seed,
+                          help="head init, batch order, augmentation, subsets, random init")
+    runtime.add_argument("--no-cache", action="store_true",
+                         help="with --augment off, recompute the features every iteration (the cached path's check)")
+    runtime.add_argument("--cache-dir", default=None,
+                         help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
+    runtime.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
+                         help="largest feature cache kept in RAM; larger ones are memory-mapped files")
+    runtime.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
+    add_loader_arguments(runtime)
+    groups.output.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
+    groups.output.add_argument("--overwrite", action="store_true", help="replace results already in --out")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
     """The :class:`LinearProbeConfig` of parsed options (``ValueError`` when they disagree)."""
-    return LinearProbeConfig(
-        input_size=args.input_size, iterations=LinearProbeConfig.iterations if args.iters is None else args.iters,
-        epochs=args.epochs, batch_size=args.batch_size,
-        lr=args.lr, weight_decay=args.weight_decay, augment=args.augment, cache=not args.no_cache,
-        cache_dir=args.cache_dir, max_cache_ram_mb=args.cache_ram_mb, layer=args.layer, norm=args.norm,
-        prr=args.prr, precision=args.precision, eval_batch_size=args.eval_batch_size, num_workers=args.workers,
-        seed=args.seed, progress=not args.no_progress)
+    return PROBE_TABLE.build(args)
 
 
 def _check_outputs(out: Path, labels: list[str], cache_dir: str | None, overwrite: bool) -> None:
@@ -105,8 +116,9 @@ def _check_outputs(out: Path, labels: list[str], cache_dir: str | None, overwrit
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
-    runs = model_runs(args, "linprobe")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    runs = model_runs(args, parser)
     device = encoder_device(args.device, "linprobe")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
@@ -123,23 +135,23 @@ def main(argv: list[str] | None = None) -> int:
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
     out = Path(args.out)
-    _check_outputs(out, [label for *_, label in runs], args.cache_dir, args.overwrite)
+    _check_outputs(out, [run.label for run in runs], args.cache_dir, args.overwrite)
     with output_lock(out, "--out"):  # a second run into --out is refused, not raced
         return _probe_all(args, runs, models, train_set, val_set, cfg, device)
 
 
-def _probe_all(args: argparse.Namespace, runs: list[tuple[str, str | None, str, str]], models: list[nn.Module],
-               train_set: Any, val_set: Any, cfg: LinearProbeConfig, device: torch.device) -> int:
+def _probe_all(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set: Any, val_set: Any,
+               cfg: LinearProbeConfig, device: torch.device) -> int:
     """Every model's probe, each written as it finishes, then the comparison of them all."""
     out = Path(args.out)
     results = []
-    for (name, ckpt, _, label), model in zip(runs, models):
-        iterations = cfg.total_iterations(len(train_set))
+    for run, model in zip(runs, models):
+        label, iterations = run.label, cfg.total_iterations(len(train_set))
         print(f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
               f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
               f"{' (features cached)' if cfg.cached else ''}", file=sys.stderr, flush=True)
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
-        result = record_run(probe.to_dict(), args, name, ckpt, label, model)
+        result = record_run(probe.to_dict(), args, run, model)
         try:
             write_probe_run(result, probe.image_confusions, out if len(runs) == 1 else out / label)
         except DiskFullError as err:

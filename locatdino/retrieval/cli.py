@@ -1,11 +1,13 @@
 """``locatdino hbird``: the Hummingbird benchmark from the command line.
 
-    locatdino hbird --model vit_small_patch16_224 --checkpoint dino_vits16.pth \\
-        --model locatvit_small --checkpoint last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+    locatdino hbird --model vit_small_patch16_224:dino_vits16.pth \\
+        --model locatvit_small:last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+    locatdino hbird --model vit_small_patch16_224:dino_vits16.pth --protocol reference ...
     locatdino hbird report runs/a runs/b --out comparison.md
 
-Several ``--model`` (each with its ``--checkpoint``, ``none`` for random init) are evaluated on
-the same memory views and compared in one report. One model writes ``OUT/results.json``,
+Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are evaluated on the same
+memory views and compared in one report; ``--protocol reference`` runs open-hummingbird-eval's
+settings (``locatdino.retrieval.options``). One model writes ``OUT/results.json``,
 ``OUT/summary.md`` and ``OUT/per_image_confusion.npz``; several write ``OUT/<model>/...`` per run
 plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval.
 ``report`` rebuilds a comparison, intervals included, from existing ``results.json`` files.
@@ -20,9 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser
-from locatdino.evaluation.options import (add_data_arguments, add_model_arguments, encoder_device, load_backbones,
-                                          model_runs, open_splits, record_run)
+from locatdino.arguments import ArgumentParser, option_groups
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
+from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
@@ -30,12 +32,13 @@ from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_wri
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
-from locatdino.retrieval.options import add_protocol_arguments, config_from_args
+from locatdino.retrieval.options import (HBIRD_TABLE, add_protocol_arguments, config_from_args, parse_protocol_args,
+                                         protocol_record)
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         miou_deltas, results_table, run_confusions, summary_markdown, write_run)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     d = HummingbirdConfig()
     p = ArgumentParser(
         prog="locatdino hbird",
@@ -44,26 +47,28 @@ def _parser() -> argparse.ArgumentParser:
         "`locatdino hbird report RESULTS...` compares finished runs.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
-    add_model_arguments(p)
-    add_data_arguments(p)
-    add_protocol_arguments(p)
-    p.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
-                   help="stored features (memory-dir banks, non-Flat indices)")
-    p.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
-    p.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
+    groups = option_groups(p)
+    add_model_arguments(groups.model)
+    add_data_arguments(groups.data)
+    add_protocol_arguments(groups)
+    groups.runtime.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
+                                help="stored features (memory-dir banks, non-Flat indices)")
+    groups.runtime.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
+    groups.output.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
     return p
 
 
-def _report_parser() -> argparse.ArgumentParser:
+def _report_parser() -> ArgumentParser:
     p = ArgumentParser(prog="locatdino hbird report",
-                                description="Compare finished Hummingbird runs (refused when they scored "
-                                "different query images; differing settings are marked).")
-    p.add_argument("results", nargs="+", help="results.json files or directories holding them")
-    p.add_argument("--out", default=None, help="also write the markdown comparison here")
-    p.add_argument("--label", action="append", default=[],
-                   help="name of each run, in the order found (default: its run folder); one per run")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="compare runs of different datasets, splits or query counts anyway (marked)")
+                       description="Compare finished Hummingbird runs (refused when they scored "
+                       "different query images; differing settings are marked).")
+    groups = option_groups(p)
+    groups.data.add_argument("results", nargs="+", help="results.json files or directories holding them")
+    groups.data.add_argument("--allow-mixed", action="store_true",
+                             help="compare runs of different datasets, splits or query counts anyway (marked)")
+    groups.output.add_argument("--out", default=None, help="also write the markdown comparison here")
+    groups.output.add_argument("--label", action="append", default=[],
+                               help="name of each run, in the order found (default: its run folder); one per run")
     return p
 
 
@@ -72,15 +77,15 @@ def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | Non
     return None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
 
 
-def _check_outputs(args: argparse.Namespace, runs: list[tuple[str, str | None, str]]) -> None:
+def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> None:
     """Fail before any work when an output cannot be written or holds something hbird did not
     write (a bank replaces its folder whole; reports replace ``results.json`` / ``summary.md``).
     The results come last, and a memory bank is staged next to its folder; stale temporaries of
     killed runs go first."""
     single = len(runs) == 1
     out = Path(args.out)
-    folders = [(out if single else out / label, "--out") for *_, label in runs]
-    banks = [] if args.memory_dir is None else [Path(_memory_dir(args, label, single)) for *_, label in runs]
+    folders = [(out if single else out / run.label, "--out") for run in runs]
+    banks = [] if args.memory_dir is None else [Path(_memory_dir(args, run.label, single)) for run in runs]
     folders += [(bank.parent, "--memory-dir") for bank in banks]
     try:
         for bank in banks:
@@ -163,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "report":
         return report_main(argv[1:])
-    args = _parser().parse_args(argv)
-    runs = model_runs(args, "hbird")
+    parser = _parser()
+    args = parse_protocol_args(parser, argv)
+    runs = model_runs(args, parser)
     device = encoder_device(args.device, "hbird")
     try:
-        cfg = config_from_args(args, None)  # inconsistent settings fail before any data is read
+        cfg = config_from_args(args, HBIRD_TABLE)  # inconsistent settings fail before any data is read
         check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
         train_set, val_set = open_splits(args)
     except (ValueError, FileNotFoundError) as err:
@@ -178,26 +184,27 @@ def main(argv: list[str] | None = None) -> int:
         return _evaluate(args, runs, models, train_set, val_set, device)
 
 
-def _evaluate(args: argparse.Namespace, runs: list[tuple[str, str | None, str, str]], models: list[nn.Module],
-              train_set, val_set, device: torch.device) -> int:
+def _evaluate(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set, val_set,
+              device: torch.device) -> int:
     """Every model's run, each written as it finishes, then the comparison of them all."""
     out = Path(args.out)
     picks_queries = args.dataset == "scenes" or isinstance(val_set, SubsetSplit)  # the seed chose the queries
     results, confusions = [], []
-    for (name, ckpt, _, label), model in zip(runs, models):
-        single = len(runs) == 1
-        cfg = config_from_args(args, _memory_dir(args, label, single))
+    for run, model in zip(runs, models):
+        single, label = len(runs) == 1, run.label
+        cfg = config_from_args(args, HBIRD_TABLE, memory_dir=_memory_dir(args, label, single))
         print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
               f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
-            run = hummingbird(model.to(device), train_set, val_set, cfg)
-            result = record_run(run.to_dict(), args, name, ckpt, label, model)
+            scored = hummingbird(model.to(device), train_set, val_set, cfg)
+            result = record_run(scored.to_dict(), args, run, model)
             result["config"]["query_seed"] = args.seed if picks_queries else None
-            write_run(result, out if single else out / label, run.image_confusions)
+            result["config"]["protocol"] = protocol_record(args)
+            write_run(result, out if single else out / label, scored.image_confusions)
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
-        confusions.append(run.image_confusions)
+        confusions.append(scored.image_confusions)
     deltas = miou_deltas(confusions, args.hungarian) if len(results) > 1 else None
     if len(results) > 1:
         atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))

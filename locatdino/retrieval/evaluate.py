@@ -52,7 +52,8 @@ _TRANSFER_CHUNK_BYTES = 64 << 20  # bound on the gathered [n, k, C] labels / [n,
 
 @dataclass
 class HummingbirdConfig:
-    """Every setting of one evaluation (defaults: the reference protocol at 224 px)."""
+    """Every setting of one evaluation (defaults: locatdino's protocol at 224 px; the settings where
+    open-hummingbird-eval differs are ``locatdino.retrieval.options.REFERENCE_SETTINGS``)."""
 
     input_size: int = 224
     aug_epochs: int = 1

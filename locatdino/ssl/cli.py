@@ -12,7 +12,7 @@ default objective's values over to another one wherever their argument names agr
 always loaded first and holds every key; a recipe file holds only what changes, and
 command-line flags override both. ``--config`` takes a file or a shipped recipe's name::
 
-    locatdino fit --config configs/tiny_locatvit.yaml --trainer.max_steps 200
+    locatdino fit --config configs/dino_tiny_locatvit.yaml --trainer.max_steps 200
     locatdino fit --config dino_vits16 --ckpt_path last   # resume; works from a wheel install too
 
 Besides LightningCLI's ``model`` / ``data`` / ``trainer`` groups, the callbacks every run needs
@@ -49,7 +49,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
-from locatdino.errors import UserError
+from locatdino.errors import UsageError, UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.collective_timeout import (
@@ -71,6 +71,9 @@ from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
 
 DEFAULT_OBJECTIVE = "locatdino.ssl.DINOModule"
+# the two ModelCheckpoint config groups of every run, with the title fit --help shows
+CHECKPOINT_GROUPS = {"step_checkpoint": "last.ckpt every N training steps, the resume point (ModelCheckpoint)",
+                     "epoch_checkpoint": "a checkpoint at every epoch end, and last.ckpt (ModelCheckpoint)"}
 
 
 class MissingDefaultConfigError(FileNotFoundError):
@@ -81,8 +84,9 @@ class FitCLI(LightningCLI):
     """``LightningCLI`` for a :class:`PretrainingObjective` with the run's callbacks as config groups."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in ("step_checkpoint", "epoch_checkpoint"):
+        for key, title in CHECKPOINT_GROUPS.items():
             parser.add_lightning_class_args(ModelCheckpoint, key)
+            parser.groups[key].title = title  # else both read ModelCheckpoint's "after every epoch"
             parser.link_arguments("trainer.default_root_dir", f"{key}.dirpath", compute_fn=checkpoint_dir)
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
@@ -91,8 +95,9 @@ class FitCLI(LightningCLI):
                             help="seconds a rank waits for the others in a collective before the run stops: what a "
                             "hung rank costs (docs/multinode.md)")
         parser.add_argument("--overwrite", action="store_true",
-                            help="start a new run in a trainer.default_root_dir that holds another run's checkpoints, "
-                            "deleting them, its logs and its curves first (without it such a folder is refused)")
+                            help="Start a new run in a trainer.default_root_dir that holds another run's "
+                            "checkpoints: delete them, its logs and its curves first (without --overwrite such a "
+                            "folder is refused).")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse, resume by itself when the launcher restarted the job (:func:`resume_after_restart`),
@@ -271,7 +276,7 @@ def main(argv: list[str]) -> int:
         build_cli(argv)
     except (FloatingPointError, MissingDefaultConfigError, UserError) as err:  # the message says what to do
         print(f"locatdino fit: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, UsageError) else 1
     except StoppedBySignal as stop:
         if rank_zero_only.rank == 0:  # every rank stops at the same step with the same checkpoint
             print(f"locatdino fit: {stop}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from locatdino.arguments import ArgumentParser
+from locatdino.arguments import ArgumentParser, option_groups
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.models.checkpoints.loading import network_name
 from locatdino.output_files import DiskFullError, remove_stale_temporaries
@@ -89,14 +89,15 @@ def _check_against_hparams(state: dict[str, torch.Tensor], hparams: Mapping[str,
 def main(argv: list[str]) -> int:
     """``locatdino export`` with ``argv`` (without the word ``export``); returns the exit status."""
     parser = ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="Lightning checkpoint of locatdino fit (runs/<run>/checkpoints/last.ckpt) "
-                                           "or DINO checkpoint")
-    parser.add_argument("out", help="output .pth file (plain timm state dict)")
-    parser.add_argument("--which", choices=("teacher", "student"), default="teacher",
-                        help="network to export (default: the one the objective evaluates: DINO's teacher, the "
-                             "supervised classifier's backbone)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUT even when it is not an earlier export (never the input checkpoint)")
+    groups = option_groups(parser)
+    groups.model.add_argument("checkpoint", help="Lightning checkpoint of locatdino fit "
+                              "(runs/<run>/checkpoints/last.ckpt) or DINO checkpoint")
+    groups.model.add_argument("--which", choices=("teacher", "student"), default="teacher",
+                              help="network to export (default: the one the objective evaluates: DINO's teacher, "
+                              "the supervised classifier's backbone)")
+    groups.output.add_argument("out", help="output .pth file (plain timm state dict)")
+    groups.output.add_argument("--overwrite", action="store_true",
+                               help="replace OUT even when it is not an earlier export (never the input checkpoint)")
     args = parser.parse_args(argv)
     try:
         print(export_backbone(args.checkpoint, args.out, args.which, args.overwrite))

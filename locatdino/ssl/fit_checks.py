@@ -31,6 +31,7 @@ from timm.models import split_model_name_tag
 from locatdino.data.shards.stream import expand_urls
 from locatdino.errors import UserError, first_line
 from locatdino.models import create_backbone, load_checkpoint
+from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
 from locatdino.output_files import ensure_writable
 from locatdino.ssl.config_files import where_set
 from locatdino.ssl.option_checks import check_objective_options, objective_class
@@ -94,9 +95,8 @@ def short_parser_message(message: str) -> str:
 
 
 def _not_a_multiple(key: str, size: int, patch: int, backbone: str) -> UserError:
-    below = size // patch * patch
     return UserError(f"data.init_args.{key}: {size} px is not a multiple of the patch size {patch} of {backbone} "
-                     f"(use {below or patch} or {below + patch})")
+                     f"(use {fitting_sizes(size, patch)})")
 
 
 def check_fit_config(config: Namespace) -> None:
@@ -111,9 +111,9 @@ def check_fit_config(config: Namespace) -> None:
             raise UserError(f"data.init_args.{key}: must be at least 1, got {value}")
 
     backbone = _check_backbone(model)
-    patch = backbone.patch_embed.patch_size
+    patch = patch_size(backbone)
     multicrop = init.get("multicrop")
-    if multicrop is not None and not backbone.patch_embed.dynamic_img_pad:
+    if multicrop is not None and not pads_images(backbone):
         crops = [("global_crop_size", multicrop.get("num_global_crops", 2)),
                  ("local_crop_size", multicrop.get("num_local_crops", 0))]
         for key, count in crops:
@@ -122,7 +122,7 @@ def check_fit_config(config: Namespace) -> None:
                 raise _not_a_multiple(f"multicrop.{key}", size, patch[0], model.backbone)
 
     size = (init.get("transform") or Namespace()).get("input_size")  # LabelledShardDataModule
-    if size is not None and size % patch[0] and not backbone.patch_embed.dynamic_img_pad:
+    if size is not None and size % patch[0] and not pads_images(backbone):
         raise _not_a_multiple("transform.input_size", size, patch[0], model.backbone)
 
     for key, synthetic in (("train_urls", "synthetic"), ("val_urls", "synthetic_val")):

@@ -22,6 +22,7 @@ from jsonargparse import Namespace
 from torch import nn
 
 from locatdino.errors import UserError
+from locatdino.models.token_grid import token_grid
 from locatdino.ssl.dino_module import DINOModule
 from locatdino.ssl.ibot.module import IBOTModule
 from locatdino.ssl.objective import PretrainingObjective
@@ -131,7 +132,7 @@ def _check_masks(options: Namespace, data: Namespace, multicrop: Namespace, back
         raise UserError(f"model.mask_probability: {probability} of the {crops} global crops of a step (per rank) "
                         f"masks none of them; use at least {1 / crops:.3g} or a larger data.init_args.batch_size")
     size = multicrop.global_crop_size
-    h, w = backbone.patch_embed.dynamic_feat_size((size, size))
+    h, w = token_grid(backbone, (size, size))
     if int(h * w * high) == 0:
         raise UserError(f"model.mask_ratio: its high {high} of the {h * w} tokens of a {size} px global crop is less "
                         "than one patch: no patch would be masked")

@@ -6,20 +6,12 @@ import pytest
 import torch
 
 from locatdino.comparison import cli as compare_cli
-from locatdino.comparison.measure import ModelSpec, memory_sizes
+from locatdino.comparison.measure import memory_sizes
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor
 
 TINY = ["--num-train", "8", "--num-val", "3", "--scene-size", "64", "--input-size", "64", "--k", "5",
         "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8", "--linprobe-iters", "6"]
-
-
-def test_model_spec_parsing():
-    assert ModelSpec.parse("v=vit_small_patch16_224:a/b.pth") == ModelSpec("v", "vit_small_patch16_224", "a/b.pth")
-    assert ModelSpec.parse("r=locatvit_tiny") == ModelSpec("r", "locatvit_tiny", None)
-    assert ModelSpec.parse("r=locatvit_tiny:none").checkpoint is None
-    with pytest.raises(ValueError, match="NAME=MODEL"):
-        ModelSpec.parse("vit_small_patch16_224")
 
 
 def test_memory_sizes_are_fractions_of_the_full_memory():
@@ -52,7 +44,8 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     bad = tmp_path / "broken.pth"
     bad.write_bytes(b"not a checkpoint")
     out = tmp_path / "cmp"
-    argv = ["vit=vit_tiny_patch16_224", f"bad=vit_tiny_patch16_224:{bad}", "locat=locatvit_tiny:none",
+    argv = ["--model", "vit=vit_tiny_patch16_224", "--model", f"bad=vit_tiny_patch16_224:{bad}",
+            "--model", "locat=locatvit_tiny:none",
             "--out", str(out), "--baselines", *TINY]
     assert compare_cli.main(argv) == 1
     err = capsys.readouterr().err.splitlines()
@@ -107,16 +100,17 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 def test_protocol_options_are_hbird_s(tmp_path):
     """compare takes the Hummingbird options of hbird, with the same defaults and meaning."""
     from locatdino.retrieval import cli as hbird_cli
-    from locatdino.retrieval.options import config_from_args
+    from locatdino.retrieval.options import HBIRD_TABLE, config_from_args
 
     options = ["--augment", "off", "--aug-epochs", "1", "--no-norm", "--hungarian", "pixels", "--knn-backend",
                "faiss", "--eval-resolution", "input", "--seed", "3"]
-    compared = config_from_args(compare_cli._parser().parse_args(["a=vit_tiny_patch16_224", *options]))
-    evaluated = config_from_args(hbird_cli._parser().parse_args(["--model", "vit_tiny_patch16_224", *options]))
+    compared = config_from_args(compare_cli._parser().parse_args(["--model", "a=vit_tiny_patch16_224", *options]))
+    evaluated = config_from_args(hbird_cli._parser().parse_args(["--model", "vit_tiny_patch16_224", *options]),
+                                 HBIRD_TABLE)
     assert compared == evaluated
     assert (compared.augment, compared.norm, compared.hungarian, compared.seed) == ("off", False, "pixels", 3)
-    defaults = [config_from_args(compare_cli._parser().parse_args(["a=m"])),
-                config_from_args(hbird_cli._parser().parse_args(["--model", "m"]))]
+    defaults = [config_from_args(compare_cli._parser().parse_args(["--model", "a=m"])),
+                config_from_args(hbird_cli._parser().parse_args(["--model", "m"]), HBIRD_TABLE)]
     assert defaults[0] == defaults[1]
 
 
@@ -146,7 +140,7 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     assert len(labelled) == 12 and labelled.class_names == ["blue", "red"]
     assert sorted(labelled.label(i) for i in range(12)) == [0] * 6 + [1] * 6
     out = tmp_path / "cmp"
-    argv = ["vit=vit_tiny_patch16_224", "--dataset", "shards", "--data-dir", str(tmp_path / "shards"),
+    argv = ["--model", "vit=vit_tiny_patch16_224", "--dataset", "shards", "--data-dir", str(tmp_path / "shards"),
             "--input-size", "32", "--out", str(out), "--no-progress", "--workers", "0"]
     assert compare_cli.main(argv) == 0
     report = json.loads((out / "report.json").read_text())
@@ -182,7 +176,7 @@ def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
     (out / kept).parent.mkdir(parents=True, exist_ok=True)
     (out / kept).write_bytes(b"the user's")
     with pytest.raises(SystemExit) as refused:
-        compare_cli.main(["a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2", "--num-val", "1"])
+        compare_cli.main(["--model", "a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2", "--num-val", "1"])
     assert str(refused.value) == (f"locatdino compare: --out {out} holds an earlier report ({kept}): pass "
                                   "--overwrite to replace it, or another --out")
     assert (out / kept).read_bytes() == b"the user's"
@@ -191,13 +185,13 @@ def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
 def test_a_model_named_like_a_baseline_is_refused_with_baselines(tmp_path):
     with pytest.raises(SystemExit, match="^locatdino compare: with --baselines the names pixels and position-prior "
                                          "are the baselines' rows: rename the model$"):
-        compare_cli.main(["pixels=vit_tiny_patch16_224", "--baselines", "--out", str(tmp_path / "c")])
+        compare_cli.main(["--model", "pixels=vit_tiny_patch16_224", "--baselines", "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()
 
 
 def test_linprobe_budget_is_checked_before_the_first_model(tmp_path, capsys):
     """``--linprobe-iters 2`` named linprobe's --iters; a batch above the memory images ran a model first."""
-    argv = ["a=vit_tiny_patch16_224", "--out", str(tmp_path / "c"), "--num-train", "3", "--num-val", "1",
+    argv = ["--model", "a=vit_tiny_patch16_224", "--out", str(tmp_path / "c"), "--num-train", "3", "--num-val", "1",
             "--scene-size", "32", "--input-size", "32"]
     with pytest.raises(SystemExit):
         compare_cli.main([*argv, "--linprobe-iters", "2"])

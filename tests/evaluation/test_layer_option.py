@@ -32,7 +32,7 @@ def nothing_runs(monkeypatch):
 
 @pytest.mark.parametrize("command", ["hbird", "linprobe", "compare"])
 def test_a_layer_the_model_lacks_is_one_line_before_any_work(tmp_path, capsys, nothing_runs, command):
-    model = ["m=vit_tiny_patch16_224"] if command == "compare" else ["--model", "vit_tiny_patch16_224"]
+    model = ["--model", "vit_tiny_patch16_224"]
     batch = {"linprobe": ["--batch-size", "2"], "compare": ["--linprobe-batch-size", "2"]}.get(command, [])
     status = cli.main([command, *model, "--out", str(tmp_path / "out"), *DATA, *batch, "--layer", "20"])
     err = capsys.readouterr().err
@@ -56,7 +56,7 @@ def test_a_negative_layer_counts_from_the_end(tmp_path, capsys):
                                              ("coco_stuff", "no COCO-Stuff-164k tree under")])
 def test_every_command_reads_every_segmentation_dataset(tmp_path, capsys, command, dataset, reader):
     """hbird and compare lacked pascal_context / coco_stuff, which linprobe had."""
-    model = ["m=vit_tiny_patch16_224"] if command == "compare" else ["--model", "vit_tiny_patch16_224"]
+    model = ["--model", "vit_tiny_patch16_224"]
     with pytest.raises(SystemExit) as refused:
         cli.main([command, *model, "--dataset", dataset, "--data-dir", str(tmp_path / "none"),
                   "--out", str(tmp_path / "out")])

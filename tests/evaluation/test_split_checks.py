@@ -15,7 +15,7 @@ from locatdino.evaluation.views import BadSample, check_usable, load_pair
 COMMANDS = {
     "hbird": ["hbird", "--model", "vit_tiny_patch16_224", "--no-progress"],
     "linprobe": ["linprobe", "--model", "vit_tiny_patch16_224", "--no-progress"],
-    "compare": ["compare", "vit=vit_tiny_patch16_224", "--no-progress"],
+    "compare": ["compare", "--model", "vit=vit_tiny_patch16_224", "--no-progress"],
 }
 
 
@@ -50,9 +50,9 @@ def _refusal(argv, capsys):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_more_images_than_a_split_has_is_refused_the_same_way(tmp_path, capsys, monkeypatch, command):
     """16 memory images of a 3-image split ran on 3, said only in a header line."""
-    import locatdino.evaluation.options as options
+    import locatdino.evaluation.model_runs as model_runs
 
-    monkeypatch.setattr(options, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
+    monkeypatch.setattr(model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
     _voc(tmp_path)
     base = [*COMMANDS[command], "--dataset", "voc", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]
     assert _refusal([*base, "--num-train", "16"], capsys) == (
@@ -66,9 +66,9 @@ def test_more_images_than_a_split_has_is_refused_the_same_way(tmp_path, capsys, 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_split_with_no_usable_sample_is_refused_naming_the_file(tmp_path, capsys, monkeypatch, command):
     """Wrong-size masks everywhere, or labels out of range, ended with rc 0 and empty scores."""
-    import locatdino.evaluation.options as options
+    import locatdino.evaluation.model_runs as model_runs
 
-    monkeypatch.setattr(options, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
+    monkeypatch.setattr(model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
     base = [*COMMANDS[command], "--dataset", "voc", "--out", str(tmp_path / "out")]
     voc = _voc(tmp_path / "size", val_mask=16)
     assert _refusal([*base, "--data-dir", str(tmp_path / "size")], capsys) == (

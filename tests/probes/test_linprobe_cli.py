@@ -42,8 +42,8 @@ def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     bad = tmp_path / "bad.pth"
     bad.write_text("placeholder\n")
     out = tmp_path / "out"
-    assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--model", "vit_tiny_patch16_224",
-                     "--checkpoint", "none", "--checkpoint", str(bad), "--out", str(out), *SMALL]) == 1
+    assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224:none", "--model", f"vit_tiny_patch16_224:{bad}",
+                     "--out", str(out), *SMALL]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"locatdino linprobe: {bad}: is a text file") and not out.exists()
 

@@ -7,7 +7,7 @@ import torch
 
 from locatdino.evaluation.options import encoder_device
 from locatdino.retrieval import cli
-from locatdino.retrieval.options import config_from_args
+from locatdino.retrieval.options import HBIRD_TABLE, config_from_args
 
 TINY = ["--num-train", "6", "--num-val", "2", "--scene-size", "64", "--input-size", "64", "--workers", "0",
         "--no-progress", "--k", "10"]
@@ -19,8 +19,8 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     ckpt = tmp_path / "dino_vitt.pth"
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
     out = tmp_path / "out"
-    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--model", "vit_tiny_patch16_224",
-            "--checkpoint", "none", "--out", str(out), *TINY]
+    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--model", "vit_tiny_patch16_224:none", "--out", str(out),
+            *TINY]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "| vit_tiny_patch16_224-dino_vitt |" in table and "| vit_tiny_patch16_224 |" in table
@@ -51,8 +51,8 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
     ckpt = tmp_path / "seed3.pth"
     torch.save(create_backbone("vit_tiny_patch16_224").state_dict(), ckpt)
     torch.manual_seed(0)  # the global state before the run must not matter
-    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", "none", "--model", "vit_tiny_patch16_224",
-            "--checkpoint", str(ckpt), "--seed", "3", "--out", str(tmp_path / "out"), *TINY,
+    argv = ["--model", "vit_tiny_patch16_224:none", "--model", f"vit_tiny_patch16_224:{ckpt}", "--seed", "3",
+            "--out", str(tmp_path / "out"), *TINY,
             "--pos-embed", "timm"]  # a plain ViT file would get the DINO rule under 'auto'
     assert cli.main(argv) == 0
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
@@ -62,8 +62,6 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
 
 
 def test_argument_errors(tmp_path):
-    with pytest.raises(SystemExit, match="2 --model but 1 --checkpoint"):
-        cli.main(["--model", "a", "--model", "b", "--checkpoint", "x"])
     with pytest.raises(SystemExit, match="needs a data directory"):
         cli.main(["--model", "vit_tiny_patch16_224", "--dataset", "voc"])
 
@@ -76,7 +74,7 @@ def test_device_and_knn_backend_flags(monkeypatch):
     with pytest.raises(SystemExit, match="invalid --device 'gpu'"):
         encoder_device("gpu", "hbird")
     args = cli._parser().parse_args(["--model", "m", "--knn-backend", "torch"])
-    assert config_from_args(args).knn_backend == "torch"
+    assert config_from_args(args, HBIRD_TABLE).knn_backend == "torch"
 
 
 @pytest.fixture
@@ -109,8 +107,8 @@ def test_a_bad_second_checkpoint_stops_before_the_first_model_runs(tmp_path, cap
         expected = (f"locatdino hbird: {ckpt} does not fit vit_tiny_patch16_224: cls_token: checkpoint [1, 1, 96] "
                     "vs model [1, 1, 192]; ")
     out = tmp_path / "out"
-    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--checkpoint", "none", "--model",
-                                   "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--out", str(out), *TINY])
+    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224:none", "--model",
+                                   f"vit_tiny_patch16_224:{ckpt}", "--out", str(out), *TINY])
     assert err.startswith(expected), err
     assert not out.exists()
 
@@ -120,7 +118,7 @@ def test_input_size_pretrained_tag_and_unknown_model_are_one_line(tmp_path, caps
     err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", *base, "--input-size", "60"])
     assert err == ("locatdino hbird: --input-size 60 is not a multiple of the patch size 16 of "
                    "vit_tiny_patch16_224: use 48 or 64")
-    err = _one_error_line(capsys, ["--model", "vit_small_patch16_224.dino", "--checkpoint", "none", *base])
+    err = _one_error_line(capsys, ["--model", "vit_small_patch16_224.dino:none", *base])
     assert err.startswith("locatdino hbird: vit_small_patch16_224.dino names timm's pretrained weights 'dino', "
                           "which locatdino never downloads: pass the weights file (dino_deitsmall16_pretrain.pth)")
     err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--model", "vit_smal_patch16_224", *base])
@@ -133,14 +131,18 @@ def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
     small = ["--num-train", "2", "--num-val", "1", "--scene-size", "32", "--input-size", "32", "--workers", "0",
              "--no-progress", "--k", "2"]
-    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--model", "vit_tiny_patch16_224",
-            "--checkpoint", str(ckpt), "--pos-embed", "auto", "--pos-embed", "timm", "--out", str(tmp_path / "out"), *small]
+    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--model", f"vit_tiny_patch16_224:{ckpt}", "--pos-embed", "auto",
+            "--pos-embed", "timm", "--out", str(tmp_path / "out"), *small]
     assert cli.main(argv) == 0
     runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/results.json")}
     assert {r["model"]["label"]: r["model"]["pos_embed"] for r in runs.values()} == {
         "vit_tiny_patch16_224-dino_vitt": "dino", "vit_tiny_patch16_224-dino_vitt-2": "timm"}
-    with pytest.raises(SystemExit, match="2 --model but 3 --pos-embed"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
         cli.main([*argv, "--pos-embed", "dino"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == ("locatdino hbird: 2 --model but 3 --pos-embed (give one for all models or one "
+                                       "per model)\n")
 
 
 @pytest.mark.parametrize("flag", ["--out", "--memory-dir"])
@@ -162,7 +164,7 @@ def test_memory_dir_on_a_full_disk_fails_in_one_line_before_encoding(tmp_path):
     from tests.tiny_disk import python, run_on_tiny_disk
 
     disk = tmp_path / "disk"
-    hbird = python("-m", "locatdino", "hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", "none",
+    hbird = python("-m", "locatdino", "hbird", "--model", "vit_tiny_patch16_224:none",
                    "--memory-dir", str(disk / "bank"), "--out", str(tmp_path / "out"), *TINY)
     proc = run_on_tiny_disk(disk, "64k", ["sh", "-c", '"$@"; rc=$?; echo "left: $(ls -A "$0")"; exit $rc',
                                           str(disk), *hbird])
@@ -184,12 +186,17 @@ def test_reference_settings_and_provenance_reach_results_json(tmp_path):
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
     out = tmp_path / "out"
     start = datetime.now(timezone.utc).replace(microsecond=0)
-    argv = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt), "--augment", "off", "--norm",
+    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--protocol", "reference", "--augment", "off",
             "--hungarian", "pixels", "--out", str(out), *TINY]
     assert cli.main(argv) == 0
     run = json.loads((out / "results.json").read_text())
-    assert {k: run["config"][k] for k in ("augment", "norm", "hungarian")} == {
-        "augment": "off", "norm": True, "hungarian": "pixels"}
+    # the reference protocol's settings, but for the options given beside it
+    assert {k: run["config"][k] for k in ("augment", "norm", "hungarian", "eval_resolution", "precision", "index")} == {
+        "augment": "off", "norm": True, "hungarian": "pixels", "eval_resolution": "input", "precision": "fp32",
+        "index": "Flat"}
+    assert run["config"]["protocol"] == {"name": "reference", "changed": ["augment", "hungarian"], "settings": {
+        "augment": "off", "norm": True, "eval_resolution": "input", "hungarian": "pixels", "precision": "fp32",
+        "index": "Flat"}}
     assert run["memory_patches"] == 6 * 16  # whole 64 px images: every patch of every image
     prov = run["provenance"]
     assert prov["checkpoint"] == {"path": str(ckpt), "bytes": ckpt.stat().st_size,
@@ -294,7 +301,7 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_pat
     state["norm.weight"][5] = float("inf")
     ckpt = tmp_path / "diverged.pth"
     torch.save(state, ckpt)
-    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt),
+    err = _one_error_line(capsys, ["--model", f"vit_tiny_patch16_224:{ckpt}",
                                    "--out", str(tmp_path / "out"), *TINY])
     assert err == (f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
                    "checkpoint from before it)")
@@ -308,7 +315,7 @@ def test_overflowing_features_stop_the_run_in_one_line(tmp_path, capsys):
     torch.save(state, ckpt)
     from locatdino import cli as command_line
 
-    assert command_line.main(["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", str(ckpt),
+    assert command_line.main(["hbird", "--model", f"vit_tiny_patch16_224:{ckpt}",
                               "--out", str(tmp_path / "out"), *TINY, "--precision", "fp32"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.splitlines()[-1] == ("locatdino hbird: the encoder's patch features (block -1) are not finite in fp32: its weights "

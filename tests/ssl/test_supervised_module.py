@@ -45,7 +45,7 @@ def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
 
 
 def test_a_dino_recipe_still_builds_dino():
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "tiny_vit.yaml"), "--model.lr", "0.003",
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_vit.yaml"), "--model.lr", "0.003",
                            "--data.init_args.synthetic", "8"], run=False)
     assert type(built.model).__name__ == "DINOModule" and built.model.hparams.lr == 0.003
 
@@ -159,7 +159,7 @@ def test_export_of_a_supervised_checkpoint_loads_into_hbird(tmp_path, capsys):
     assert not any(k.startswith("head") for k in state)
     assert torch.equal(state["blocks.1.mlp.fc2.weight"], m.classifier.backbone.blocks[1].mlp.fc2.weight)
     capsys.readouterr()
-    assert locatdino_cli.main(["hbird", "--model", "vit_tiny_patch16_224", "--checkpoint", str(out),
+    assert locatdino_cli.main(["hbird", "--model", f"vit_tiny_patch16_224:{out}",
                                "--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--k", "5",
                                "--precision", "fp32", "--out", str(tmp_path / "hb")]) == 0
     result = json.loads(next((tmp_path / "hb").rglob("results.json")).read_text())

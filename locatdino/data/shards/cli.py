@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from locatdino.arguments import ArgumentParser, at_least
+from locatdino.arguments import ArgumentParser, at_least, option_groups
 from locatdino.data.shards.sources import build_source
 from locatdino.data.shards.writer import check_prefix, write_shards
 from locatdino.output_files import DiskFullError
@@ -48,23 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write WebDataset tar shards (+ index.json) from an image folder tree (optionally one "
                     "sub-folder per class -> 'cls'), a Pascal VOC 2012 tree, an ADE20K tree (masks -> "
                     "'seg.png') or the built-in synthetic scenes.", epilog=__doc__.split("Examples::")[1])
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="source directory (or 'scenes') and output directory; with --synthetic only OUT_DIR")
-    p.add_argument("--kind", default="auto", choices=["auto", "folder", "voc", "ade20k", "scenes"],
-                   help="source layout (default: detected from the tree)")
-    p.add_argument("--split", default=None,
-                   help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
-                        "scenes: train/val (train)")
-    p.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
-    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the built-in scenes")
-    p.add_argument("--size", type=at_least(1), default=224, help="side of the built-in scenes in pixels")
-    p.add_argument("--maxcount", type=at_least(1), default=10_000, help="samples per shard (default 10000)")
-    p.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
-    p.add_argument("--workers", type=at_least(0), default=None, help="writer processes (default: all CPUs)")
-    p.add_argument("--prefix", type=_prefix, default="shard",
-                   help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
-    p.add_argument("--overwrite", action="store_true", help="replace the shards already in OUT_DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    groups = option_groups(p)
+    data, output = groups.data, groups.output
+    data.add_argument("paths", nargs="+", metavar="PATH",
+                      help="source directory (or 'scenes') and output directory; with --synthetic only OUT_DIR")
+    data.add_argument("--kind", default="auto", choices=["auto", "folder", "voc", "ade20k", "scenes"],
+                      help="source layout (default: detected from the tree)")
+    data.add_argument("--split", default=None,
+                      help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
+                           "scenes: train/val (train)")
+    data.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
+    data.add_argument("--seed", type=at_least(0), default=0, help="seed of the built-in scenes")
+    data.add_argument("--size", type=at_least(1), default=224, help="side of the built-in scenes in pixels")
+    output.add_argument("--maxcount", type=at_least(1), default=10_000, help="samples per shard (default 10000)")
+    output.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
+    output.add_argument("--prefix", type=_prefix, default="shard",
+                        help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
+    output.add_argument("--overwrite", action="store_true", help="replace the shards already in OUT_DIR")
+    groups.runtime.add_argument("--workers", type=at_least(0), default=None,
+                                help="writer processes (default: all CPUs)")
+    groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
+from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
 # Where a Lightning checkpoint of locatdino.ssl names the network its objective evaluates.
@@ -202,7 +203,7 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     side = math.isqrt(max(pos_embed.shape[1] - num_prefix, 0))
     if side == 0 or side * side != pos_embed.shape[1] - num_prefix:
         return None
-    patch_h, patch_w = model.patch_embed.patch_size
+    patch_h, patch_w = patch_size(model)
     return side * patch_h, side * patch_w
 
 
@@ -304,7 +305,7 @@ def create_backbone(
         raw = extract_backbone(loaded, which, source)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if "patch_size" not in timm_kwargs and patch is not None and patch.ndim == 4 and (
-                tuple(patch.shape[-2:]) != tuple(model.patch_embed.patch_size)):
+                tuple(patch.shape[-2:]) != patch_size(model)):
             timm_kwargs["patch_size"] = tuple(patch.shape[-2:])
             model = timm.create_model(name, **timm_kwargs)
         trained_size = _trained_img_size(raw, model)

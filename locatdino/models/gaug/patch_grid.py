@@ -29,6 +29,8 @@ import torch
 from timm.layers import register_notrace_module
 from torch import nn
 
+from locatdino.models.token_grid import grid_shape, pads_images, patch_size
+
 _MAX_GRIDS = 16  # recent grids kept; a training step uses 2-3 resolutions
 
 
@@ -63,12 +65,7 @@ class PatchGrid(nn.Module):
 
     def forward(self, image: torch.Tensor) -> None:
         height, width = image.shape[-2:]
-        check_image_size((height, width), self.patch_size, self.dynamic_img_pad)
-        ph, pw = self.patch_size
-        if self.dynamic_img_pad:
-            grid = (-(-height // ph), -(-width // pw))
-        else:
-            grid = (height // ph, width // pw)
+        grid = grid_shape((height, width), self.patch_size, self.dynamic_img_pad)
         if torch.jit.is_scripting():
             self._scripted_latest[0] = grid[0] * grid[1] + self.num_prefix_tokens
             self._scripted_latest[1], self._scripted_latest[2] = grid[0], grid[1]
@@ -101,18 +98,6 @@ class PatchGrid(nn.Module):
         return grid
 
 
-def check_image_size(size: tuple[int, int], patch_size: tuple[int, int], dynamic_img_pad: bool) -> None:
-    """Raise a one-line error if an image side is not a multiple of the patch size."""
-    if dynamic_img_pad:
-        return
-    if size[0] % patch_size[0] or size[1] % patch_size[1]:
-        raise ValueError(
-            f"input image {size[0]}×{size[1]} px is not a multiple of the patch size "
-            f"{patch_size[0]}×{patch_size[1]}: resize or crop it, or build the model with "
-            "dynamic_img_pad=True"
-        )
-
-
 def _record_patch_grid(patch_embed: nn.Module, args: tuple[torch.Tensor]) -> None:
     """Forward pre-hook of ``patch_embed``: hand the input to its :class:`PatchGrid`."""
     patch_embed.patch_grid(args[0])
@@ -127,7 +112,6 @@ def install_patch_grid(model: nn.Module) -> PatchGrid:
     patch_embed = model.patch_embed
     if isinstance(getattr(patch_embed, "patch_grid", None), PatchGrid):
         return patch_embed.patch_grid
-    patch_embed.patch_grid = PatchGrid(
-        model.num_prefix_tokens, tuple(patch_embed.patch_size), bool(patch_embed.dynamic_img_pad))
+    patch_embed.patch_grid = PatchGrid(model.num_prefix_tokens, patch_size(model), pads_images(model))
     patch_embed.register_forward_pre_hook(_record_patch_grid)
     return patch_embed.patch_grid

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from locatdino.models.token_grid import token_grid
 from locatdino.ssl.dino_loss import DINOLoss
 from locatdino.ssl.dino_module import DINOModule, StepLosses
 from locatdino.ssl.head import DINOHead
@@ -172,7 +173,7 @@ class IBOTModule(DINOModule):
         crops = batch["global"]
         v_g, b = crops.shape[:2]
         images = crops.flatten(0, 1)
-        grid = self.student["backbone"].patch_embed.dynamic_feat_size(tuple(images.shape[-2:]))
+        grid = token_grid(self.student["backbone"], tuple(images.shape[-2:]))
         masks = self.draw_masks(v_g * b, grid, self.global_step, self._micro_batch).to(images.device)
         self._micro_batch += 1
 
