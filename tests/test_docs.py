@@ -4,13 +4,15 @@ text sends a user to notes they never have (the project's internal SPEC.md)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results" / "README.md",
+         *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -59,3 +61,19 @@ def test_no_shipped_text_points_to_internal_notes():
     cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"SPEC ?§|SPEC\.md", line)]
     assert not cited, f"references to the internal SPEC.md: {cited}"
+
+
+def test_the_front_page_and_the_results_stay_short():
+    """A newcomer reads README in five minutes; RESULTS holds one short section per question."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
+    assert len((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8").splitlines()) <= 400
+
+
+def test_every_recorded_measurement_is_listed_and_names_its_command():
+    results = ROOT / "benchmarks" / "results"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    files = sorted(results.glob("*.json"))
+    assert files and not [p.name for p in files if f"`{p.name}`" not in index]
+    for path in files:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert record.get("command"), f"{path.name}: no command"
