@@ -181,7 +181,7 @@ class FitCLI(LightningCLI):
                 saved = [cb.last_model_path for cb in trainer.checkpoint_callbacks
                          if getattr(cb, "last_model_path", "")]
                 message = lost_rank_message(err, rank=trainer.global_rank, step=trainer.global_step,
-                                            timeout_s=self.config.fit.collective_timeout,
+                                            collective_timeout=self.config.fit.collective_timeout,
                                             checkpoint=saved[-1] if saved else None)
                 if message is None:
                     raise

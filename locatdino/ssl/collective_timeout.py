@@ -73,7 +73,7 @@ def nccl_environment(seconds: float, environ: Mapping[str, str]) -> dict[str, st
     return {HEARTBEAT_VARIABLE: str(max(1, math.ceil(seconds)))}
 
 
-def lost_rank_message(error: BaseException, *, rank: int, step: int, timeout_s: float,
+def lost_rank_message(error: BaseException, *, rank: int, step: int, collective_timeout: float,
                       checkpoint: str | None) -> str | None:
     """One line for a collective that failed because a peer died (connection closed) or hung
     (timed out), or ``None`` when ``error`` is something else."""
@@ -83,7 +83,7 @@ def lost_rank_message(error: BaseException, *, rank: int, step: int, timeout_s: 
     if _CLOSED.search(text):
         what = "another rank closed its connection: it died (killed, out of memory, a failed node)"
     elif _TIMED_OUT.search(text):
-        what = (f"no answer from another rank for collective_timeout = {timeout_s:g} s: it hangs (a frozen "
+        what = (f"no answer from another rank for collective_timeout = {collective_timeout:g} s: it hangs (a frozen "
                 "node, a stuck file system or data loader) or died without closing its connections")
     else:
         return None

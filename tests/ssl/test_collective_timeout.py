@@ -52,7 +52,7 @@ def test_nccl_heartbeat_follows_the_timeout_unless_the_user_set_it():
 
 
 def message(error):
-    return lost_rank_message(error, rank=2, step=7, timeout_s=5, checkpoint="run/checkpoints/last.ckpt")
+    return lost_rank_message(error, rank=2, step=7, collective_timeout=5, checkpoint="run/checkpoints/last.ckpt")
 
 
 def test_a_frozen_peer_is_named_with_the_timeout():
@@ -76,5 +76,5 @@ def test_other_errors_are_left_alone(error):
 
 
 def test_no_checkpoint_yet_is_said():
-    assert lost_rank_message(RuntimeError(GLOO_TIMEOUT), rank=0, step=0, timeout_s=240, checkpoint=None).endswith(
+    assert lost_rank_message(RuntimeError(GLOO_TIMEOUT), rank=0, step=0, collective_timeout=240, checkpoint=None).endswith(
         "last checkpoint: none saved yet (resume with --ckpt_path last)")
