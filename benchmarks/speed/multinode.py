@@ -25,18 +25,16 @@ import argparse
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "multinode")]
 
 
 def stop_time(how: str, collective_timeout: float | None, limit: float, launch: str) -> dict:
     """Seconds from node 1's failure to node 0's exit, its status and its first ``locatdino fit:`` line."""
-    from cluster_sim import Cluster, free_port, signal_processes, tiny_fit_flags
+    from tests.multinode.cluster_sim import Cluster, free_port, signal_processes, tiny_fit_flags
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
