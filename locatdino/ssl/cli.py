@@ -65,7 +65,7 @@ from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
                                       earlier_checkpoints)
 from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
-from locatdino.ssl.restarts import resume_after_restart
+from locatdino.ssl.restarts import record_elastic_job, resume_after_restart
 from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -152,11 +152,14 @@ class FitCLI(LightningCLI):
     def before_fit(self) -> None:
         """Temporaries of checkpoint writes killed in an earlier start of this run are removed
         (with ``--overwrite`` on a fresh run, the earlier run's checkpoints, logs and curves too,
-        by rank 0, before the other ranks start); a SIGTERM will save ``last.ckpt``
+        by rank 0, before the other ranks start); an elastic job's rendezvous id is recorded
+        (:func:`record_elastic_job`); a SIGTERM will save ``last.ckpt``
         (:class:`SigtermCheckpoint`)."""
         config = self.config.fit
         if config.overwrite and config.ckpt_path is None and self.trainer.is_global_zero:
             remove_earlier_run(config.trainer.default_root_dir)
+        if self.trainer.is_global_zero and "://" not in str(config.trainer.default_root_dir):
+            record_elastic_job(config.trainer.default_root_dir)
         for key in ("step_checkpoint", "epoch_checkpoint"):
             remove_stale_temporaries(config[key].dirpath)
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))

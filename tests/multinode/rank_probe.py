@@ -10,7 +10,6 @@ import time
 from lightning.pytorch import Callback
 
 from locatdino.data.shards import stream as shard_stream
-from locatdino.ssl.restarts import restart_of
 
 
 class SampleLog(Callback):
@@ -50,7 +49,7 @@ class PauseAt(Callback):
         self.marker, self.step, self.rank, self.limit = marker, step, rank, limit
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step != self.step or trainer.global_rank != self.rank or restart_of(os.environ):
+        if trainer.global_step != self.step or trainer.global_rank != self.rank or trainer.ckpt_path is not None:
             return
         with open(self.marker + ".tmp", "w") as f:
             f.write(str(os.getpid()))
