@@ -48,6 +48,34 @@ def test_relative_links_resolve(page: Path):
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
+RESULTS_CITATION = re.compile(r'RESULTS(?:\.md)?[,:]\s*"([^"]+)"')
+
+
+def results_citations(text: str) -> list[str]:
+    """Section names cited as ``RESULTS.md, "name"`` or ``RESULTS: "name"``, a name that wraps
+    across comment or docstring lines read as one line."""
+    return RESULTS_CITATION.findall(re.sub(r"\s*\n\s*#?\s*", " ", text))
+
+
+def test_results_citation_rule():
+    text = 'x (benchmarks/RESULTS.md, "How fast is\n    # data loading?"); RESULTS: "A b?" and RESULTS.md alone'
+    assert results_citations(text) == ["How fast is data loading?", "A b?"]
+
+
+def test_every_cited_results_section_exists():
+    """Docstrings, comments, configs and pages that name a section of RESULTS.md name one it has."""
+    results = ROOT / "benchmarks" / "RESULTS.md"
+    headings = set(re.findall(r"^#+ (.+?)\s*$", results.read_text(encoding="utf-8"), flags=re.M))
+    files = [p for folder in ("locatdino", "benchmarks", "docs", "tests", "launch")
+             for p in ROOT.joinpath(folder).rglob("*")
+             if p.suffix in {".py", ".md", ".yaml", ".sh"} and p.resolve() != Path(__file__).resolve()]
+    cited = {(str(p.relative_to(ROOT)), name) for p in [*files, ROOT / "README.md"]
+             for name in results_citations(p.read_text(encoding="utf-8"))}
+    assert len(cited) >= 5  # the search reads the citations there are
+    stale = sorted(f"{path}: {name!r}" for path, name in cited if name not in headings)
+    assert not stale, "cited sections that RESULTS.md does not have: " + "; ".join(stale)
+
+
 def test_docs_are_linked_from_readme_index():
     index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and f"({p.name})" not in index]

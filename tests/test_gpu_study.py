@@ -28,8 +28,8 @@ def test_every_run_starts_from_the_scored_random_init(objective, backbone):
 
 
 def test_imports_without_jsonargparse():
-    """The GPU image has no jsonargparse (faiss-cpu and webdataset travel as wheels): the study
-    must not need it (it builds its modules and Trainers directly, not through ``locatdino fit``)."""
+    """A CUDA machine's preinstalled Python may lack jsonargparse: the study must not need it (it
+    builds its modules and Trainers directly, not through ``locatdino fit``)."""
     blocker = ("import importlib.abc, sys\n"
                "class Block(importlib.abc.MetaPathFinder):\n"
                "    def find_spec(self, name, path, target=None):\n"

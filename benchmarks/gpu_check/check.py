@@ -1,10 +1,10 @@
-"""One prepared check of the CUDA path: FlexAttention's options, GAug paths equal, LocAtViT-S vs ViT-S
+"""One check of the CUDA path: FlexAttention's options, GAug paths equal, LocAtViT-S vs ViT-S
 cost, the commands end to end.
 
     python -m benchmarks.gpu_check --out DIR                 # one CUDA GPU: 440 s, compiles included
     python -m benchmarks.gpu_check --out DIR --deadline 300 --only kernels speed
     python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/test_gpu_check.py)
-    bash benchmarks/gpu_check/run.sh                         # on the device machine: wheels, this check, a tarball
+    bash benchmarks/gpu_check/run.sh run                     # offline CUDA machine: wheels, this check, a tarball
 
 Everything lands in ``--out``, written as it goes, so a run cut short still leaves its evidence,
 and nothing large (a few hundred KB: no checkpoint, no shard; the last row checks it):
@@ -65,7 +65,7 @@ from locatdino.output_files import atomic_write_text
 
 SECTIONS = ("kernels", "equivalence", "speed", "e2e")
 BUDGET_S = {"kernels": 60, "equivalence": 120, "speed": 120, "e2e": 140}  # the default deadline: 440 s
-OUT_LIMIT_MIB = 8  # what --out may weigh: it has to come back from the GPU machine
+OUT_LIMIT_MIB = 8  # what --out may weigh: small enough to copy off a remote GPU machine
 
 
 def environment(dry: bool) -> dict:

@@ -23,7 +23,7 @@ PREFIXES = {"cls": (0, "class token"), "reg4": (4, "class + 4 registers")}
 EQUIV_LABELS, EVAL_LABELS = (224, 96, 448), (448, 1024)
 # the GAug path each equivalence path forces, and its dtypes: fp64 on the device is the maths with
 # rounding out of the way (the mask path is plain SDPA, which runs in fp64 everywhere; its fp32
-# rows passed on the H200 in issue 31 and are left out to keep the section in its budget)
+# rows passed on an H200 and are left out to keep the section within its share of the deadline)
 GAUG_PATHS = {"flex": "flex", "chunked": "separable", "mask": "mask"}
 PATH_DTYPES = {"flex": ("bf16", "fp32"), "chunked": ("bf16", "fp32"), "mask": ("bf16", "fp64")}
 
@@ -69,7 +69,7 @@ DRY = Sizes(equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2), e
 def equivalence_cases() -> list[str]:
     """Every path and dtype at the three first shapes (each resolution, both prefix kinds), then
     the other three: a budget cut keeps the most telling cases; flex bf16 (the kernel that did
-    not compile on the first GPU) first."""
+    not compile with torch's default tiles on an H200) first."""
     first = [("224", "cls"), ("96", "reg4"), ("448", "cls")]
     rest = [(str(label), prefix) for prefix in PREFIXES for label in EQUIV_LABELS if (str(label), prefix) not in first]
     return [f"{path}-{dtype}-{label}-{prefix}" for label, prefix in first + rest

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Issue 35's prepared GPU run: input pipeline vs bare step, decode per core, MFU ladder. One
-# NVIDIA GPU, at most ~9.5 minutes, everything under $OUT (8 files at most come back):
-#   here, once:   bash benchmarks/gpu_check/wheels.sh
-#   device call:  run(command="bash benchmarks/gpu_check/data_run.sh", carry=[".whl"], timeout_s=600)
+# The data-path benchmarks on one NVIDIA GPU as one command: input pipeline vs bare step, decode per
+# core, MFU ladder (docs/gpu.md). At most ~9.5 minutes (an overall deadline of BUDGET_S seconds,
+# default 560), everything under $OUT (default gpu_data_run/: each part's log and JSON, the fits'
+# logs as one tarball). It installs its packages from wheels, for a CUDA machine without internet
+# access:
+#   bash benchmarks/gpu_check/wheels.sh     # once, on a machine with internet access; copy .whl/ over
+#   bash benchmarks/gpu_check/data_run.sh   # on the CUDA machine, in the checkout that holds .whl/
 # Each part has its own time limit inside one overall deadline, and writes as it goes, so a part
 # cut short still leaves the others' results (and its own rows so far). DRY=1 runs every part at
 # toy size on the CPU with the packages already installed (a check of this script, not a benchmark).
@@ -18,7 +21,7 @@ if [ -n "${DRY:-}" ]; then
     MFU=(--toy --reps 2 --warmup 1) BATCHES=(2 4) BIG=4
 else
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || { echo "no wheels: run benchmarks/gpu_check/wheels.sh first, carry .whl" | tee "$OUT/machine.txt"; exit 1; }
+        .whl/*.whl || { echo "no wheels: run benchmarks/gpu_check/wheels.sh, copy .whl/ here" | tee "$OUT/machine.txt"; exit 1; }
     export PYTHONPATH=/tmp/site
     PY=python3 DEVICE=cuda PIPELINE=(--steps 40) MFU=() BATCHES=(64 256) BIG=256
 fi

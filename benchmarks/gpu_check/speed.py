@@ -1,13 +1,14 @@
 """The ``kernels`` and ``speed`` cases of ``benchmarks/gpu_check/`` (run in its child processes by
 ``cases.py``).
 
-``kernels``: FlexAttention with the GAug ``score_mod`` alone, at the shape issue 31 measured by
-hand (bf16 q/k/v ``[64, 6, 197, 64]``, a 14 × 14 grid and a class token, fp32 profiles unless an
-option casts them), forward + backward: first what the chooser takes (the real code path), then
-SDPA without a bias (the floor), then each option of :data:`common.KERNEL_OPTIONS`
-compiled alone: does it compile, its median time, and its error against an fp64 dense reference
-beside the error of SDPA with the bias materialised in bf16 (what the mask path does). That makes
-the profiles' dtype a measured choice: the first tiles with fp32 and with bf16 profiles side by side.
+``kernels``: FlexAttention with the GAug ``score_mod`` alone, at the shape of the H200 measurements
+in ``locatdino/models/gaug/flex_options.py`` (bf16 q/k/v ``[64, 6, 197, 64]``, a 14 × 14 grid and a
+class token, fp32 profiles unless an option casts them), forward + backward: first what the chooser
+takes (the real code path), then SDPA without a bias (the floor), then each option of
+:data:`common.KERNEL_OPTIONS` compiled alone: does it compile, its median time, and its error
+against an fp64 dense reference beside the error of SDPA with the bias materialised in bf16 (what
+the mask path does). That makes the profiles' dtype a measured choice: the first tiles with fp32 and
+with bf16 profiles side by side.
 
 ``speed``: ViT-S, LocAtViT-S (auto: FlexAttention), LocAtViT-S on the chunked path (CUDA's
 fallback for large inputs) and on the materialised mask, bf16: a DINO step (batch 64 = 2 × 224 +

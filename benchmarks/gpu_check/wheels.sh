@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The Python packages the prepared GPU runs (benchmarks/gpu_check/run.sh, data_run.sh and the GPU
-# study) need that the device machine's image lacks (it has
-# torch 2.11 + CUDA, Lightning, numpy, scipy, Pillow, but not these; timm too, in a version not
-# known to be >= 1.0.20, which LocAtViT needs), as wheels for its Python 3.12 / x86-64, into .whl/
-# (git-ignored): run once HERE, in the repository root, before the device call that names ".whl"
-# in carry. ~30 MB. Pinned to the versions the CPU suite runs with.
+# The Python packages that the GPU scripts (benchmarks/gpu_check/run.sh, data_run.sh and the GPU
+# study) need and that a CUDA machine's preinstalled Python often lacks, for a machine without
+# internet access. Such an image typically has torch + CUDA, Lightning, numpy, scipy and Pillow but
+# not these; timm perhaps, in a version not known to be >= 1.0.20, which LocAtViT needs. As wheels
+# for CPython 3.12 / x86-64, into the repository's .whl/ (git-ignored, ~30 MB): run it once on a
+# machine with internet access, then copy .whl/ into the checkout on the CUDA machine. Pinned to
+# the versions the CPU test suite runs with.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

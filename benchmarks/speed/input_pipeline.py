@@ -1,4 +1,4 @@
-"""Does the input keep up? The CPU and GPU multi-crop paths against the bare DINO step (issue 35).
+"""Does the input keep up? The CPU and GPU multi-crop paths against the bare DINO step.
 
 For each recipe (``tiny``: configs/dino_tiny_locatvit.yaml, LocAtViT-T/8 at 64 px; ``vits``:
 configs/dino_vits16.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``locatdino fit`` builds it
@@ -11,7 +11,7 @@ configs/dino_vits16.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``locatdi
 - **fit**, per path: ``locatdino fit`` of the recipe for ``--steps`` steps (bf16-mixed on CUDA),
   images/s from the steps after the fifth (``fit_step_times.StepTimes``).
 
-Every rate is reported with its ratio to the bare step's; the issue's target is fit ≥ 0.9 of it
+Every rate is reported with its ratio to the bare step's; the target is fit ≥ 0.9 of it
 on one GPU. The shards hold JPEGs (quality 90) of the built-in scenes at the recipe's size (96 px
 for tiny, 448 × 448 for ViT-S, about an ImageNet photo's pixels), 64 distinct images repeated.
 On a CPU-only machine the ``gpu`` path runs on CPU tensors in the training process.

@@ -1,6 +1,6 @@
 """How long a multi-node job takes to stop when a node fails, and the legitimate waits the
-collective timeout must stay above (benchmarks/RESULTS.md, "A stuck node: how long until the job
-stops"; docs/multinode.md).
+collective timeout must stay above (benchmarks/RESULTS.md, "How long does a multi-node job wait for a failed node?";
+docs/multinode.md).
 
 ``stop``: two simulated nodes of one process each on this machine (``launch/torchrun.sh``, gloo over
 loopback; the test suite's ``tests/multinode/cluster_sim.py``), the tests' tiny run; at step 3 every

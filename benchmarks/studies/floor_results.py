@@ -31,7 +31,7 @@ from benchmarks.results_io import add_results_option, write_results
 from benchmarks.studies.supervised import _confusions, seed_mean_miou_interval
 from locatdino.comparison.intervals import model_differences
 
-# ibot.py --steps 80, seeds 0 1 2 (benchmarks/RESULTS.md, "iBOT vs DINO vs random init"):
+# ibot.py --steps 80, seeds 0 1 2 (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"):
 # mean ± std over seeds, and the seed-mean Δ to random init [95 %] over the query scenes
 SSL_80_STEPS = {
     ("vit", "random"): {"hbird": [21.4, 0.5], "linprobe": [25.3, 0.3]},
@@ -46,7 +46,7 @@ SSL_80_STEPS = {
                            "linprobe_delta": [-0.8, -1.3, -0.3]},
 }
 # the tiny supervised recipe at its former lr, 3.2e-2 per 512 images (64x DeiT's rule), ViT, seeds 0-4:
-# supervised.py --steps 96 (benchmarks/RESULTS.md, "Supervised pretraining"; runs not kept)
+# supervised.py --steps 96 (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"; runs not kept)
 SUPERVISED_64X = {"seeds": [0, 1, 2, 3, 4], "hbird": [13.0, 1.6], "hbird_delta": [-8.3, -10.4, -5.9],
                   "linprobe": [12.4, 1.6], "linprobe_delta": [-12.8, -15.4, -10.1], "top1": [32.5, 1.3]}
 OBJECTIVE_NAMES = {"dino": "DINO", "ibot": "iBOT"}

@@ -28,16 +28,14 @@ query held-out scenes at 128 px, fp32), with the paired bootstrap interval over 
 Data: DINO and iBOT take the project's GPU loader path where CUDA is (``--augment-on gpu``: uint8
 scenes batched by the loader, the multi-crop batched on the device, :class:`DeviceMultiCrop`),
 else a CPU DataLoader whose workers do the multi-crop; supervised runs keep timm's augmentation in
-the workers. LocAtViT's GAug takes its
-materialised-mask path (``--gaug-path``; FlexAttention's compile is not budgeted); no
-``torch.compile``. On a GPU machine with torch, timm, Lightning and numpy but no network, bring the
-missing packages (faiss-cpu, webdataset, kornia, ...) as wheels: here, once,
-``bash benchmarks/gpu_check/wheels.sh`` (into the git-ignored ``.whl/``), then one device run carrying
-``.whl``::
+the workers. LocAtViT's GAug takes its materialised-mask path (``--gaug-path``; FlexAttention's
+compile is not budgeted); no ``torch.compile``. On a CUDA machine with torch, timm, Lightning and
+numpy but no internet access, bring the missing packages (faiss-cpu, webdataset, kornia, ...) as
+wheels: once, on a machine with internet access, ``bash benchmarks/gpu_check/wheels.sh`` (into the
+git-ignored ``.whl/``); copy ``.whl/`` into the checkout on the CUDA machine and run there::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 timeout 570 python -m benchmarks.studies.gpu_study --out /tmp/study; \\
-    tar czf $OUT/study.tgz -C /tmp study; cp /tmp/study/table.md /tmp/study/delta.png $OUT/
+    PYTHONPATH=/tmp/site:. python -m benchmarks.studies.gpu_study --out gpu_study_run
 """
 
 from __future__ import annotations

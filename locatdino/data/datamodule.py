@@ -24,7 +24,7 @@ every rank, after the batch reached the device — applies the multi-crop to the
 ``(seed, rank, augmented batches so far)``; the count is part of ``state_dict``, so a resumed run
 draws what the uninterrupted one would have. On a CPU-only machine the same path runs on CPU
 tensors in the training process, which is slower than the default ``cpu`` (augmentation in the
-workers; benchmarks/RESULTS.md, "Multi-crop on the device").
+workers; benchmarks/RESULTS.md, "How fast is data loading?").
 
 A tiny CPU recipe needs no prior step: ``synthetic: 512`` writes 512 built-in scenes as shards
 into ``train_urls`` (a directory) in ``prepare_data`` when it holds no shards yet.

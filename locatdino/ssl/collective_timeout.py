@@ -9,7 +9,7 @@ alike), while every other accelerator of the job idles. ``locatdino fit --collec
 sets that timeout on the strategy, so a hung rank costs ``S`` seconds.
 
 ``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
-The measured ones (benchmarks/RESULTS.md, "A stuck node: how long until the job stops"): writing
+The measured ones (benchmarks/RESULTS.md, "How long does a multi-node job wait for a failed node?"): writing
 a checkpoint (rank 0 writes, the others wait at the barrier after it), a torch.compile of the
 training step (about 2 minutes per process on the CPU; one rank compiling cold while the others
 hit their cache makes them wait that long), the online Hummingbird monitor (every rank runs it,

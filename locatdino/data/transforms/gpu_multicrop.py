@@ -1,4 +1,4 @@
-"""DINO multi-crop on the training device: whole batches, one random draw per crop (issue 35).
+"""DINO multi-crop on the training device: whole batches, one random draw per crop.
 
 ``augment_on: gpu`` moves the augmentation of :class:`~locatdino.data.MultiCropTransform` out of
 the DataLoader workers: they only decode (``locatdino.data.transforms.decoded_images``), and
@@ -20,8 +20,8 @@ over thousands of draws):
 
 Chosen over NVIDIA DALI because kornia is a pip package that runs on CPU tensors too (so the path
 is tested on the CPU-only machines, CI included) and composes with plain torch; DALI's GPU JPEG
-decoder and WebDataset reader need a CUDA build and its own pipeline and loader, not installable or
-measurable here. Known differences from the CPU path, none in a distribution the tests check:
+decoder and WebDataset reader need a CUDA build and its own pipeline and loader, which a CPU-only
+machine can neither install nor measure. Known differences from the CPU path, none in a distribution the tests check:
 kornia draws one colour-jitter op order per call (per view group and batch; the CPU path one per
 image and crop size; either way each crop's order is uniform over the 24); the resize kernel is
 bilinear / area rather than bicubic; the image is resampled once to ``S × S`` before cropping.

@@ -3,8 +3,8 @@
 Why: inductor picks FlexAttention's tiles from the query dtype and head size alone. Its Hopper
 default for bf16, head size 64 (``BLOCK_M = BLOCK_N = 128``, 3 pipeline stages) cannot hold the
 two bias profiles that GAug's ``score_mod`` gathers per tile: on an H200 (torch 2.11, Triton 3.6)
-every bf16 variant failed with ``out of resource: ... Required: 376832 Hardware limit: 232448``
-(issue 31), and the run fell back to the materialised bias. Smaller tiles or fewer stages fit.
+every bf16 variant failed with ``out of resource: ... Required: 376832 Hardware limit: 232448``,
+and the run fell back to the materialised bias. Smaller tiles or fewer stages fit.
 
 So each variant walks a short ordered list of :class:`FlexOptions` (``candidates``), skipping those
 whose :func:`shared_memory_estimate` exceeds the device's per-block limit (read from
@@ -13,8 +13,8 @@ compiles and passes its first forward and backward (the probe in
 :mod:`~locatdino.models.gaug.flex_bias_attention`). The winner is remembered per (dtype, head
 size, device capability), so later shapes start from it.
 
-The lists, with what was measured for them on the H200 (issue 31: B 64, H 6, N 197, d 64, bf16
-q/k/v, forward + backward, compiled; SDPA without a bias 0.32 ms):
+The lists, with what was measured for them on the H200 (B 64, H 6, N 197, d 64, bf16 q/k/v,
+forward + backward, compiled; SDPA without a bias 0.32 ms):
 
 - half precision: ``BLOCK_M 64, BLOCK_N 32, 1 stage`` (0.87 ms), ``64, 64, 2 stages`` (1.17 ms),
   ``32, 32, 1 stage, 4 warps`` (1.56 ms), all with fp32 profiles (the bias is added in the
@@ -101,7 +101,7 @@ def shared_memory_estimate(block_m: int, block_n: int, num_stages: int, head_dim
     size p, the term that made the default tiles fail); outside the loop come the Q tile and the
     probabilities converted to the input dtype for the second product. With torch's Hopper default
     for bf16, d 64 (128, 128, 3 stages) and fp32 profiles it gives 376 832 B, the number Triton
-    reported on the H200 (issue 31). It is an estimate, not Triton's allocator: Triton keeps some
+    reported on the H200. It is an estimate, not Triton's allocator: Triton keeps some
     loads in registers (the same default tiles with bf16 profiles compiled on the H200, where this
     gives 245 760 B against a 232 448 B limit), so it only skips options that clearly cannot fit;
     those it lets through are still proven by their first call.

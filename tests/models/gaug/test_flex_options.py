@@ -19,7 +19,7 @@ H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, shared_memory_per_b
 
 
 def test_the_estimate_reproduces_the_shared_memory_triton_asked_for_on_the_h200():
-    """Issue 31: torch's Hopper default for bf16, head size 64 (128 × 128 tiles, 3 stages) with fp32
+    """On an H200, torch's Hopper default for bf16, head size 64 (128 × 128 tiles, 3 stages) with fp32
     profiles failed with 'Required: 376832 Hardware limit: 232448'."""
     assert shared_memory_estimate(128, 128, 3, 64, 2, 4) == 376832
     # the same tiles without the gathered profiles would have fitted: they are what overflows
