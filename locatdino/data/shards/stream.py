@@ -270,6 +270,8 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
+        if info is not None:
+            leave_stop_signals_to_the_trainer()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         owned: set[str] = set()
         log = _SkipLog(None if self.resampled else owned)
@@ -340,11 +342,14 @@ class ShardStream(IterableDataset):
         return batch
 
 
-def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a worker ignores SIGTERM and SIGUSR1. A scheduler signals
-    every process of a job, workers included; a worker killed by it (torch's default) fails the
-    training process's next batch before it could save its checkpoint. The training process
-    handles both (``locatdino.ssl.stop_checkpoint``) and ends its workers itself."""
+def leave_stop_signals_to_the_trainer() -> None:
+    """In a DataLoader worker: ignore SIGTERM and SIGUSR1. A scheduler signals every process of a
+    job, workers included; a worker killed by it (torch's default) fails the training process's
+    next batch before it could save its checkpoint. The training process handles both
+    (``locatdino.ssl.stop_checkpoint``) and ends its workers itself. Called as a worker starts
+    iterating, not as a ``worker_init_fn``: a loader with its own ``worker_init_fn`` would not get
+    Lightning's ``pl_worker_init_function``, which seeds each worker by the global seed, the worker
+    and the rank (without it every rank's workers draw the same augmentations)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
@@ -355,11 +360,10 @@ class ShardLoader(DataLoader):
     Starts a new ``epoch`` of the stream on every ``iter()``; workers are not persistent, so each
     epoch's workers receive the stream with the new epoch number (new shard and sample orders).
     ``len()`` is the fixed number of batches per rank. Workers leave a scheduler's stop signals to
-    the training process (:func:`leave_stop_signals_to_the_trainer`).
+    the training process (:func:`leave_stop_signals_to_the_trainer`, in ``ShardStream.__iter__``).
     """
 
     def __init__(self, stream: ShardStream, num_workers: int = 0, **kwargs: Any) -> None:
-        kwargs.setdefault("worker_init_fn", leave_stop_signals_to_the_trainer)
         super().__init__(stream, batch_size=None, num_workers=num_workers, persistent_workers=False, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:

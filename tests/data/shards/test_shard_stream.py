@@ -1,9 +1,12 @@
 import json
 import os
+import signal
 from collections import Counter
 
+import lightning as L
 import pytest
 import torch
+from lightning.fabric.utilities.data import _auto_add_worker_init_fn  # what Lightning's Trainer runs
 
 from tests.data.data_fixtures import IdTransform, batch_ids, write_id_shards
 from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls, shard_sizes
@@ -107,3 +110,32 @@ def test_invalid_configurations_are_refused(id_shards):
     with pytest.raises(ValueError, match="rank 2"):
         ShardStream(id_shards, IdTransform(), 2, rank=2, world_size=2)
     assert torch.utils.data.IterableDataset in type(ShardStream(id_shards, IdTransform(), 2)).__mro__
+
+
+class SignalAndDraw:
+    """A transform that reports, from the worker that runs it, whether SIGTERM is ignored there
+    and one draw of torch's global RNG."""
+
+    num_global_crops = 1
+
+    def __call__(self, image):
+        ignored = float(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+        return [torch.tensor([ignored, torch.rand(()).item(), 0.0]).view(3, 1, 1)]
+
+
+def test_workers_ignore_stop_signals_and_keep_lightnings_per_rank_seeding(id_shards):
+    """A worker leaves SIGTERM to the training process, and the loader sets no worker_init_fn of
+    its own, so Lightning's (seeded by global seed, worker and rank) is added: two ranks' workers
+    draw different augmentations."""
+    draws = []
+    for rank in range(2):
+        L.seed_everything(0, workers=True)
+        loader = ShardLoader(ShardStream(id_shards, SignalAndDraw(), batch_size=5, rank=rank, world_size=2),
+                             num_workers=1)
+        assert loader.worker_init_fn is None
+        _auto_add_worker_init_fn(loader, rank)
+        values = torch.cat([b["global"][0][:, :2, 0, 0] for b in loader])
+        assert values[:, 0].eq(1).all()  # SIGTERM ignored in the worker
+        draws.append(values[:, 1])
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # the test process keeps its own
+    assert not torch.equal(draws[0][:3], draws[1][:3])
