@@ -8,6 +8,10 @@
 # at the first start and after a failure: a frozen node, which never rejoins, costs it on top of
 # --collective_timeout; start every node within it of the first.
 # The test suite runs this file as it is, with 2 simulated nodes on one machine (tests/multinode).
+# Each rendezvous round gets a fresh store for the workers: torch's default shares one store across
+# rounds, and after a restart a worker can read the gloo/NCCL address a dead worker left there (or
+# the node that became rank 0 has no store server), which fails the restart it should make.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 set -euo pipefail
 torchrun --nnodes "$NNODES" --nproc_per_node "${GPUS_PER_NODE:-8}" \
     --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "$JOB_ID" \
