@@ -134,7 +134,7 @@ class HummingbirdResult:
 def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:
     """Batches of views. A CPU encoder gets one worker by default: decoding and augmenting beside
     the forward is enough to keep it fed, and every further worker steals a core from the
-    compute-bound forward (2 workers on 2 cores made it 4.6x slower, benchmarks/RESULTS.md)."""
+    compute-bound forward."""
     workers = cfg.num_workers
     if workers is None:
         on_cpu = getattr(extractor, "device", torch.device("cpu")).type == "cpu"

@@ -1,9 +1,10 @@
 """The ``auto`` k-NN index: exact search while it is cheap, IVF once it is not, and the recall
 of the approximate index measured against exact search on a sample of real query patches.
 
-Exact search costs ``memory × queries`` inner products: negligible at 224 px, but at 448 px on
-300 + 100 images (177k × 78k patches) it took 77–89 s on a 2-core CPU next to 186 s of fp32
-forward (``benchmarks/RESULTS.md``), and IVF 23 s + 10 s to build. An ``IVF{nlist},Flat`` index with ``nlist ≈ 4√M`` cells and
+Exact search costs ``memory × queries`` inner products: negligible for small memories, but it
+grows linearly with them: 19 s for 0.8M memory patches against 9,800 query patches on a 2-core
+CPU, where IVF searched in 3.8 s after 21 s of building (benchmarks/RESULTS.md, "How does
+Hummingbird scale with the memory?"). An ``IVF{nlist},Flat`` index with ``nlist ≈ 4√M`` cells and
 ``nprobe`` 64 scans ~2–5 % of the memory per query and keeps the vectors uncompressed, so the
 scores it returns are exact and only a neighbour it misses can change a prediction. The recall
 says how often that happens; it is reported with every result that used an approximate index.
