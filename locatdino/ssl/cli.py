@@ -160,7 +160,7 @@ class FitCLI(LightningCLI):
             remove_earlier_run(config.trainer.default_root_dir)
         if self.trainer.is_global_zero and "://" not in str(config.trainer.default_root_dir):
             record_elastic_job(config.trainer.default_root_dir)
-        for key in ("step_checkpoint", "epoch_checkpoint"):
+        for key in CHECKPOINT_GROUPS:
             remove_stale_temporaries(config[key].dirpath)
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
         if apply_collective_timeout(self.trainer.strategy, config.collective_timeout):

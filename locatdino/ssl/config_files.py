@@ -1,4 +1,5 @@
-"""The ``--config`` files of ``locatdino fit``: read once as YAML mappings, and named in errors.
+"""The ``--config`` files of ``locatdino fit``: checked as YAML mappings before the parser reads
+them, and named in errors.
 
 jsonargparse reports a config file that is not YAML as a raw ``ParserError`` naming no file, one
 that is not a mapping (a list, a scalar, an empty file) as ``Unexpected config``, and a wrong key

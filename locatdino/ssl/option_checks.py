@@ -14,6 +14,7 @@ is one :class:`~locatdino.errors.UserError` naming ``model.<option>`` and the va
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -115,18 +116,19 @@ def _check_ibot(options: Namespace, data: Namespace, backbone: nn.Module) -> Non
     if options.get("patch_centering") == "sinkhorn_knopp" and iterations is not None and iterations < 1:
         raise UserError(f"model.sinkhorn_iterations: must be at least 1 with model.patch_centering sinkhorn_knopp, "
                         f"got {iterations}")
-    low, high = options.get("mask_ratio") or (0.1, 0.5)
+    low, high = options.get("mask_ratio") or inspect.signature(IBOTModule).parameters["mask_ratio"].default
     if not 0 <= low <= high <= 1:
         raise UserError(f"model.mask_ratio: must be [low, high] with 0 <= low <= high <= 1, got {[low, high]}")
     multicrop = data.get("multicrop")
     if multicrop is not None and multicrop.get("global_crop_size") is not None and options.get("mask_probability"):
-        _check_masks(options, data, multicrop, backbone)
+        _check_masks(options, high, data, multicrop, backbone)
 
 
-def _check_masks(options: Namespace, data: Namespace, multicrop: Namespace, backbone: nn.Module) -> None:
-    """Masks that would (almost) never be drawn: no crop of a step masked, a masked share below one
-    patch, a smallest block no block of the global crops' token grid can hold."""
-    probability, high = options.mask_probability, (options.get("mask_ratio") or (0.1, 0.5))[1]
+def _check_masks(options: Namespace, high: float, data: Namespace, multicrop: Namespace, backbone: nn.Module) -> None:
+    """Masks that would (almost) never be drawn: no crop of a step masked, a masked share (at most
+    ``high``, mask_ratio's) below one patch, a smallest block no block of the global crops' token
+    grid can hold."""
+    probability = options.mask_probability
     crops = multicrop.get("num_global_crops", 2) * data.get("batch_size", 1)
     if int(crops * probability) == 0:
         raise UserError(f"model.mask_probability: {probability} of the {crops} global crops of a step (per rank) "

@@ -8,8 +8,8 @@ collective mismatch without saving (gloo: "Received data size doesn't match expe
 its SLURM requeue handler writes the checkpoint inside the handler too (mid-step, so a
 checkpoint may hold a student one update ahead of its teacher). :class:`SigtermCheckpoint`
 replaces both handlers, for the training loop, by ones that only set a flag; at the end of every
-training batch the ranks agree on the flags (one all-reduce of two numbers), so all of them act
-at the same step:
+training batch the ranks agree on the flags (one all-reduce of two numbers; none in a
+one-process run), so all of them act at the same step:
 
 - **SIGTERM**: save ``last.ckpt`` (``--ckpt_path last`` resumes it) and stop;
   :class:`StoppedBySignal` carries the stop up to the command, which says so in one line and
@@ -88,9 +88,10 @@ class SigtermCheckpoint(Callback):
         return handler
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        flags = torch.tensor([self._received["stop"], self._received["requeue"]], dtype=torch.int32,
-                             device=pl_module.device)
-        stop, requeue = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="max").tolist())
+        stop, requeue = self._received["stop"], self._received["requeue"]
+        if trainer.world_size > 1:  # one process reads its flags as they are: no tensor, no device sync
+            flags = torch.tensor([stop, requeue], dtype=torch.int32, device=pl_module.device)
+            stop, requeue = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="max").tolist())
         if requeue:
             self._received["requeue"] = False
             self.save(trainer)
