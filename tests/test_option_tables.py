@@ -127,10 +127,10 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
         for i, line in enumerate(lines):
             if not re.match(r"\s*locatdino (hbird|linprobe|compare) (?!report)", line):
                 continue
-            text = line
-            while text.rstrip().endswith("\\"):
-                i += 1
-                text = text.rstrip()[:-1] + " " + lines[i]
+            text, end = line, i
+            while text.rstrip().endswith("\\"):  # the test's id names the command's first line
+                end += 1
+                text = text.rstrip()[:-1] + " " + lines[end]
             found.append((f"{page.name}:{i + 1}", shlex.split(text, comments=True)[1:]))
     return found
 

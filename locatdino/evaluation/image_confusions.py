@@ -123,19 +123,22 @@ class ImageConfusions:
         """Read a file :meth:`save` wrote; ``ValueError`` naming the file and what is wrong when it
         is not one (a FIFO, a device, a file or arrays larger than :data:`MAX_BYTES`), or holds
         cells outside its own images and classes."""
-        data = io.BytesIO(read_bounded(path, MAX_BYTES, "per-image confusion file"))
-        if not zipfile.is_zipfile(data):  # np.load would try a pickle and say "pickled data"
+        content = io.BytesIO(read_bounded(path, MAX_BYTES, "per-image confusion file"))
+        if not zipfile.is_zipfile(content):  # np.load would try a pickle and say "pickled data"
             raise ValueError(f"{path}: not a per-image confusion file (not an .npz archive)")
-        with zipfile.ZipFile(data) as archive:
-            unpacked = sum(member.file_size for member in archive.infolist())
+        try:  # is_zipfile reads only the end record: the directory it points at may still be broken
+            with zipfile.ZipFile(content) as archive:
+                unpacked = sum(member.file_size for member in archive.infolist())
+        except zipfile.BadZipFile as err:
+            raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
         if unpacked > MAX_BYTES:  # compressed zeros: a few kB that unpack to gigabytes
             raise ValueError(f"{path}: its arrays unpack to {unpacked / 2**20:.0f} MiB, more than a per-image "
                              f"confusion file ever holds ({MAX_BYTES / 2**20:.0f} MiB)")
         try:
-            with np.load(data) as data:
-                loaded = cls(int(data["num_classes"]), data["class_mask"].astype(bool), int(data["num_images"]),
-                             data["image"].astype(np.int64), data["cell"].astype(np.int64),
-                             data["count"].astype(np.int64))
+            with np.load(content) as arrays:
+                loaded = cls(int(arrays["num_classes"]), arrays["class_mask"].astype(bool), int(arrays["num_images"]),
+                             arrays["image"].astype(np.int64), arrays["cell"].astype(np.int64),
+                             arrays["count"].astype(np.int64))
         except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
         problem = loaded.inconsistency()

@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from locatdino.progress import progress
 
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.image_confusions import ImageConfusions
@@ -46,6 +45,7 @@ from locatdino.probes.linear_head import LinearSegHead
 from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
 from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
+from locatdino.progress import progress
 
 PROBE_AUGMENT = ("official", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve

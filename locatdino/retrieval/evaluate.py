@@ -30,7 +30,6 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
-from locatdino.progress import progress
 
 from locatdino.evaluation.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.evaluation.features import FeatureExtractor
@@ -39,6 +38,7 @@ from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
+from locatdino.progress import progress
 from locatdino.retrieval.index import PatchIndex, check_index_device, faiss_gpu_available
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank

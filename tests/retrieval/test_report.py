@@ -1,4 +1,5 @@
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -215,6 +216,7 @@ def test_report_checks_the_stored_miou_against_the_runs_own_matrices(tmp_path, c
     ("image index", "damaged per-image confusion file (image index 7 outside [0, 2))"),
     ("cell index", "damaged per-image confusion file (cell index 99 outside [0, 4))"),
     ("missing key", "not a per-image confusion file (\'count is not a file in the archive\')"),
+    ("broken directory", "not a per-image confusion file (Bad magic number for central directory)"),
 ])
 def test_damaged_confusion_files_are_named_in_one_line(tmp_path, damage, expected):
     """A garbage file was called "pickled data"; out-of-range indices raised a bare IndexError."""
@@ -224,6 +226,8 @@ def test_damaged_confusion_files_are_named_in_one_line(tmp_path, damage, expecte
     path = tmp_path / "run" / CONFUSION_FILE
     if damage == "garbage":
         path.write_bytes(b"\x80\x04 not numpy at all")
+    elif damage == "broken directory":  # a zip's end record pointing at a central directory that is not one
+        path.write_bytes(b"X" * 46 + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 46, 0, 0))
     else:
         with np.load(path) as data:
             arrays = dict(data)

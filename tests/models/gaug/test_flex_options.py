@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import locatdino.models.gaug.flex_bias_attention as flex_module
-from locatdino.models.gaug import flex_options
 from locatdino.models.gaug.flex_options import (FP32_CANDIDATES, HALF_CANDIDATES, FlexOptions, candidates, fitting,
                                                 shared_memory_estimate, shared_memory_limit)
 from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
