@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import webdataset as wds
 from PIL import Image
-from webdataset.tariterators import base_plus_ext
 
-from locatdino.data.shards.stream import expand_urls
+from locatdino.data.shards.stream import expand_urls, tar_sample_members
 from locatdino.data.shards.writer import INDEX_NAME
 from locatdino.data.transforms.decode import IMAGE_KEYS, decode_mask, decode_rgb
 
@@ -28,14 +27,11 @@ MASK_KEY = "seg.png"
 
 
 def _tar_members(path: str) -> dict[str, dict[str, tuple[int, int]]]:
-    """``{key: {ext: (data offset, size)}}`` of a local tar, in file order, keyed as webdataset
-    groups members (:func:`webdataset.tariterators.base_plus_ext`; a name without a dot is no sample)."""
+    """``{key: {ext: (data offset, size)}}`` of a local tar, in file order."""
     samples: dict[str, dict[str, tuple[int, int]]] = {}
     with tarfile.open(path) as tar:
-        for m in tar:
-            key, ext = base_plus_ext(m.name) if m.isfile() else (None, None)
-            if key is not None:
-                samples.setdefault(key, {})[ext.lower()] = (m.offset_data, m.size)
+        for key, ext, m in tar_sample_members(tar):
+            samples.setdefault(key, {})[ext.lower()] = (m.offset_data, m.size)
     return samples
 
 
