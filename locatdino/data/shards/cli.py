@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
     output.add_argument("--overwrite", action="store_true", help="replace the shards already in OUT_DIR")
     groups.runtime.add_argument("--workers", type=at_least(0), default=None,
-                                help="writer processes (default: all CPUs)")
+                                help="writer processes (default: the cores this process may use)")
     groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -13,10 +13,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import webdataset as wds
 from PIL import Image
 
-from locatdino.data.shards.segmentation import ShardSegmentation, _tar_members
+from locatdino.data.shards.segmentation import read_member, shard_samples
 from locatdino.data.shards.stream import expand_urls
 from locatdino.data.shards.writer import INDEX_NAME
 from locatdino.data.transforms.decode import IMAGE_KEYS, decode_rgb
@@ -32,24 +31,17 @@ class ShardImageLabels:
         self.urls = expand_urls(urls)
         self._items: list[tuple[str, str, object, int]] = []  # (url, key, image ref, label)
         for url in self.urls:
-            if os.path.isfile(url):
-                for key, members in _tar_members(url).items():
-                    self._add(url, key, members, lambda ref, url=url: ShardSegmentation._read(url, ref))
-            else:
-                for sample in wds.tarfile_to_samples()([{"url": url}]):
-                    self._add(url, sample["__key__"], sample, lambda ref: ref)
+            for key, members in shard_samples(url):
+                image_key = next((k for k in IMAGE_KEYS if k in members), None)
+                if image_key is not None and LABEL_KEY in members:
+                    label = int(read_member(url, members[LABEL_KEY]).decode().strip())
+                    self._items.append((url, key, members[image_key], label))
         if not self._items:
             raise ValueError(f"no samples with an image and {LABEL_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}")
         index = Path(os.path.dirname(self.urls[0]) or ".") / INDEX_NAME
         names = json.loads(index.read_text()).get("classes") if index.is_file() else None
         self.num_classes = max(label for *_, label in self._items) + 1
         self.class_names = list(names) if names else [str(i) for i in range(self.num_classes)]
-
-    def _add(self, url: str, key: str, members: dict, read) -> None:
-        image_key = next((k for k in IMAGE_KEYS if k in members), None)
-        if image_key is not None and LABEL_KEY in members:
-            label = int(read(members[LABEL_KEY]).decode().strip())
-            self._items.append((url, key, members[image_key], label))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -60,6 +52,6 @@ class ShardImageLabels:
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         url, key, image, label = self._items[index]
         try:
-            return decode_rgb(ShardSegmentation._read(url, image)), label
+            return decode_rgb(read_member(url, image)), label
         except ValueError as exc:
             raise ValueError(f"{url}:{key}: {exc}") from None

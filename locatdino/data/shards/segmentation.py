@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
-from locatdino.data.shards.stream import expand_urls
+from locatdino.data.shards.stream import expand_urls, tar_sample_members
 from locatdino.data.shards.writer import INDEX_NAME
 from locatdino.data.transforms.decode import IMAGE_KEYS, decode_mask, decode_rgb
 
@@ -30,12 +30,33 @@ def _tar_members(path: str) -> dict[str, dict[str, tuple[int, int]]]:
     """``{key: {ext: (data offset, size)}}`` of a local tar, in file order."""
     samples: dict[str, dict[str, tuple[int, int]]] = {}
     with tarfile.open(path) as tar:
-        for m in tar:
-            if m.isfile():
-                folder, _, base = m.name.rpartition("/")
-                stem, _, ext = base.partition(".")
-                samples.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = (m.offset_data, m.size)
+        for key, ext, m in tar_sample_members(tar):
+            samples.setdefault(key, {})[ext.lower()] = (m.offset_data, m.size)
     return samples
+
+
+def shard_samples(url: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(key, {ext: ref})`` of the samples of one shard, for random access with :func:`read_member`:
+    a local tar is indexed by member offsets (nothing read), a remote one is read into memory."""
+    if not os.path.isfile(url):
+        for sample in wds.tarfile_to_samples()([{"url": url}]):
+            yield sample["__key__"], sample
+        return
+    try:
+        members = _tar_members(url)
+    except (tarfile.TarError, OSError) as exc:
+        raise ValueError(f"{url}: cannot read the shard ({exc})") from None
+    yield from members.items()
+
+
+def read_member(url: str, ref: Any) -> bytes:
+    """The bytes of one sample entry that :func:`shard_samples` listed for ``url``."""
+    if isinstance(ref, bytes):
+        return ref
+    offset, size = ref
+    with open(url, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
 
 
 class ShardSegmentation:
@@ -58,18 +79,11 @@ class ShardSegmentation:
         self.ignore_index = ignore_index if num_classes is not None else meta.get("ignore_index")
         self.class_names = list(class_names or meta.get("class_names") or map(str, range(self.num_classes)))
         self._items: list[tuple[str, str, Any, Any]] = []  # (url, key, image ref, mask ref)
-        self.missing_masks = 0
         for url in self.urls:
-            if os.path.isfile(url):
-                try:
-                    members_by_key = _tar_members(url)
-                except (tarfile.TarError, OSError) as exc:
-                    raise ValueError(f"{url}: cannot read the shard ({exc})") from None
-                for key, members in members_by_key.items():
-                    self._add(url, key, members)
-            else:
-                for sample in wds.tarfile_to_samples()([{"url": url}]):
-                    self._add(url, sample["__key__"], sample)
+            for key, members in shard_samples(url):
+                image_key = next((k for k in IMAGE_KEYS if k in members), None)
+                if image_key is not None and MASK_KEY in members:
+                    self._items.append((url, key, members[image_key], members[MASK_KEY]))
         if not self._items:
             raise ValueError(f"no samples with an image and {MASK_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}")
 
@@ -79,28 +93,12 @@ class ShardSegmentation:
             return {}
         return json.loads(path.read_text()).get("segmentation") or {}
 
-    def _add(self, url: str, key: str, members: dict[str, Any]) -> None:
-        image_key = next((k for k in IMAGE_KEYS if k in members), None)
-        if image_key is None or MASK_KEY not in members:
-            self.missing_masks += 1
-            return
-        self._items.append((url, key, members[image_key], members[MASK_KEY]))
-
     def __len__(self) -> int:
         return len(self._items)
 
-    @staticmethod
-    def _read(url: str, ref: Any) -> bytes:
-        if isinstance(ref, bytes):
-            return ref
-        offset, size = ref
-        with open(url, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
-
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         url, key, image, mask = self._items[index]
-        return decode_rgb(self._read(url, image), upright=False), decode_mask(self._read(url, mask))
+        return decode_rgb(read_member(url, image), upright=False), decode_mask(read_member(url, mask))
 
     def sample_source(self, index: int) -> str:
         """Sample ``index`` named for messages: ``<shard>:<key>``."""

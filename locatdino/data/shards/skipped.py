@@ -39,13 +39,12 @@ class SkippedSamplesLogger(L.Callback):
                            batch_idx: int) -> None:
         if not isinstance(batch, dict) or "skipped" not in batch:
             return
-        if "skipped_keys" in batch:  # CPU-side list: reading the device tensor would sync the GPU
-            notes = batch["skipped_keys"]
-            self.total += sum(not n.startswith("shard error") for n in notes)
-        else:
-            notes = []
+        notes = batch.get("skipped_keys")
+        # the count is read from the device only for a batch whose notes (a CPU-side list) say
+        # something was dropped: reading it every step would sync the GPU every step
+        if notes is None or notes:
             self.total += int(batch["skipped"])
-        for note in notes:
+        for note in notes or []:
             self._notes += 1
             if not self.max_warnings or self._notes <= self.max_warnings:
                 self.named += 1

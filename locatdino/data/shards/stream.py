@@ -49,6 +49,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls as _expand_braces
+from webdataset.tariterators import base_plus_ext
 from webdataset.utils import make_seed
 
 from locatdino.data.shards.writer import INDEX_NAME
@@ -86,10 +87,13 @@ def expand_urls(urls: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _sample_key(member: str) -> str:
-    """webdataset's grouping key of a tar member: its path up to the first dot of the base name."""
-    folder, _, base = member.rpartition("/")
-    return f"{folder}/{base.split('.', 1)[0]}"
+def tar_sample_members(tar: tarfile.TarFile) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
+    """``(key, extension, member)`` of the files of an open tar, keyed as webdataset groups them
+    into samples (``base_plus_ext``: up to the first dot of the base name; no dot, no sample)."""
+    for m in tar:
+        key, ext = base_plus_ext(m.name) if m.isfile() else (None, None)
+        if key is not None:
+            yield key, ext, m
 
 
 def _count_tar_samples(url: str) -> int:
@@ -97,7 +101,7 @@ def _count_tar_samples(url: str) -> int:
     keys: set[str] = set()
     try:
         with tarfile.open(url) as tar:
-            keys.update(_sample_key(m.name) for m in tar if m.isfile())
+            keys.update(key for key, _, _ in tar_sample_members(tar))
     except (tarfile.TarError, OSError) as exc:
         log.warning("shard %s is damaged (%s); counting its %d readable samples", url, exc, len(keys))
     return len(keys)

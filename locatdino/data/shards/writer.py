@@ -45,6 +45,7 @@ from locatdino.data.transforms.decode import DecodeError
 from locatdino.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
                                     remove_stale_temporaries)
 from locatdino.progress import progress as progress_bar
+from locatdino.threads import available_cores
 
 INDEX_NAME = "index.json"
 SKIPPED_NAMED = 100  # skipped files named in index.json (all are counted)
@@ -125,7 +126,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
         maxcount: samples per shard (also the unit of work of one process).
         maxsize: bytes after which ``ShardWriter`` starts a new shard (a shard may exceed it by
             one sample).
-        workers: writer processes (default: all CPUs; 0 or 1 writes in this process).
+        workers: writer processes (default: the cores this process may use; 0 or 1 writes in this process).
         prefix: shard file-name stem (:func:`check_prefix`).
     """
     check_prefix(prefix)
@@ -138,7 +139,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     previous = _previous_shards(out, prefix, overwrite)
     items = source.items()
     chunks = [items[i:i + maxcount] for i in range(0, len(items), maxcount)]
-    workers = min(workers if workers is not None else os.cpu_count() or 1, len(chunks))
+    workers = min(workers if workers is not None else available_cores(), len(chunks))
     tmp = str(make_temporary_dir(out / "tmp-shards"))
     start = time.time()
     try:
