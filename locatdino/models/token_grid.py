@@ -1,4 +1,5 @@
-"""A backbone's patch size and the token grid of an image: read here, and nowhere else.
+"""A backbone's patch size and the token grid of an image, read here and nowhere else (a command
+that refuses an ``--input-size`` still says so in its own words, naming its option and model).
 
 Every evaluation, check and figure needs the patch of a backbone (is ``--input-size`` a multiple
 of it? how many tokens per side?) and the grid of tokens an image becomes. timm keeps both on
