@@ -67,7 +67,7 @@ def export_metadata(path: str | os.PathLike) -> dict[str, str] | None:
     try:
         if path.suffix == ".safetensors":
             with safetensors.safe_open(path, framework="pt") as f:
-                found = f.metadata() or {}
+                found = {k: v for k, v in (f.metadata() or {}).items() if k != "format"}  # safetensors' own key
         elif path.suffix == ".json":
             found = json.loads(path.read_text(encoding="utf-8")).get(EXPORT_KEY) or {}
         elif path.name == HUB_CARD:

@@ -64,15 +64,24 @@ def test_truncated_and_empty_checkpoints_are_named(dino_checkpoint, tmp_path, ca
     assert not (tmp_path / "out.pth").exists()
 
 
-def test_an_existing_file_is_replaced_only_if_it_is_an_export_or_with_overwrite(dino_checkpoint, tmp_path, capsys):
-    notes = tmp_path / "notes.pth"
+def test_an_existing_output_is_replaced_only_with_overwrite(dino_checkpoint, tmp_path, capsys):
+    """A released weights file (a plain state dict, as an export is) kept at OUT was once taken for an
+    earlier export and replaced; now any existing OUT needs --overwrite, and an earlier export is
+    named as such only by the metadata export wrote into it."""
+    notes, released = tmp_path / "notes.pth", tmp_path / "released.pth"
     notes.write_text("my notes")
-    assert export.main([str(dino_checkpoint), str(notes)]) == 1
-    assert _one_line(capsys) == (f"locatdino export: the output {notes} exists and is not a state dict written by "
-                                 f"export: pass --overwrite to replace {notes}, or choose another file")
-    assert notes.read_text() == "my notes"
+    torch.save(torch.load(dino_checkpoint, weights_only=True)["teacher"], released)
+    kept = {path: path.read_bytes() for path in (notes, released)}
+    for path in kept:
+        assert export.main([str(dino_checkpoint), str(path)]) == 1
+        assert _one_line(capsys) == (f"locatdino export: the output {path} exists and was not written by export: "
+                                     "pass --overwrite to replace it, or choose another file")
+        assert path.read_bytes() == kept[path]
+    assert export.main([str(dino_checkpoint), str(released), "--overwrite"]) == 0
+    assert export.main([str(dino_checkpoint), str(released), "--which", "student"]) == 1
+    assert _one_line(capsys) == (f"locatdino export: the output {released} is an earlier export (the teacher of "
+                                 f"{dino_checkpoint}): pass --overwrite to replace it, or choose another file")
     assert export.main([str(dino_checkpoint), str(notes), "--overwrite"]) == 0
-    assert export.main([str(dino_checkpoint), str(notes), "--which", "student"]) == 0  # an earlier export
     assert "blocks.1.mlp.fc2.weight" in torch.load(notes, weights_only=True)
 
 
