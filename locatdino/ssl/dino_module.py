@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from locatdino.ssl.grad_clip import clip_grad_per_tensor_
 from locatdino.ssl.head import DINOHead
 from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import DINOSchedules
+from locatdino.ssl.start_weights import load_start_weights, start_line
 from locatdino.ssl.teacher_update import update_teacher
 
 # Name segments FSDP and activation checkpointing insert into parameter names ("blocks.0.
@@ -69,8 +71,10 @@ class DINOModule(PretrainingObjective):
         backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
         backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, …);
             ``num_classes=0`` and ``dynamic_img_size=True`` are the defaults.
-        backbone_checkpoint: optional weights to start the student (and teacher) from, any format
-            ``locatdino.models.load_backbone_state_dict`` reads.
+        backbone_checkpoint: optional file to start a new run from: a backbone in any format
+            ``locatdino.models.create_backbone`` reads (student and teacher alike, heads initialised),
+            or a full DINO / ``fit`` training checkpoint (each network's backbone and head, the loss
+            centre); :mod:`locatdino.ssl.start_weights`.
         drop_path_rate: stochastic depth of the student (the teacher has none).
         out_dim: ``K``, the prototypes of the head's last layer (65536 in the reference; 1k-8k
             converge faster on small data).
@@ -154,6 +158,7 @@ class DINOModule(PretrainingObjective):
         self.teacher.load_state_dict(self.student.state_dict())
         self.teacher.requires_grad_(False)
         self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
+        self._start_weights = load_start_weights(self, backbone_checkpoint) if backbone_checkpoint else None
         # Decided on the unwrapped shapes: FSDP flattens parameters to 1-D shards.
         self._no_weight_decay = {
             n for n, p in self.student.named_parameters() if p.ndim <= 1 or n.endswith(".bias")
@@ -180,6 +185,12 @@ class DINOModule(PretrainingObjective):
         """Modules an extended objective adds to both branches (built twice, then the teacher is
         loaded from the student, so both start equal and the EMA pairs them). DINO: none."""
         return {}
+
+    def on_fit_start(self) -> None:
+        """Say in one line what a new run took from ``backbone_checkpoint`` and what it initialised
+        (a resumed run's weights come from its checkpoint instead)."""
+        if self._start_weights is not None and self.trainer.ckpt_path is None and self.trainer.is_global_zero:
+            print(f"locatdino fit: {start_line(self, self._start_weights)}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ forward
 
