@@ -125,7 +125,7 @@ def evaluate(args: argparse.Namespace) -> None:
             run, seconds = train(variant, seed, args.steps, args.labels, out, args.extra, args.backbone_kwargs,
                                  args.every)
             exported = run / "backbone.pth"
-            export_backbone(run / "checkpoints" / "last.ckpt", exported)
+            export_backbone(run / "checkpoints" / "last.ckpt", exported, overwrite=True)  # this run's own, redone
             _, name, kwargs = recipe_of(variant, args.backbone_kwargs)
             torch.manual_seed(seed)
             random = create_backbone(name, **kwargs)
@@ -136,7 +136,7 @@ def evaluate(args: argparse.Namespace) -> None:
             metrics = stitched_metrics(run / "logs")
             trajectory = {}  # Hummingbird of each kept step checkpoint (--every)
             for ckpt in sorted((run / "checkpoints").glob("s*.ckpt"), key=lambda f: int(f.stem.split("=")[-1])):
-                export_backbone(ckpt, run / "checkpoints" / f"{ckpt.stem}.pth")
+                export_backbone(ckpt, run / "checkpoints" / f"{ckpt.stem}.pth", overwrite=True)
                 model = create_backbone(name, run / "checkpoints" / f"{ckpt.stem}.pth", **kwargs)
                 trajectory[int(ckpt.stem.split("=")[-1])] = round(_hbird(model, train_set, val_set, args.input_size).miou, 2)
             row = dict(variant=variant, labels=args.labels, extra=args.extra, more=args.backbone_kwargs, seed=seed,

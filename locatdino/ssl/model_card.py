@@ -40,7 +40,9 @@ def model_card(metadata: Mapping[str, str], hparams: Mapping[str, Any] | None,
                evaluation: Mapping[str, tuple[int, float]], epoch: int | None) -> str:
     """The ``README.md`` text (see the module docstring)."""
     name = metadata["model"]
-    steps = f"step {metadata['step']}" + (f", epoch {epoch}" if epoch is not None else "") if metadata.get("step") else ""
+    steps = ""
+    if metadata.get("step"):
+        steps = f"step {metadata['step']}" + (f", epoch {epoch}" if epoch is not None else "")
     lines = [
         "---", "library_name: timm", "tags:", "- image-feature-extraction", "- timm", "- locatdino", "---", "",
         f"# {name}", "",

@@ -240,7 +240,7 @@ def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
     state = torch.load(out, weights_only=True)
     assert state.keys() == backbone.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in backbone.state_dict().items())
-    assert export.main([str(ckpt), str(out), "--which", "student"]) == 0
+    assert export.main([str(ckpt), str(out), "--which", "student", "--overwrite"]) == 0
     assert all(v.abs().sum() == 0 for v in torch.load(out, weights_only=True).values())
 
 
