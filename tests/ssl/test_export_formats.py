@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import safetensors
@@ -11,17 +14,17 @@ import timm
 import torch
 from ssl_helpers import TINY_MODEL
 
+from locatdino import cli as command_line
 from locatdino.models import create_backbone
 from locatdino.ssl import export
 from locatdino.ssl.export_files import export_metadata
 
 
-def fit_checkpoint(folder, name: str, step: int = 7):
-    """A ``fit`` checkpoint as LightningCLI saves one (teacher and student of the tiny ``name``
-    backbone, hyper-parameters, step) in ``folder/checkpoints/``, its run's held-out scores in
-    ``folder/logs/version_0/metrics.csv``; returns its path and the teacher backbone."""
+def fit_checkpoint(folder, name: str, step: int = 7, kwargs: dict = TINY_MODEL["backbone_kwargs"]):
+    """A ``fit`` checkpoint as LightningCLI saves one (teacher and student of the ``name`` backbone
+    built with ``kwargs``, hyper-parameters, step) in ``folder/checkpoints/``, its run's held-out
+    scores in ``folder/logs/version_0/metrics.csv``; returns its path and the teacher backbone."""
     torch.manual_seed(0)
-    kwargs = TINY_MODEL["backbone_kwargs"]
     teacher = create_backbone(name, **kwargs).eval()
     for p in teacher.parameters():  # GAug's parameters start at constants: make every tensor count
         p.data.normal_(0, 0.1)
@@ -171,3 +174,25 @@ def test_a_named_release_file_exports_through_the_loader(tmp_path, capsys):
     again = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
                               **config["model_args"]).eval()
     assert torch.equal(again.forward_features(IMAGES), vit.forward_features(IMAGES))
+
+
+def test_the_docs_round_trip_runs_as_written(tmp_path, monkeypatch):
+    """docs/checkpoints.md's export commands and Python, run as a user pastes them, on a
+    dino_tiny_vit run (ViT-T/8 at 64 px) made here."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    section = text.split("## Export: files timm loads without this package", 1)[1].split("\n## ", 1)[0]
+    (commands,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_vit", "vit_tiny_patch16_224",
+                                kwargs={"img_size": 64, "patch_size": 8})
+    lines = commands.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("locatdino export ") for line in lines)
+    for line in lines:
+        assert command_line.main(shlex.split(line)[1:]) == 0
+    scope: dict = {}
+    exec(compile(python, "docs/checkpoints.md", "exec"), scope)
+    assert scope["tokens"].shape == (1, 65, 192)
+    x = torch.randn(1, 3, 64, 64)
+    assert torch.equal(scope["model"].forward_features(x), teacher.forward_features(x))
+    assert torch.equal(scope["same"].forward_features(x), teacher.forward_features(x))
