@@ -73,7 +73,8 @@ def load_start_weights(module: nn.Module, path: str | os.PathLike) -> StartWeigh
             if mismatch:
                 raise ValueError(f"{source}: the {branch}'s {name} does not fit the run's ({mismatch}): give the "
                                  "model the file's head settings (out_dim, hidden_dim, bottleneck_dim, head_layers), "
-                                 "or start from its backbone alone (locatdino export)")
+                                 f"or start from its teacher's backbone alone (locatdino export {source} teacher.pth, "
+                                 "then --model.backbone_checkpoint teacher.pth)")
             target.load_state_dict(state)
         taken.modules.append(name)
     center = branches["center"]

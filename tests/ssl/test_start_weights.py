@@ -69,6 +69,20 @@ def test_a_backbone_release_starts_both_networks_with_fresh_heads(trained, tmp_p
         "initialised the heads, the dino_loss centre")
 
 
+def test_ibot_from_a_dino_checkpoint_initialises_what_dino_has_not(trained, tmp_path):
+    from locatdino.ssl import IBOTModule
+
+    module, center = trained
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"student": dino_layout(module.student, "module."), "teacher": dino_layout(module.teacher, ""),
+                "dino_loss": {"center": center}}, path)
+    ibot = IBOTModule(**TINY_MODEL, backbone="vit_tiny_patch16_224", batch_size=4, backbone_checkpoint=str(path))
+    assert _same(ibot.teacher["head"], module.teacher["head"]) and torch.equal(ibot.dino_loss.center, center[0])
+    assert start_line(ibot, ibot._start_weights) == (
+        f"model.backbone_checkpoint {path} (a DINO training checkpoint): took the backbone and head of the student "
+        "and the teacher, the dino_loss centre; initialised the patch_heads, the ibot_loss centre, the mask_token")
+
+
 def test_a_head_of_another_shape_is_refused_in_one_line(trained, tmp_path):
     module, center = trained
     path = tmp_path / "checkpoint.pth"
