@@ -146,7 +146,7 @@ def _check_targets(source: str, out: Path, files: list[Path], fmt: str, overwrit
     if fmt == "hf-hub" and os.path.lexists(out) and not out.is_dir():
         raise ValueError(f"the output {out} is a file: --format hf-hub writes a folder, give a folder name")
     if fmt != "hf-hub" and out.is_dir():
-        raise ValueError(f"the output {out} is a folder: give a file name")
+        raise ValueError(f"the output {out} is a folder: give a file name, or --format hf-hub to write a Hub folder")
     for path in files:
         if not os.path.lexists(path):
             continue

@@ -138,6 +138,9 @@ REFUSALS = {
     "another model than the run's": (["locatvit_tiny:{ckpt}", "{tmp}/t.safetensors"],
                                      "{ckpt} holds a vit_tiny_patch16_224 backbone, not locatvit_tiny: leave the name "
                                      "out for a fit checkpoint"),
+    "a folder for a file format": (["{ckpt}", "{tmp}/run"],
+                                   "the output {tmp}/run is a folder: give a file name, or --format hf-hub to write a "
+                                   "Hub folder"),
     "a sidecar that is not ours": (["{ckpt}", "{tmp}/side.safetensors"],
                                    "the output {tmp}/side.config.json exists and was not written by export: pass "
                                    "--overwrite to replace it, or choose another file"),
