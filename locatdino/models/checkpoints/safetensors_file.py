@@ -22,13 +22,14 @@ TORCH_MAGIC = (b"PK\x03\x04", b"\x80")  # torch's zip container, a legacy pickle
 
 
 def is_safetensors(path: str) -> bool:
-    """``path`` is not torch's (a zip archive or a pickle) and is named ``*.safetensors`` or starts like
-    a safetensors file (a length, then the JSON header's ``{``)."""
+    """``path`` starts like a safetensors file (a length, then the JSON header's ``{``: neither torch's
+    zip archive nor a pickle has a ``{`` there), or is named ``*.safetensors`` and does not start
+    like torch's files (a damaged safetensors file may have lost its header)."""
     with open(path, "rb") as f:
         head = f.read(_LENGTH + 1)
-    if head.startswith(TORCH_MAGIC):
-        return False
-    return path.endswith(SUFFIX) or (len(head) == _LENGTH + 1 and head[-1:] == b"{")
+    if head[_LENGTH:] == b"{":
+        return True
+    return path.endswith(SUFFIX) and not head.startswith(TORCH_MAGIC)
 
 
 def load_safetensors(path: str) -> dict[str, torch.Tensor]:
