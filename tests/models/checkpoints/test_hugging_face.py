@@ -179,3 +179,26 @@ def test_a_folder_without_weights_says_what_it_needs(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text("{}")
     with pytest.raises(ValueError, match=r"holds a sharded checkpoint \(model.safetensors.index.json\)"):
         create_backbone("vit_small_patch14_dinov2", tmp_path, **SMALL)
+
+
+def test_a_folder_is_recorded_by_its_weights_file(tmp_path):
+    from locatdino.evaluation.provenance import checkpoint_record, file_sha256
+
+    save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
+    record = checkpoint_record(tmp_path)
+    assert record == {"path": str(tmp_path), "file": str(tmp_path / "model.safetensors"),
+                      "bytes": (tmp_path / "model.safetensors").stat().st_size,
+                      "sha256": file_sha256(tmp_path / "model.safetensors")}
+
+
+def test_transformers_is_never_imported_by_the_package():
+    import ast
+    from pathlib import Path
+
+    import locatdino
+
+    for path in Path(locatdino.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "transformers" for n in names), path
