@@ -73,15 +73,15 @@ def is_transformers_layout(state_dict: Mapping[str, torch.Tensor]) -> bool:
 
 
 def from_transformers(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A ``Dinov2Model``'s weights in the DINOv2 release's keys, a ``ViTModel``'s in timm's; the ViT
-    pooler and a task model's classifier (not backbone) dropped. Unknown keys are kept as they are,
+    """A ``Dinov2Model``'s weights in the DINOv2 release's keys, a ``ViTModel``'s in timm's; the ViT's
+    pooler and mask token and a task model's classifier (not backbone) dropped. Unknown keys are kept as they are,
     for the mismatch check to name."""
     state_dict = _backbone_keys(state_dict)
     vit = any(".layernorm_before." in k for k in state_dict)
     rules = [(re.compile(p), r) for p, r in (_VIT if vit else _DINOV2)]
     renamed: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
-        if key.startswith("pooler."):
+        if key.startswith("pooler.") or (vit and key == "embeddings.mask_token"):  # not backbone
             continue
         for pattern, replacement in rules:
             if pattern.search(key):

@@ -12,7 +12,10 @@ from parameter names:
   ``weight_g``/``weight_v`` or ``parametrizations.weight.original0/1``, is not backbone and dropped).
 - timm / DeiT training checkpoint: a ``state_dict`` or ``model`` dict of plain model keys.
 - Plain state dict (released DINO backbones, timm weights, public LocAtViT checkpoints with GAug
-  keys): every value a tensor.
+  keys): every value a tensor. A DINOv2 release (``dinov2.py``) or a Hugging Face transformers
+  file (``hugging_face.py``) is a plain state dict in its own layout, renamed to timm's keys by
+  :func:`to_timm_keys`. A ``.safetensors`` file (``safetensors_file.py``) and a Hugging Face model
+  folder (its ``model.safetensors`` / ``pytorch_model.bin``) read as plain state dicts.
 """
 
 from __future__ import annotations
