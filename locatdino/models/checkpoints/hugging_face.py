@@ -73,9 +73,9 @@ def is_transformers_layout(state_dict: Mapping[str, torch.Tensor]) -> bool:
 
 
 def from_transformers(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A ``Dinov2Model``'s weights in the DINOv2 release's keys, a ``ViTModel``'s in timm's; the ViT's
-    pooler and mask token and a task model's classifier (not backbone) dropped. Unknown keys are kept as they are,
-    for the mismatch check to name."""
+    """A ``Dinov2Model``'s weights in the DINOv2 release's keys, a ``ViTModel``'s in timm's; what is not
+    backbone (the ViT's pooler and mask token, a task model's classifier) dropped. Unknown keys are
+    kept as they are, for the mismatch check to name."""
     state_dict = _backbone_keys(state_dict)
     vit = any(".layernorm_before." in k for k in state_dict)
     rules = [(re.compile(p), r) for p, r in (_VIT if vit else _DINOV2)]
@@ -100,6 +100,7 @@ def _backbone_keys(state_dict: Mapping[str, torch.Tensor]) -> Mapping[str, torch
 
 
 def _merge_qkv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' separate ``query``, ``key``, ``value`` of each block as timm's one ``qkv`` (rows q, k, v)."""
     out = {}
     for key, value in state_dict.items():
         match = re.match(r"^(blocks\.\d+\.attn\.)(query|key|value)\.(weight|bias)$", key)

@@ -129,6 +129,17 @@ def test_a_dinov2_model_file_equals_the_official_forward(tmp_path, registers, sw
     assert relative_error(tokens[:, 0], cls) < 1e-4 and relative_error(tokens[:, 1 + registers:], patches) < 1e-4
 
 
+def test_a_task_model_file_gives_its_backbone(tmp_path):
+    """Dinov2ForImageClassification: the backbone under ``dinov2.``, a classifier beside it."""
+    hf = _published_dinov2_keys(release_weights(32, 2, seed=6))
+    save_file(hf, tmp_path / "base.safetensors")
+    save_file({**{f"dinov2.{k}": v for k, v in hf.items()}, "classifier.weight": torch.zeros(10, 64),
+               "classifier.bias": torch.zeros(10)}, tmp_path / "task.safetensors")
+    base = create_backbone("vit_small_patch14_dinov2", tmp_path / "base.safetensors", **SMALL).state_dict()
+    task = create_backbone("vit_small_patch14_dinov2", tmp_path / "task.safetensors", **SMALL).state_dict()
+    assert base.keys() == task.keys() and all(torch.equal(base[k], task[k]) for k in base)
+
+
 def test_a_vit_model_file_equals_the_dino_v1_forward(tmp_path):
     weights = release_weights(32, 2, seed=4)
     for i in range(2):  # DINO v1 has no layer scale: the reference forward with gammas of 1
