@@ -29,30 +29,36 @@ def release_weights(width: int, depth: int, registers: int = 0, swiglu: bool = F
     def rand(*shape: int, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
         return offset + scale * torch.randn(*shape, generator=g)
 
-    w = {"cls_token": rand(1, 1, width), "pos_embed": rand(1, GRID * GRID + 1, width, scale=0.5),
-         "mask_token": torch.zeros(1, width),
-         "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05), "patch_embed.proj.bias": rand(width, scale=0.1),
-         "norm.weight": rand(width, scale=0.2, offset=1.0), "norm.bias": rand(width, scale=0.1)}
+    w: dict[str, torch.Tensor] = {}
+
+    def linear(name: str, out_features: int, in_features: int) -> None:
+        w[f"{name}.weight"] = rand(out_features, in_features, scale=in_features ** -0.5)
+        w[f"{name}.bias"] = rand(out_features, scale=0.1)
+
+    def norm(name: str) -> None:
+        w[f"{name}.weight"], w[f"{name}.bias"] = rand(width, scale=0.2, offset=1.0), rand(width, scale=0.1)
+
+    w.update({"cls_token": rand(1, 1, width), "pos_embed": rand(1, GRID * GRID + 1, width, scale=0.5),
+              "mask_token": torch.zeros(1, width),
+              "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05),
+              "patch_embed.proj.bias": rand(width, scale=0.1)})
+    norm("norm")
     if registers:
         w["register_tokens"] = rand(1, registers, width)
-    hidden = 4 * width
     per_chunk = math.ceil(depth / chunks) if chunks else depth
     for i in range(depth):
         p = f"blocks.{i // per_chunk}.{i}." if chunks else f"blocks.{i}."
-        w.update({p + "norm1.weight": rand(width, scale=0.2, offset=1.0), p + "norm1.bias": rand(width, scale=0.1),
-                  p + "attn.qkv.weight": rand(3 * width, width, scale=width ** -0.5),
-                  p + "attn.qkv.bias": rand(3 * width, scale=0.1),
-                  p + "attn.proj.weight": rand(width, width, scale=width ** -0.5), p + "attn.proj.bias": rand(width, scale=0.1),
-                  p + "ls1.gamma": rand(width, scale=0.3, offset=0.5),
-                  p + "norm2.weight": rand(width, scale=0.2, offset=1.0), p + "norm2.bias": rand(width, scale=0.1),
-                  p + "ls2.gamma": rand(width, scale=0.3, offset=0.5)})
+        norm(p + "norm1")
+        linear(p + "attn.qkv", 3 * width, width)
+        linear(p + "attn.proj", width, width)
+        norm(p + "norm2")
+        w[p + "ls1.gamma"], w[p + "ls2.gamma"] = rand(width, scale=0.3, offset=0.5), rand(width, scale=0.3, offset=0.5)
         if swiglu:
-            inner = swiglu_hidden(width)
-            w.update({p + "mlp.w12.weight": rand(2 * inner, width, scale=width ** -0.5), p + "mlp.w12.bias": rand(2 * inner, scale=0.1),
-                      p + "mlp.w3.weight": rand(width, inner, scale=inner ** -0.5), p + "mlp.w3.bias": rand(width, scale=0.1)})
+            linear(p + "mlp.w12", 2 * swiglu_hidden(width), width)
+            linear(p + "mlp.w3", width, swiglu_hidden(width))
         else:
-            w.update({p + "mlp.fc1.weight": rand(hidden, width, scale=width ** -0.5), p + "mlp.fc1.bias": rand(hidden, scale=0.1),
-                      p + "mlp.fc2.weight": rand(width, hidden, scale=hidden ** -0.5), p + "mlp.fc2.bias": rand(width, scale=0.1)})
+            linear(p + "mlp.fc1", 4 * width, width)
+            linear(p + "mlp.fc2", width, 4 * width)
     return w
 
 
