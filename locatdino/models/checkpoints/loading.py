@@ -7,6 +7,8 @@ from parameter names:
   ``state_dict["teacher.backbone.*"]`` / ``["student.backbone.*"]`` (DINO) or
   ``["classifier.backbone.*"]`` (supervised); ``checkpoint["evaluated_network"]`` names the network
   its objective evaluates, which is what ``which="teacher"`` (the default) reads.
+- DINOv2's ``teacher_checkpoint.pth``: only a ``teacher`` dict, keys ``backbone.*`` (DINOv2's layout,
+  chunked ``blocks.{chunk}.{i}`` with ``block_chunks``) beside ``dino_head.*`` / ``ibot_head.*``.
 - Full DINO training checkpoint: has both ``student`` and ``teacher`` dicts; student keys carry
   DDP's ``module.`` prefix, both carry ``backbone.`` / ``head.`` (the head, with its weight-norm
   ``weight_g``/``weight_v`` or ``parametrizations.weight.original0/1``, is not backbone and dropped).
@@ -150,6 +152,11 @@ def _backbone_entries(checkpoint: object, which: str, source: str) -> dict[str, 
         return _with_prefix(checkpoint["state_dict"], prefix, f"{source} (Lightning)")
     if "student" in checkpoint and "teacher" in checkpoint:
         return _with_prefix(_without_ddp(checkpoint[which]), "backbone.", f"{source} (DINO '{which}')")
+    # DINOv2's teacher_checkpoint.pth
+    if list(checkpoint) == ["teacher"] and isinstance(checkpoint["teacher"], Mapping):
+        if which == "student":
+            raise ValueError(f"{source}: holds only the teacher (DINOv2's teacher_checkpoint.pth): use which='teacher'")
+        return _with_prefix(checkpoint["teacher"], "backbone.", f"{source} (DINOv2 'teacher')")
     for key in ("state_dict", "model"):
         if isinstance(checkpoint.get(key), Mapping):
             return _tensors_only(_without_ddp(checkpoint[key]), f"{source} ['{key}']")
@@ -284,6 +291,8 @@ def _default_pos_embed_rule(checkpoint: object, state_dict: Mapping[str, torch.T
         return "timm"
     if "student" in checkpoint and "teacher" in checkpoint:
         return "dino"
+    if list(checkpoint) == ["teacher"]:  # DINOv2's teacher checkpoint: the release's rule
+        return release_pos_embed_rule(state_dict)
     plain = bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
     vanilla = not any(_GAUG in k for k in model.state_dict())
     return release_pos_embed_rule(state_dict) if plain and vanilla else "timm"

@@ -96,3 +96,18 @@ def test_a_vit_g_release_for_a_vit_s_name_is_named_both_ways():
     assert message.startswith("cls_token: checkpoint [1, 1, 1536] vs model [1, 1, 384]; ")
     assert message.endswith("unexpected blocks.12.norm1.weight, blocks.12.norm1.bias, blocks.12.attn.qkv.weight "
                             "(+389 more) — a ViT-g/14 checkpoint for a ViT-S/14 model?")
+
+
+def test_a_dinov2_teacher_checkpoint_gives_the_chunked_teacher_backbone(release_files, tmp_path):
+    """DINOv2 training's ``teacher_checkpoint.pth``: ``{"teacher": {backbone.*, dino_head.*, ibot_head.*}}``."""
+    path, weights = release_files["swiglu-chunked"]
+    name, _, geometry = RELEASES["swiglu-chunked"]
+    torch.save({"teacher": {**{f"backbone.{k}": v for k, v in weights.items()},
+                            "dino_head.last_layer.weight_g": torch.ones(8, 1), "ibot_head.mlp.0.weight": torch.ones(8, 64)}},
+               tmp_path / "teacher_checkpoint.pth")
+    teacher = create_backbone(name, tmp_path / "teacher_checkpoint.pth", **geometry)
+    release = create_backbone(name, path, **geometry)
+    assert teacher.pos_embed_rule == release.pos_embed_rule == "dino"
+    assert all(torch.equal(v, release.state_dict()[k]) for k, v in teacher.state_dict().items())
+    with pytest.raises(ValueError, match="holds only the teacher"):
+        create_backbone(name, tmp_path / "teacher_checkpoint.pth", which="student", **geometry)
