@@ -102,6 +102,7 @@ class ModelOutcome:
     linprobe_confusion: ImageConfusions | None = None
     baseline: str | None = None  # a network-free row (comparison/baselines.py): what its feature is
     not_applicable: dict[str, str] = field(default_factory=dict)  # {field left None: why it does not apply}
+    pos_embed: str | None = None  # the network's position-embedding rule at other grids (None: no network)
 
     def to_dict(self) -> dict[str, Any]:
         kept = replace(self, visuals={}, image_confusions=None, linprobe_confusion=None)

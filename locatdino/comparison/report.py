@@ -30,8 +30,12 @@ def _model_cell(m: dict[str, Any]) -> str:
 
 
 def _weights_cell(m: dict[str, Any]) -> str:
-    """What the row's features come from: a checkpoint, random init, or no network (a baseline)."""
-    return "none (no network)" if m.get("baseline") else (m["spec"]["checkpoint"] or "random init")
+    """What the row's features come from — a checkpoint, random init, or no network (a baseline) —
+    and by which rule its position embeddings are resampled at the evaluation grid."""
+    if m.get("baseline"):
+        return "none (no network)"
+    rule = f" (pos-embed {m['pos_embed']})" if m.get("pos_embed") else ""  # reports before the rule was recorded
+    return (m["spec"]["checkpoint"] or "random init") + rule
 
 
 def _cell(m: dict[str, Any], part: str, text: str) -> str:

@@ -75,7 +75,7 @@ def evaluate_model(
     attention and cost are measured; the linear probe runs when ``linprobe`` is given."""
     base = FeatureExtractor(backbone, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     extractor = CachedExtractor(base)
-    outcome = ModelOutcome(spec, parameters=count_parameters(backbone))
+    outcome = ModelOutcome(spec, parameters=count_parameters(backbone), pos_embed=backbone.pos_embed_rule)
     if train_set is not None:  # None: a dataset with image labels only (probes, no masks)
         measure_hummingbird(outcome, lambda c, look: hummingbird(extractor, train_set, val_set, c, inspect=look),
                             len(train_set), cfg, fractions, retrieval_visuals(outcome, shown, cfg))

@@ -29,8 +29,8 @@ from locatdino.models.token_grid import fitting_sizes, patch_size
 MODEL_METAVAR = "[LABEL=]NAME[:CHECKPOINT]"
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
 POS_EMBED_HELP = ("position-embedding resampling at other grids: dino (the reference ViT's), timm, or auto "
-                  "(dino for DINO-format files: full DINO checkpoints and plain state dicts of vanilla ViTs; "
-                  "timm otherwise)")
+                  "(each release's own: dino for full DINO checkpoints and plain state dicts of vanilla ViTs, "
+                  "timm for DINOv2 with registers; timm otherwise)")
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,16 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 def checkpoint_record(path: str | os.PathLike | None) -> dict[str, Any] | None:
-    """``{path, bytes, sha256}`` of a checkpoint file; None for random init."""
+    """``{path, bytes, sha256}`` of a checkpoint file (of a Hugging Face model folder: of its weights
+    file, named in ``file``); None for random init."""
     if path is None:
         return None
+    from locatdino.models.checkpoints.hugging_face import weights_in_folder  # torch, timm: loaded when needed
+
     path = Path(path)
-    return {"path": str(path), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    weights = Path(weights_in_folder(str(path))) if path.is_dir() else path
+    record = {"path": str(path), "bytes": weights.stat().st_size, "sha256": file_sha256(weights)}
+    return record if weights == path else {**record, "file": str(weights)}
 
 
 def cpu_model_and_flags() -> tuple[str | None, set[str] | None]:

@@ -7,12 +7,17 @@ from parameter names:
   ``state_dict["teacher.backbone.*"]`` / ``["student.backbone.*"]`` (DINO) or
   ``["classifier.backbone.*"]`` (supervised); ``checkpoint["evaluated_network"]`` names the network
   its objective evaluates, which is what ``which="teacher"`` (the default) reads.
+- DINOv2's ``teacher_checkpoint.pth``: only a ``teacher`` dict, keys ``backbone.*`` (DINOv2's layout,
+  chunked ``blocks.{chunk}.{i}`` with ``block_chunks``) beside ``dino_head.*`` / ``ibot_head.*``.
 - Full DINO training checkpoint: has both ``student`` and ``teacher`` dicts; student keys carry
   DDP's ``module.`` prefix, both carry ``backbone.`` / ``head.`` (the head, with its weight-norm
   ``weight_g``/``weight_v`` or ``parametrizations.weight.original0/1``, is not backbone and dropped).
 - timm / DeiT training checkpoint: a ``state_dict`` or ``model`` dict of plain model keys.
 - Plain state dict (released DINO backbones, timm weights, public LocAtViT checkpoints with GAug
-  keys): every value a tensor.
+  keys): every value a tensor. A DINOv2 release (``dinov2.py``) or a Hugging Face transformers
+  file (``hugging_face.py``) is a plain state dict in its own layout, renamed to timm's keys by
+  :func:`to_timm_keys`. A ``.safetensors`` file (``safetensors_file.py``) and a Hugging Face model
+  folder (its ``model.safetensors`` / ``pytorch_model.bin``) read as plain state dicts.
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ from timm.models import get_pretrained_cfg, split_model_name_tag
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from locatdino.models.checkpoints.dinov2 import from_dinov2, is_dinov2_release, release_pos_embed_rule
+from locatdino.models.checkpoints.hugging_face import (config_disagreement, from_transformers, heads_disagreement,
+                                                       is_transformers_layout, transformers_config,
+                                                       weights_in_folder)
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
+from locatdino.models.checkpoints.safetensors_file import TORCH_MAGIC, is_safetensors, load_safetensors
 from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
@@ -54,12 +64,17 @@ def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") ->
 
 
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> object:
-    """The whole checkpoint object of ``path`` on CPU, ``weights_only=True`` (``argparse.Namespace``,
-    which DINO stores as ``args``, is allowed); a file torch cannot read raises a one-line
-    ``ValueError`` naming it and saying, in plain words, what it is instead. ``mmap``: tensors
-    stay memory-mapped on disk, for callers that read only metadata (torch maps zip-format files
-    only: a legacy pickle is read whole)."""
+    """The whole checkpoint object of ``path`` on CPU: a ``.safetensors`` file's tensors (the
+    safetensors package), else ``torch.load`` with ``weights_only=True`` (``argparse.Namespace``,
+    which DINO stores as ``args``, is allowed); a Hugging Face model folder is read through its
+    weights file. A file that cannot be read raises a one-line ``ValueError`` naming it and saying,
+    in plain words, what it is instead. ``mmap``: tensors stay memory-mapped on disk, for callers
+    that read only metadata (torch maps zip-format files only: a legacy pickle is read whole)."""
     source = os.fspath(path)
+    if os.path.isdir(source):
+        source = weights_in_folder(source)
+    if os.path.isfile(source) and is_safetensors(source):
+        return load_safetensors(source)
     mmap = mmap and zipfile.is_zipfile(source)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
@@ -72,15 +87,13 @@ def _unreadable(source: str, err: Exception) -> str:
     """Why ``source`` is not a checkpoint, from the file itself rather than torch's internals."""
     if not os.path.exists(source):
         return "no such file"
-    if os.path.isdir(source):
-        return "is a directory, not a checkpoint file (a sharded FSDP checkpoint? save it as one file)"
     with open(source, "rb") as f:
         head = f.read(512)
     if not head:
         return "is empty (0 bytes), not a checkpoint (an interrupted download or copy?)"
     if head.startswith(b"version https://git-lfs"):
         return "is a Git LFS pointer, not the weights: fetch them with `git lfs pull`"
-    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch's zip container, a legacy pickle
+    if not head.startswith(TORCH_MAGIC):
         try:
             text = head.decode("utf-8")
         except UnicodeDecodeError:
@@ -107,9 +120,18 @@ def network_name(checkpoint: Mapping, which: str) -> str:
 
 
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """The backbone state dict inside a loaded checkpoint object (see module docstring), refused
-    when a weight is NaN or infinite (a diverged run's file has the right shapes but scores noise)."""
-    return _finite(_backbone_entries(checkpoint, which, source), source)
+    """The backbone state dict inside a loaded checkpoint object (see module docstring) in timm's
+    keys, refused when a weight is NaN or infinite (a diverged run's file has the right shapes but
+    scores noise)."""
+    return _finite(to_timm_keys(_backbone_entries(checkpoint, which, source)), source)
+
+
+def to_timm_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A released layout's weights in timm's keys: a transformers ``Dinov2Model`` / ``ViTModel``
+    (``hugging_face.py``) or a DINOv2 release (``dinov2.py``); timm-key weights as they are."""
+    if is_transformers_layout(state_dict):
+        state_dict = from_transformers(state_dict)
+    return from_dinov2(state_dict) if is_dinov2_release(state_dict) else state_dict
 
 
 def _finite(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
@@ -130,6 +152,11 @@ def _backbone_entries(checkpoint: object, which: str, source: str) -> dict[str, 
         return _with_prefix(checkpoint["state_dict"], prefix, f"{source} (Lightning)")
     if "student" in checkpoint and "teacher" in checkpoint:
         return _with_prefix(_without_ddp(checkpoint[which]), "backbone.", f"{source} (DINO '{which}')")
+    # DINOv2's teacher_checkpoint.pth
+    if list(checkpoint) == ["teacher"] and isinstance(checkpoint["teacher"], Mapping):
+        if which == "student":
+            raise ValueError(f"{source}: holds only the teacher (DINOv2's teacher_checkpoint.pth): use which='teacher'")
+        return _with_prefix(checkpoint["teacher"], "backbone.", f"{source} (DINOv2 'teacher')")
     for key in ("state_dict", "model"):
         if isinstance(checkpoint.get(key), Mapping):
             return _tensors_only(_without_ddp(checkpoint[key]), f"{source} ['{key}']")
@@ -225,6 +252,17 @@ def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer, rule:
     )
 
 
+def _check_registers(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, name: str) -> None:
+    """A DINOv2 file with registers for a model without (or the other way round) fails later on a
+    ``pos_embed`` that is no square grid: say which model the file is for instead."""
+    file_regs = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
+    model_regs = getattr(model, "num_reg_tokens", 0)
+    if file_regs != model_regs and "patch_embed.proj.weight" in state_dict:
+        other = re.sub(r"_(reg\d+_)?dinov2", f"_reg{file_regs}_dinov2" if file_regs else "_dinov2", name)
+        hint = f": use {other}" if other != name and timm.is_model(other) else ""
+        raise ValueError(f"the file has {file_regs} register tokens but {name} has {model_regs}{hint}")
+
+
 def _refuse_pretrained_tag(name: str) -> None:
     """A timm pretrained tag (``vit_small_patch16_224.dino``) without a checkpoint would silently be
     a random-init model under the pretrained weights' name: refuse, saying which file to pass."""
@@ -243,17 +281,21 @@ def _refuse_pretrained_tag(name: str) -> None:
     )
 
 
-def _default_pos_embed_rule(checkpoint: object, model: nn.Module) -> str:
-    """``auto``: the reference DINO rule for the formats released DINO models come in — a full
-    DINO training checkpoint, or a plain state dict loaded into a vanilla ViT — and timm's
-    rule for this project's Lightning checkpoints, LocAtViT and timm/DeiT training checkpoints."""
+def _default_pos_embed_rule(checkpoint: object, state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> str:
+    """``auto``: the release's own rule for the formats released DINO models come in — a full DINO
+    training checkpoint (the reference DINO rule), or a plain state dict (a release file, a
+    ``.safetensors`` or Hugging Face file) loaded into a vanilla ViT: the reference DINO rule, or
+    timm's for DINOv2 with registers (``state_dict``, in timm's keys, has their ``reg_token``) — and
+    timm's rule for this project's Lightning checkpoints, LocAtViT and timm/DeiT training checkpoints."""
     if not isinstance(checkpoint, Mapping) or "pytorch-lightning_version" in checkpoint:
         return "timm"
     if "student" in checkpoint and "teacher" in checkpoint:
         return "dino"
+    if list(checkpoint) == ["teacher"]:  # DINOv2's teacher checkpoint: the release's rule
+        return release_pos_embed_rule(state_dict)
     plain = bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
     vanilla = not any(_GAUG in k for k in model.state_dict())
-    return "dino" if plain and vanilla else "timm"
+    return release_pos_embed_rule(state_dict) if plain and vanilla else "timm"
 
 
 def create_backbone(
@@ -277,8 +319,13 @@ def create_backbone(
 
     ``pos_embed`` is how position embeddings are resampled at inputs of another grid
     (:mod:`locatdino.models.checkpoints.pos_embed`): ``"timm"``, ``"dino"`` (the reference DINO ViT's rule) or
-    ``"auto"``: ``"dino"`` for full DINO training checkpoints and plain state dicts loaded into a
-    vanilla ViT (the released DINO formats), ``"timm"`` otherwise and without a checkpoint.
+    ``"auto"``: each release's own rule for full DINO training checkpoints and plain state dicts
+    loaded into a vanilla ViT (``"dino"``; ``"timm"`` for DINOv2 with registers), ``"timm"``
+    otherwise and without a checkpoint.
+
+    ``checkpoint`` may also be a ``.safetensors`` file, a DINOv2 release or a Hugging Face
+    ``Dinov2Model`` / ``ViTModel`` file or folder; a ``config.json`` beside Hugging Face weights
+    that disagrees with them, or with the model's head count, is refused.
 
     A checkpoint that does not fit raises a one-line ``ValueError`` naming the file, the keys and
     shapes that disagree and, when they differ, both architectures.
@@ -300,9 +347,14 @@ def create_backbone(
     source = os.fspath(checkpoint)
     if which not in ("teacher", "student"):
         raise ValueError(f"which must be 'teacher' or 'student', got {which!r}")
+    config = None  # a transformers config.json beside the weights: (path, contents)
     try:
         loaded = load_checkpoint(source)
-        raw = extract_backbone(loaded, which, source)
+        entries = _backbone_entries(loaded, which, source)
+        config = transformers_config(source)
+        if config is not None and (disagreement := config_disagreement(config[1], entries)):
+            raise ValueError(f"{config[0]}: {disagreement} (does this config.json belong to these weights?)")
+        raw = _finite(to_timm_keys(entries), source)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if "patch_size" not in timm_kwargs and patch is not None and patch.ndim == 4 and (
                 tuple(patch.shape[-2:]) != patch_size(model)):
@@ -311,10 +363,13 @@ def create_backbone(
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        rule = _default_pos_embed_rule(loaded, model) if pos_embed == "auto" else pos_embed
+        _check_registers(raw, model, name)
+        if config is not None and (disagreement := heads_disagreement(config[1], model)):
+            raise ValueError(f"{config[0]}: {disagreement}")
+        rule = _default_pos_embed_rule(loaded, raw, model) if pos_embed == "auto" else pos_embed
         state_dict = convert_state_dict(raw, model, rule)
     except ValueError as err:
-        if str(err).startswith(source):
+        if str(err).startswith(source) or (config is not None and str(err).startswith(config[0])):
             raise
         raise ValueError(f"{source}: {err}") from err
     mismatch = checkpoint_mismatch(state_dict, model.state_dict())

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 _SHOWN = 3  # disagreements named per kind; the rest are counted
-# timm's names for the usual ViT widths (12 blocks for T/S/B, 24 for L, 32 for H)
-_SIZE_NAMES = {192: "T", 384: "S", 768: "B", 1024: "L", 1280: "H"}
+# timm's names for the usual ViT widths and their depths (DINOv2's ViT-g: 1536 wide, 40 blocks)
+_SIZE_NAMES = {192: "T", 384: "S", 768: "B", 1024: "L", 1280: "H", 1536: "g"}
+_DEPTHS = {"L": 24, "H": 32, "g": 40}
 
 
 def _few(keys: Sequence[str]) -> str:
@@ -35,7 +36,7 @@ def describe_architecture(state_dict: Mapping[str, torch.Tensor]) -> str | None:
     depth = len({m.group(1) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k))})
     family = "LocAtViT" if any(".attn.gaug." in k for k in state_dict) else "ViT"
     size = _SIZE_NAMES.get(width)
-    if size is not None and depth == {"L": 24, "H": 32}.get(size, 12):
+    if size is not None and depth == _DEPTHS.get(size, 12):
         return f"{family}-{size}/{patch}"
     return f"{family} (width {width}, {depth} blocks, /{patch})"
 

@@ -153,7 +153,7 @@ def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
         "noise.pth": "is not a torch checkpoint (neither torch's zip format nor a pickle; 193 bytes)",
         "objects.pth": "cannot be read with weights_only=True (unsupported global: GLOBAL pathlib.PurePosixPath)",
         "missing.pth": "no such file",
-        "": "is a directory, not a checkpoint file",
+        "": "is a folder without model.safetensors or pytorch_model.bin",
     }
     for name, sentence in expected.items():
         path = tmp_path / name
