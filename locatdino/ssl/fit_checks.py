@@ -228,8 +228,8 @@ def _check_backbone(model: Namespace) -> Any:
     (no memory, no weights): an unknown name, a pretrained tag without weights or a wrong kwarg
     fails here, naming the key."""
     checkpoint = model.get("backbone_checkpoint")
-    if checkpoint is not None and not os.path.isfile(checkpoint):
-        raise UserError(f"model.backbone_checkpoint: no such file {checkpoint!r}")
+    if checkpoint is not None and not os.path.exists(checkpoint):  # a file, or a Hugging Face folder
+        raise UserError(f"model.backbone_checkpoint: no such file or folder {checkpoint!r}")
     name = model.backbone if checkpoint is None else split_model_name_tag(model.backbone)[0]
     kwargs = dict(model.get("backbone_kwargs") or {})
     try:

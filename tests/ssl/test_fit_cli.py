@@ -275,7 +275,7 @@ FIT_ERRORS = {
     "wrong kwarg": (["--model.backbone_kwargs", '{"depht": 2}'], 1, "locatdino fit: model.backbone_kwargs "
                     "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() got an unexpected keyword argument 'depht'"),
     "missing checkpoint": (["--model.backbone_checkpoint", "teacher.pht"], 1,
-                           "locatdino fit: model.backbone_checkpoint: no such file 'teacher.pht'"),
+                           "locatdino fit: model.backbone_checkpoint: no such file or folder 'teacher.pht'"),
     "missing resume file": (["--ckpt_path", "runs/x/last.ckpt"], 1,
                             "locatdino fit: ckpt_path: no such file 'runs/x/last.ckpt'"),
     "negative lr": (["--model.lr", "-1"], 1, "locatdino fit: model.lr: must be a positive number, got -1.0 "
