@@ -31,6 +31,7 @@ from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.errors import UserError
 from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
@@ -38,7 +39,7 @@ from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
-from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
+from locatdino.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.index import check_index_device
@@ -60,6 +61,8 @@ PROBE_TABLE = ConfigTable(
               "eval_batch_size": "the probe's default"},
     negated=frozenset({"--no-progress"}),
 )
+# what a report consists of: every file under its two folders is the report's (locatdino.output_folder)
+REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -105,9 +108,7 @@ def _parser() -> ArgumentParser:
                           help="linear-probe training views: off (whole images, features cached once) or "
                           "official (the paper's augmentation, backbone every iteration)")
     groups.output.add_argument("--out", default="compare_results", help="output folder")
-    groups.output.add_argument("--overwrite", action="store_true",
-                               help="replace a report already in --out (report.md / .json, figures, per-image "
-                               "confusions)")
+    add_overwrite_option(groups.output)
     groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     return p
 
@@ -176,11 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.baselines and set(names) & set(BASELINE_NAMES):
         raise SystemExit(f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
                          "baselines' rows: rename the model")
-    out = Path(args.out)
-    earlier = earlier_report(out)
-    if earlier and not args.overwrite:
-        raise SystemExit(f"locatdino compare: --out {out} holds an earlier report ({', '.join(earlier[:3])}"
-                         f"{', ...' if len(earlier) > 3 else ''}): pass --overwrite to replace it, or another --out")
+    folder = OutputFolder(args.out, "compare")
+    out = folder.path
+    try:
+        folder.check(REPORT_FILES, args.overwrite)
+    except UserError as err:
+        raise SystemExit(f"locatdino compare: {err}") from None
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
@@ -193,10 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         probes, probe_info = _probe_set(args, train, val)
         if args.baselines and train is None:
             raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
-        ensure_writable(out, "--out")  # after the data: a refused run leaves no folder behind
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
-    with output_lock(out, "--out"):  # a second compare into --out is refused, not raced
+    with folder.writing(args.overwrite):  # a second compare into --out is refused, not raced
         if train is None:
             print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
                   f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
@@ -212,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         models = [o.to_dict() for o in outcomes]
         for i, (outcome, model) in enumerate(zip(outcomes, models)):
             if outcome.image_confusions is not None:
-                outcome.image_confusions.save(out / confusion_file(i))
+                folder.wrote(outcome.image_confusions.save(out / confusion_file(i)))
                 model["hbird"]["per_image_confusion"] = confusion_file(i)
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
-                    outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe"))
+                    folder.wrote(outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe")))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
         attach_differences(models, out, cfg.hungarian)
         report = {
@@ -232,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             "failed": failed,
             "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
         }
-        atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-        atomic_write_text(out / "report.md", report_markdown(report))
+        folder.wrote(*(out / path for path in report["figures"].values()))
+        folder.write_text("report.json", json.dumps(report, indent=2, default=str) + "\n")
+        folder.write_text("report.md", report_markdown(report))
         if outcomes:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
@@ -251,14 +253,6 @@ def _check_layer(specs: list[ModelSpec], layer: int) -> None:
         except Exception:  # noqa: BLE001 - reported by load_model, per model
             continue
         check_layer(depth, layer, spec.model)
-
-
-def earlier_report(out: Path) -> list[str]:
-    """What a report in ``out`` consists of and ``--overwrite`` replaces (paths relative to ``out``):
-    ``report.md`` / ``report.json``, ``figures/*.png`` and ``per_image_confusion/*``."""
-    found = [out / name for name in ("report.json", "report.md")]
-    found += sorted((out / "figures").glob("*.png")) + sorted((out / "per_image_confusion").glob("*"))
-    return [str(p.relative_to(out)) for p in found if p.exists()]
 
 
 def report_classes(dataset: Any) -> list[str]:

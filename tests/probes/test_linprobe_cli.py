@@ -56,8 +56,8 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         cli.main([*argv, "--seed", "1"])
-    assert str(refused.value) == (f"locatdino linprobe: --out {out} holds results of an earlier run "
-                                  f"({out / 'results.json'} and 2 more): pass --overwrite to replace them, or another --out")
+    assert str(refused.value) == (f"locatdino linprobe: --out {out} holds the output of an earlier run "
+                                  "(results.json and 2 more): pass --overwrite to replace it, or choose another --out")
     assert {name: (out / name).read_bytes() for name in first} == first and "[linprobe]" not in capsys.readouterr().err
     assert cli.main([*argv, "--seed", "1", "--overwrite"]) == 0
     assert json.loads((out / "results.json").read_text())["config"]["seed"] == 1
