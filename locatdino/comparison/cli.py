@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parse_protocol_args(parser, argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, [name.rstrip("/") for name in REPORT_FILES])
     specs = [ModelSpec(run.label, run.name, run.checkpoint) for run in runs]
     names = [s.name for s in specs]
     if args.baselines and set(names) & set(BASELINE_NAMES):

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, PROBE_FILES)
     device = encoder_device(args.device, "linprobe")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read

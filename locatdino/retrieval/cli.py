@@ -27,6 +27,7 @@ from torch import nn
 from locatdino.arguments import ArgumentParser, option_groups
 from locatdino.errors import UserError
 from locatdino.evaluation.image_confusions import CONFUSION_FILE
+from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
@@ -117,6 +118,10 @@ def report_main(argv: list[str]) -> int:
         results = load_results(args.results)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird report: {err}") from None
+    try:
+        check_labels(args.label, "--label")
+    except ValueError as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
     labels = args.label or label_by_folder(results)
     if len(labels) != len(results):
         raise SystemExit(f"locatdino hbird report: {len(labels)} --label for {len(results)} runs "
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_main(argv[1:])
     parser = _parser()
     args = parse_protocol_args(parser, argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, RUN_FILES)
     device = encoder_device(args.device, "hbird")
     try:
         cfg = config_from_args(args, HBIRD_TABLE)  # inconsistent settings fail before any data is read
