@@ -29,6 +29,7 @@ import torch
 from locatdino.arguments import ArgumentParser, ConfigTable, at_least, option_groups
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
+from locatdino.comparison.measure import memory_sizes
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
 from locatdino.errors import UserError
@@ -39,6 +40,7 @@ from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
+from locatdino.models.token_grid import patch_size
 from locatdino.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
@@ -187,9 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
         check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
-        _check_layer(specs, cfg.layer)
+        patches = _check_models(specs, cfg.layer)
         linprobe = _linprobe_config(args)
         train, val = _open_splits(args)
+        if train is not None:
+            _check_memory_fractions(args.memory_fractions, patches, len(train), cfg)
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
@@ -242,17 +246,37 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
 
 
-def _check_layer(specs: list[ModelSpec], layer: int) -> None:
+def _check_models(specs: list[ModelSpec], layer: int) -> list[int]:
     """``--layer`` against every model's depth (built on the meta device: no memory, no weights)
-    before the first model runs; a model that cannot be built is left to its own load, which
-    reports it as that model's failure."""
+    before the first model runs; returns the patch sizes of the models that can be built (one that
+    cannot is left to its own load, which reports it as that model's failure)."""
+    patches = []
     for spec in specs:
         try:
             with torch.device("meta"):
-                depth = len(create_backbone(spec.model).blocks)
+                model = create_backbone(spec.model)
         except Exception:  # noqa: BLE001 - reported by load_model, per model
             continue
-        check_layer(depth, layer, spec.model)
+        check_layer(len(model.blocks), layer, spec.model)
+        patches.append(patch_size(model)[0])
+    return patches
+
+
+def _check_memory_fractions(fractions: list[Fraction], patches: list[int], num_train: int, cfg: Any) -> None:
+    """Refuse a memory fraction some model cannot be scored at (the report would lack its row): a
+    memory of at most ``num_train`` views of ``(input size / patch)²`` patches each, cut to that
+    fraction, must keep ``--k`` patches and one per view (:func:`memory_sizes`)."""
+    views = num_train * cfg.aug_epochs
+    for patch in sorted(set(patches)):
+        most = views * (cfg.input_size // patch) ** 2
+        most = most if cfg.memory_size is None else min(most, cfg.memory_size)
+        scored = {f for f, _ in memory_sizes(fractions, most, views, cfg.k)}
+        dropped = sorted(f for f in set(fractions) if f < 1 and f not in scored)
+        if dropped:
+            fraction = dropped[0]
+            raise ValueError(f"--memory-fractions {fraction}: at most {int(fraction * most):,} memory patches (of "
+                             f"{most:,} at patch {patch}), fewer than --k {cfg.k} or than one per memory view "
+                             f"({views:,}): use a larger fraction, or a smaller --k")
 
 
 def report_classes(dataset: Any) -> list[str]:

@@ -366,3 +366,12 @@ def test_overflowing_features_stop_the_run_in_one_line(tmp_path, capsys):
                    "overflow (a diverged run, or a checkpoint with huge values?); nothing was scored")
     assert not (tmp_path / "out" / "results.json").exists()
 
+
+
+def test_a_memory_smaller_than_k_is_refused_before_the_memory_pass(tmp_path, no_evaluation):
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, "--memory-size", "8",
+                  "--k", "30"])
+    assert str(refused.value) == ("locatdino hbird: memory_size (--memory-size) 8 keeps fewer patches than k (--k) 30 "
+                                  "neighbours per query: give at least 30")
+    assert not (tmp_path / "out").exists()
