@@ -19,6 +19,9 @@ A command adopts the rule with :func:`add_overwrite_option` on its parser and::
     folder.check(["results.json", "summary.md"], args.overwrite)  # before the work
     with folder.writing(args.overwrite):  # the folder's lock held, the earlier output removed
         folder.write_text("results.json", text)  # atomic, and recorded
+
+A command whose output is one text file marks it instead (:func:`check_output_file`,
+:func:`write_output_file`): a record beside it would be a file in a folder it does not own.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ from locatdino.output_files import (LOCK_NAME, atomic_write_text, ensure_writabl
 RECORD_NAME = ".locatdino-output.json"
 # names an output folder holds for its own bookkeeping: no label, run or file may take them
 BOOKKEEPING_NAMES = (LOCK_NAME, RECORD_NAME)
-OVERWRITE_HELP = ("replace the output of an earlier run of this command in the output folder (the files that run "
-                  "recorded writing, removed when this one starts); a file this command did not write is never "
-                  "replaced")
+OVERWRITE_HELP = ("replace the output of an earlier run of this command (the files it recorded writing, removed "
+                  "when this run starts); a file this command did not write is never replaced")
 
 
 def add_overwrite_option(group: Any) -> None:
@@ -61,6 +63,12 @@ class OutputFolder:
 
     def _refuse(self, problem: str) -> UserError:
         return UserError(f"{self.option} {self.path} {problem}")
+
+    def earlier_output(self, earlier: list[str]) -> UserError:
+        """The one refusal of a folder holding ``earlier`` output (relative paths) without ``--overwrite``."""
+        more = f" and {len(earlier) - 1} more" if len(earlier) > 1 else ""
+        return self._refuse(f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to replace "
+                            f"it, or choose another {self.option}")
 
     def recorded(self) -> tuple[str | None, list[str]]:
         """``(command, files)`` of the record in the folder (``(None, [])`` when there is none)."""
@@ -90,9 +98,7 @@ class OutputFolder:
             raise self._refuse(f"holds the output of locatdino {command}: choose another {self.option}")
         earlier = self.earlier()
         if earlier and not overwrite:
-            more = f" and {len(earlier) - 1} more" if len(earlier) > 1 else ""
-            raise self._refuse(f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to "
-                               f"replace it, or choose another {self.option}")
+            raise self.earlier_output(earlier)
         for name in self._existing(planned):
             if name not in recorded:
                 raise self._refuse(f"holds {name}, which locatdino {self.command} did not write: move it or choose "
@@ -176,3 +182,32 @@ class OutputFolder:
         path = atomic_write_text(self.path / name, text)
         self.wrote(path)
         return path
+
+
+def _mark(command: str) -> str:
+    return f"<!-- written by locatdino {command} -->\n"
+
+
+def check_output_file(path: str | os.PathLike, command: str, overwrite: bool, option: str) -> None:
+    """The rule for a command's single text output (``hbird report --summary FILE``): the file
+    carries its writer's mark on its last line (:func:`write_output_file`); an existing one is
+    replaced only with ``overwrite`` and the mark of ``command``."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    mark = _mark(command).encode()
+    ours = path.is_file() and path.stat().st_size >= len(mark)
+    if ours:
+        with open(path, "rb") as f:
+            f.seek(-len(mark), os.SEEK_END)
+            ours = f.read() == mark
+    if not ours:
+        raise UserError(f"{option} {path} exists and was not written by locatdino {command}: choose another file")
+    if not overwrite:
+        raise UserError(f"{option} {path} holds the output of an earlier run: pass --overwrite to replace it, or "
+                        f"choose another {option}")
+
+
+def write_output_file(path: str | os.PathLike, command: str, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically, with ``command``'s mark as its last line."""
+    return atomic_write_text(path, text.rstrip("\n") + "\n\n" + _mark(command))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from locatdino.arguments import ArgumentParser, ConfigTable, at_least, option_groups
+from locatdino.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.measure import memory_sizes
@@ -108,8 +108,8 @@ def _parser() -> ArgumentParser:
                           help="linear-probe training batch (the paper's: 32)")
     protocol.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
                           help="linear-probe training views: off (whole images, features cached once) or "
-                          "official (the paper's augmentation, backbone every iteration)")
-    groups.output.add_argument("--out", default="compare_results", help="output folder")
+                          "reference (the paper's augmentation, backbone every iteration)")
+    add_shared_option(groups.output, "--out", "compare_results")
     add_overwrite_option(groups.output)
     groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     return p

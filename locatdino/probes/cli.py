@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, ConfigTable, at_least, non_negative_float, option_groups, positive_float
+from locatdino.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
+                                 option_groups, positive_float)
 from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
@@ -36,10 +37,11 @@ from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_tabl
 # which option sets which LinearProbeConfig field
 PROBE_TABLE = ConfigTable(
     LinearProbeConfig,
-    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs", "--batch-size": "batch_size",
-             "--lr": "lr", "--weight-decay": "weight_decay", "--augment": "augment", "--no-cache": "cache",
+    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs",
+             "--train-batch-size": "batch_size", "--lr": "lr", "--weight-decay": "weight_decay",
+             "--train-augment": "augment", "--no-cache": "cache",
              "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--layer": "layer", "--norm": "norm",
-             "--prr": "prr", "--precision": "precision", "--eval-batch-size": "eval_batch_size",
+             "--prr": "prr", "--precision": "precision", "--batch-size": "eval_batch_size",
              "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
     internal={},
     negated=frozenset({"--no-cache", "--no-progress"}),
@@ -58,32 +60,32 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
-                          help="training crop side and evaluation short side (paper: 512)")
+    add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument("--iters", type=at_least(MIN_STEPS), default=d.iterations,
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
     budget.add_argument("--epochs", type=positive_float, default=None,
                         help="training budget in passes over the training images instead of --iters")
-    protocol.add_argument("--batch-size", type=at_least(1), default=d.batch_size,
-                          help="training batch (paper: 32; at most the training images)")
+    protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
+                          help="training batch of the head (paper: 32; at most the training images)")
     protocol.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
-    protocol.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
-                          help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
-                          "every iteration); off: whole images resized to S x S, features cached once")
+    protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,
+                          help="training views of the head: reference (the paper's resize / crop / flip / "
+                          "photometric augmentation, backbone every iteration) or off (whole images resized to "
+                          "S x S, features cached once)")
     add_feature_arguments(groups, d)
-    protocol.add_argument("--seed", type=int, default=d.seed,
-                          help="head init, batch order, augmentation, subsets, random init")
+    add_shared_option(protocol, "--seed", d.seed)
     runtime.add_argument("--no-cache", action="store_true",
-                         help="with --augment off, recompute the features every iteration (the cached path's check)")
+                         help="with --train-augment off, recompute the features every iteration (the cached path's "
+                         "check)")
     runtime.add_argument("--cache-dir", default=None,
                          help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
-    runtime.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
+    runtime.add_argument("--cache-ram-mb", type=at_least(0), default=d.max_cache_ram_mb,
                          help="largest feature cache kept in RAM; larger ones are memory-mapped files")
-    runtime.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
+    add_shared_option(runtime, "--batch-size", d.eval_batch_size)
     add_loader_arguments(runtime)
-    groups.output.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
+    add_shared_option(groups.output, "--out", "linprobe_results")
     add_overwrite_option(groups.output)
     return p
 

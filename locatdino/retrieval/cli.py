@@ -3,7 +3,7 @@
     locatdino hbird --model vit_small_patch16_224:dino_vits16.pth \\
         --model locatvit_small:last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
     locatdino hbird --model vit_small_patch16_224:dino_vits16.pth --protocol reference ...
-    locatdino hbird report runs/a runs/b --out comparison.md
+    locatdino hbird report runs/a runs/b --summary comparison.md
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are evaluated on the same
 memory views and compared in one report; ``--protocol reference`` runs open-hummingbird-eval's
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, option_groups
+from locatdino.arguments import ArgumentParser, add_shared_option, option_groups
 from locatdino.errors import UserError
 from locatdino.evaluation.image_confusions import CONFUSION_FILE
 from locatdino.evaluation.labels import check_labels
@@ -32,8 +32,8 @@ from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError, atomic_write_text, ensure_writable, remove_stale_temporaries
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
@@ -62,7 +62,7 @@ def _parser() -> ArgumentParser:
     groups.runtime.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
                                 help="stored features (memory-dir banks, non-Flat indices)")
     groups.runtime.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
-    groups.output.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
+    add_shared_option(groups.output, "--out", "hbird_results")
     add_overwrite_option(groups.output)
     return p
 
@@ -75,7 +75,8 @@ def _report_parser() -> ArgumentParser:
     groups.data.add_argument("results", nargs="+", help="results.json files or directories holding them")
     groups.data.add_argument("--allow-mixed", action="store_true",
                              help="compare runs of different datasets, splits or query counts anyway (marked)")
-    groups.output.add_argument("--out", default=None, help="also write the markdown comparison here")
+    groups.output.add_argument("--summary", default=None, metavar="FILE", help="also write the markdown comparison "
+                               "to this file")
     groups.output.add_argument("--label", action="append", default=[],
                                help="name of each run, in the order found (default: its run folder); one per run")
     return p
@@ -108,10 +109,6 @@ def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> OutputFold
     return out
 
 
-def _is_summary(path: Path) -> bool:
-    return path.is_file() and path.read_text(errors="replace").startswith("# Hummingbird")
-
-
 def report_main(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
     try:
@@ -134,14 +131,11 @@ def report_main(argv: list[str]) -> int:
         r["label"] = label
     for line in differing_settings(results):
         print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
-    if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
-        raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
-                         "choose another file")
-    owner = next((r for r in results if args.out and Path(args.out).resolve() == Path(r["source"]).resolve().parent
-                  / "summary.md"), None)
-    if owner is not None:  # a run's own summary is part of that run
-        raise SystemExit(f"locatdino hbird report: --out {args.out} is the summary of the input run {owner['source']}: "
-                         "choose another file")
+    try:  # never over an input run's summary, nor any file hbird report did not write
+        if args.summary:
+            check_output_file(args.summary, "hbird report", args.overwrite, "--summary")
+    except UserError as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
     try:  # every run's stored figure checked against its own per-image matrices
         confusions = [run_confusions(r) for r in results]
     except ValueError as err:
@@ -154,8 +148,8 @@ def report_main(argv: list[str]) -> int:
                   f"confusion matrices (written before they were kept)", file=sys.stderr)
         deltas = miou_deltas(confusions, results[0].get("config", {}).get("hungarian", "iou"))
     print(results_table(results, deltas))
-    if args.out:
-        atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
+    if args.summary:
+        write_output_file(args.summary, "hbird report", summary_markdown(results, deltas=deltas))
     return 0
 
 

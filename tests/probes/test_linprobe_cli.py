@@ -8,7 +8,7 @@ from locatdino import cli
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 
 SMALL = ["--dataset", "scenes", "--num-train", "6", "--num-val", "3", "--scene-size", "32", "--input-size", "32",
-         "--iters", "6", "--batch-size", "4", "--augment", "off", "--precision", "fp32", "--workers", "0",
+         "--iters", "6", "--train-batch-size", "4", "--train-augment", "off", "--precision", "fp32", "--workers", "0",
          "--no-progress"]
 
 
@@ -83,14 +83,14 @@ def test_budget_and_optimiser_settings_are_refused_at_parse_time(tmp_path, capsy
 
 
 def test_a_batch_larger_than_the_training_set_is_refused_before_any_model(tmp_path, capsys, monkeypatch):
-    """``--batch-size 100000`` on 16 images was killed for memory after ~50 s."""
+    """``--train-batch-size 100000`` on 16 images was killed for memory after ~50 s."""
     from locatdino.probes import cli as probe_cli
 
     monkeypatch.setattr(probe_cli, "load_backbones", lambda *a: pytest.fail("built a model first"))
-    with pytest.raises(SystemExit, match="batch size \\(--batch-size\\) 100000 is more than the 6 training images: "
+    with pytest.raises(SystemExit, match="batch size \\(--train-batch-size\\) 100000 is more than the 6 training images: "
                                          "use at most 6$"):
         cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o"), *SMALL,
-                  "--batch-size", "100000"])
+                  "--train-batch-size", "100000"])
 
 
 def test_epochs_below_the_schedule_minimum_are_raised_with_a_note(tmp_path, capsys):

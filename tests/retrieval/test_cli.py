@@ -35,7 +35,7 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
 
     interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
     delta, low, high = map(float, re.search(interval, table).groups())
-    assert cli.main(["report", str(out), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert cli.main(["report", str(out), "--summary", str(tmp_path / "cmp.md")]) == 0
     reported = capsys.readouterr().out
     assert "| vit_tiny_patch16_224 |" in reported
     # found sorted by folder: the same pair, the other way round, hence the same interval negated
