@@ -79,6 +79,7 @@ def _report_parser() -> ArgumentParser:
                                "to this file")
     groups.output.add_argument("--label", action="append", default=[],
                                help="name of each run, in the order found (default: its run folder); one per run")
+    add_overwrite_option(groups.output)
     return p
 
 
