@@ -65,6 +65,7 @@ PROBE_TABLE = ConfigTable(
 )
 # what a report consists of: every file under its two folders is the report's (locatdino.output_folder)
 REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
+DEFAULT_FRACTIONS = (Fraction(1, 16), Fraction(1, 4), Fraction(1))
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -97,9 +98,9 @@ def _parser() -> ArgumentParser:
     add_data_arguments(groups.data)
     add_protocol_arguments(groups)
     protocol = groups.protocol
-    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+",
-                          default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
-                          metavar="F", help="memory sizes to score, as fractions of the full memory")
+    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+", default=None, metavar="F",
+                          help="memory sizes to score, as fractions of the full memory; one that cannot keep --k "
+                          "patches is refused (default: 1/16 1/4 1, those that can)")
     protocol.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
     protocol.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
                           help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         linprobe = _linprobe_config(args)
         train, val = _open_splits(args)
         if train is not None:
-            _check_memory_fractions(args.memory_fractions, patches, len(train), cfg)
+            args.memory_fractions = _memory_fractions(args.memory_fractions, patches, len(train), cfg)
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
@@ -262,21 +263,32 @@ def _check_models(specs: list[ModelSpec], layer: int) -> list[int]:
     return patches
 
 
-def _check_memory_fractions(fractions: list[Fraction], patches: list[int], num_train: int, cfg: Any) -> None:
-    """Refuse a memory fraction some model cannot be scored at (the report would lack its row): a
-    memory of at most ``num_train`` views of ``(input size / patch)²`` patches each, cut to that
-    fraction, must keep ``--k`` patches and one per view (:func:`memory_sizes`)."""
-    views = num_train * cfg.aug_epochs
+def _memory_fractions(given: list[Fraction] | None, patches: list[int], num_train: int, cfg: Any) -> list[Fraction]:
+    """The memory fractions to score. One that some model cannot be scored at would be missing
+    from the report: given, it is refused; of the defaults, it is left out with a note."""
+    fractions = given or list(DEFAULT_FRACTIONS)
+    unscorable = _unscorable(fractions, patches, num_train, cfg)
+    if unscorable and given:
+        fraction, why = next(iter(unscorable.items()))
+        raise ValueError(f"--memory-fractions {fraction}: {why}: use a larger fraction, or a smaller --k")
+    for fraction, why in unscorable.items():
+        print(f"[compare] note: default memory fraction {fraction} left out: {why}", file=sys.stderr)
+    return [f for f in fractions if f not in unscorable]
+
+
+def _unscorable(fractions: list[Fraction], patches: list[int], num_train: int, cfg: Any) -> dict[Fraction, str]:
+    """``{fraction: why}``, ascending, of the fractions below 1 whose memory cannot keep ``--k``
+    patches and one per view (:func:`memory_sizes`) for some model: at most ``num_train`` views of
+    ``(input size / patch)²`` patches each (``--memory-size`` at most)."""
+    views, found = num_train * cfg.aug_epochs, {}
     for patch in sorted(set(patches)):
         most = views * (cfg.input_size // patch) ** 2
         most = most if cfg.memory_size is None else min(most, cfg.memory_size)
         scored = {f for f, _ in memory_sizes(fractions, most, views, cfg.k)}
-        dropped = sorted(f for f in set(fractions) if f < 1 and f not in scored)
-        if dropped:
-            fraction = dropped[0]
-            raise ValueError(f"--memory-fractions {fraction}: at most {int(fraction * most):,} memory patches (of "
-                             f"{most:,} at patch {patch}), fewer than --k {cfg.k} or than one per memory view "
-                             f"({views:,}): use a larger fraction, or a smaller --k")
+        for fraction in sorted(f for f in set(fractions) if f < 1 and f not in scored and f not in found):
+            found[fraction] = (f"at most {int(fraction * most):,} memory patches (of {most:,} at patch {patch}), "
+                               f"fewer than --k {cfg.k} or than one per memory view ({views:,})")
+    return dict(sorted(found.items()))
 
 
 def report_classes(dataset: Any) -> list[str]:

@@ -34,7 +34,7 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
 def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} is not writable"):
+    with pytest.raises(SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} cannot be created: {blocker} is a file"):
         cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(blocker / "sub"), *SMALL])
     assert "[linprobe]" not in capsys.readouterr().err
     with pytest.raises(SystemExit, match=f"^locatdino linprobe: --out {blocker} is a file, not a folder$"):
