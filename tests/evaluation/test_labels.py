@@ -80,3 +80,12 @@ def test_hbird_report_labels_are_checked_like_model_labels(tmp_path, capsys):
         cli.main(["hbird", "report", str(tmp_path), "--label", "a", "--label", "a"])
     with pytest.raises(SystemExit, match=re.escape("locatdino hbird report: --label label 'a|1' holds |")):
         cli.main(["hbird", "report", str(tmp_path), "--label", "a|1", "--label", "b"])
+
+
+def test_a_run_folder_named_with_a_bar_shifts_no_column():
+    from locatdino.evaluation.tables import per_class_table
+
+    table = per_class_table([{"label": "runs/a|b", "per_class_iou": {"sky": 50.0}},
+                             {"label": "c", "per_class_iou": {"sky": 40.0}}])
+    head, _, row = table.splitlines()
+    assert head == "| class | runs/a\\|b | c | Δ |" and row.count("|") == 5  # class, two runs, Δ
