@@ -95,6 +95,11 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="holds the output of an earlier run"):  # never overwritten silently
         compare_cli.main(argv)
+    from locatdino.output_folder import RECORD_NAME, OutputFolder
+
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    assert sorted(OutputFolder(out, "compare").earlier()) == written  # every file it wrote is recorded
 
 
 def test_protocol_options_are_hbird_s(tmp_path):

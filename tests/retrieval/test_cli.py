@@ -32,6 +32,11 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert set(run["per_class_iou"]) >= {"sky", "animal"}
     assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
     assert "# Hummingbird comparison" in (out / "summary.md").read_text()
+    from locatdino.output_folder import RECORD_NAME, OutputFolder
+
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    assert sorted(OutputFolder(out, "hbird").earlier()) == written and len(written) == 7  # 2 x 3 + summary.md
 
     interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
     delta, low, high = map(float, re.search(interval, table).groups())
