@@ -181,8 +181,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
                                  "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
                                  "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
                                  "evaluation short side)", "S"),
-    "--batch-size": SharedOption(at_least(1), "images per encoder forward where features are computed apart from "
-                                 "training (memory, cached training features, queries); a probe's training batch is "
+    "--batch-size": SharedOption(at_least(1), "images per encoder forward outside a training step (Hummingbird's "
+                                 "memory and queries, the linear probe's queries); a probe's training batch is "
                                  "--train-batch-size (linprobe) or --linprobe-batch-size (compare)"),
     "--num-train": SharedOption(at_least(1), "memory (training) images: a seeded random subset of the split; for the "
                                 "built-in scenes, how many to render"),

@@ -139,7 +139,8 @@ class OutputFolder:
         the earlier run's recorded files (``overwrite``, after :meth:`check`) and killed writes'
         temporaries, and start this run's record."""
         with output_lock(self.path, self.option):
-            remove_stale_temporaries(self.path)
+            for folder in [self.path, *(p for p in self.path.iterdir() if p.is_dir() and not p.is_symlink())]:
+                remove_stale_temporaries(folder)  # a run's sub-folders too (one per model)
             if overwrite:
                 self._remove_earlier()
             self._written = []
