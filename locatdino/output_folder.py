@@ -166,6 +166,7 @@ class OutputFolder:
     def wrote(self, *paths: str | os.PathLike) -> None:
         """Record files this run has written (paths inside the folder, absolute or relative to it;
         one that is not there, an output a run may leave out, is skipped)."""
+        before = len(self._written)
         for path in map(Path, paths):
             if not os.path.lexists(path if path.is_absolute() or path.is_relative_to(self.path) else self.path / path):
                 continue
@@ -176,7 +177,8 @@ class OutputFolder:
             name = _relative(path)
             if name not in self._written:
                 self._written.append(name)
-        self._save()
+        if len(self._written) > before:
+            self._save()
 
     def write_text(self, name: str | os.PathLike, text: str) -> Path:
         """Write ``text`` to ``name`` in the folder atomically and record it."""

@@ -21,8 +21,9 @@ from locatdino.cli import COMMANDS
 SUBCOMMANDS = {"hbird": ["report"]}
 # fit's options are LightningCLI's (jsonargparse), checked by its own tests
 NOT_ARGPARSE = {"fit"}
-# export writes one file, not a folder, and keeps its own --overwrite (never its input checkpoint)
-OWN_MEANING = {("export", "--overwrite")}
+# --overwrite of commands whose earlier output is not an output folder's record: export writes one
+# file (never its input checkpoint); shards' earlier output is the shard set its index.json describes
+OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite")}
 
 
 class _Parsed(Exception):

@@ -14,7 +14,6 @@ import argparse
 import sys
 
 from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
-from locatdino.output_folder import add_overwrite_option
 from locatdino.data.shards.sources import build_source
 from locatdino.data.shards.writer import check_prefix, write_shards
 from locatdino.output_files import DiskFullError
@@ -65,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
     output.add_argument("--prefix", type=_prefix, default="shard",
                         help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
-    add_overwrite_option(output)
+    output.add_argument("--overwrite", action="store_true",
+                        help="replace the shard set already in OUT_DIR (its index.json and PREFIX-NNNNNN.tar files; "
+                        "other .tar files are never replaced)")
     add_shared_option(groups.runtime, "--workers", note="the cores this process may use")
     groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
