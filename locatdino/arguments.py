@@ -157,3 +157,45 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """An option several commands take: one type (its range included) and one help text, so that
+    one name means one thing in every command; each command gives its own default."""
+
+    type: Callable[[str], Any] | None
+    help: str
+    metavar: str | None = None
+
+
+# every option more than one command takes, defined once (tests/test_shared_options.py walks every
+# command's parser against it); a command adds one with add_shared_option
+SHARED_OPTIONS: dict[str, SharedOption] = {
+    "--seed": SharedOption(at_least(0), "seed of what the run draws at random (subsets, views, initialisations, "
+                           "batch order, the built-in scenes): the same seed, the same run"),
+    "--workers": SharedOption(at_least(0), "worker processes that read and prepare the images (0: this process "
+                              "does it all)"),
+    "--input-size": SharedOption(at_least(1), "encoder input side in px, a multiple of every model's patch size; "
+                                 "the default is the protocol's: 224 for Hummingbird (hbird, compare: the LocAtViT "
+                                 "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
+                                 "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
+                                 "evaluation short side)", "S"),
+    "--batch-size": SharedOption(at_least(1), "images per encoder forward outside a training step (Hummingbird's "
+                                 "memory and queries, the linear probe's queries); a probe's training batch is "
+                                 "--train-batch-size (linprobe) or --linprobe-batch-size (compare)"),
+    "--num-train": SharedOption(at_least(1), "memory (training) images: a seeded random subset of the split; for the "
+                                "built-in scenes, how many to render"),
+    "--num-val": SharedOption(at_least(1), "query images: a seeded random subset of the split; for the built-in "
+                              "scenes, how many to render"),
+    "--out": SharedOption(None, "output folder: everything the command writes goes here (its description lists "
+                          "what); one holding files the command did not write is refused", "DIR"),
+}
+
+
+def add_shared_option(group: Any, option: str, default: Any = None, note: str | None = None) -> None:
+    """Add the :data:`SHARED_OPTIONS` entry ``option`` to ``group`` with this command's ``default``;
+    ``note``, when the default needs words (``None``: the recipes'), is shown as ``(default: note)``."""
+    spec = SHARED_OPTIONS[option]
+    group.add_argument(option, type=spec.type, default=default, metavar=spec.metavar,
+                       help=spec.help + (f" (default: {note})" if note else ""))

@@ -39,14 +39,16 @@ import torch
 import yaml
 
 from locatdino import cli
-from locatdino.arguments import ArgumentParser, at_least, option_groups
+from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
+from locatdino.comparison.cli import REPORT_FILES
 from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR, resolve_recipe
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import fitting_sizes, patch_size
-from locatdino.output_files import atomic_write, ensure_writable, output_lock
+from locatdino.output_files import atomic_write
+from locatdino.output_folder import OutputFolder, add_overwrite_option
 
 # --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
 RECIPE_SETS = {
@@ -81,17 +83,16 @@ def _parser() -> ArgumentParser:
     model.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
                        help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
     model.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
-    model.add_argument("--seed", type=at_least(0), default=None,
-                       help="pretraining and random-init seed of both backbones (default: the recipes'); the "
-                       "held-out scenes and memory views stay the same")
+    add_shared_option(model, "--seed", note="the recipes'; it seeds the pretraining and random inits of both "
+                      "backbones, the held-out scenes and memory views stay the same")
     protocol.add_argument("--quick", action="store_true",
                           help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
-    groups.data.add_argument("--num-train", type=at_least(1), default=None, help="memory images of the evaluation")
-    groups.data.add_argument("--num-val", type=at_least(1), default=None, help="query images of the evaluation")
-    protocol.add_argument("--input-size", type=at_least(1), default=None, help="evaluation input size in px")
-    groups.output.add_argument("--out", default="runs/demo", help="everything the demo writes goes here")
-    groups.output.add_argument("--overwrite", action="store_true",
-                               help="replace an earlier demo in --out (its runs and report)")
+    add_shared_option(groups.data, "--num-train", note=f"{_FULL['num_train']}, --quick {_QUICK['num_train']}")
+    add_shared_option(groups.data, "--num-val", note=f"{_FULL['num_val']}, --quick {_QUICK['num_val']}")
+    add_shared_option(protocol, "--input-size", note=f"the demo's tiny budget: {_FULL['input_size']}, --quick "
+                      f"{_QUICK['input_size']}")
+    add_shared_option(groups.output, "--out", "runs/demo")
+    add_overwrite_option(groups.output)
     return p
 
 
@@ -138,10 +139,11 @@ def backbone_files(out: Path, tag: str) -> dict[str, tuple[Path, Path]]:
 
 
 def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, overwrite: bool = False,
-                  tag: str = "dino") -> None:
+                  tag: str = "dino") -> OutputFolder:
     """What would fail after the pretraining, checked before it: the evaluation input size
     against each recipe's patch size (backbones built on the meta device), and ``--out`` (writable,
-    and not holding an earlier demo, or files of the demo's names, unless ``overwrite``)."""
+    not holding an earlier demo's output, its runs' or report's included, unless ``overwrite``, nor
+    files the demo did not write where it writes: :mod:`locatdino.output_folder`)."""
     for label, recipe in zip(LABELS, recipes):
         name = model_args(recipe)["backbone"]
         with torch.device("meta"):
@@ -149,13 +151,14 @@ def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, ove
         if input_size % patch:
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
                             f"recipe's {name}: use {fitting_sizes(input_size, patch)}")
-    own = [path for pair in backbone_files(out, tag).values() for path in pair if path.exists()]
-    earlier = sorted(str(p.relative_to(out)) for p in [*out.glob("fit-*/checkpoints/*.ckpt"),
-                                                        *out.glob("compare/report.*"), *own])
+    folder, report = OutputFolder(out, "demo"), OutputFolder(out / "compare", "compare")
+    fits = sorted(str(p.relative_to(out)) for p in out.glob("fit-*/checkpoints/*.ckpt"))  # fit's own rule, up front
+    earlier = [*folder.earlier(), *(f"compare/{name}" for name in report.earlier()), *fits]
     if earlier and not overwrite:
-        raise UserError(f"--out {out} holds an earlier demo ({', '.join(earlier[:2])}"
-                        f"{', ...' if len(earlier) > 2 else ''}): pass --overwrite to replace it, or another --out")
-    ensure_writable(out, "--out")
+        raise folder.earlier_output(earlier)
+    folder.check([path.name for pair in backbone_files(out, tag).values() for path in pair], overwrite)
+    report.check(REPORT_FILES, overwrite)
+    return folder
 
 
 
@@ -224,14 +227,15 @@ def main(argv: list[str]) -> int:
     if differences:
         print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
               file=sys.stderr)
-    check_options(recipes, budget["input_size"], out, args.overwrite, tag)
-    with output_lock(out, "--out"):  # a second demo into --out is refused, not raced
-        return _pretrain_and_compare(args, budget, recipes, out, tag)
+    folder = check_options(recipes, budget["input_size"], out, args.overwrite, tag)
+    with folder.writing(args.overwrite):  # a second demo into --out is refused, not raced
+        return _pretrain_and_compare(args, budget, recipes, folder, tag)
 
 
 def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], recipes: list[dict[str, Any]],
-                          out: Path, tag: str) -> int:
+                          folder: OutputFolder, tag: str) -> int:
     """Steps 1-3 of the module docstring, then the conclusion; the exit status of ``compare``."""
+    out = folder.path
     started = time.perf_counter()
     specs: dict[str, str] = {}
     for label, path, recipe in zip(LABELS, args.recipes, recipes):
@@ -249,6 +253,7 @@ def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], reci
                  *(["--overwrite"] if args.overwrite else [])]):
             raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
         _save_random_init(recipe, random_init)
+        folder.wrote(trained, random_init)
         backbone = model_args(recipe)["backbone"]
         specs[f"{label}-{tag}"] = f"{label}-{tag}={backbone}:{trained}"
         specs[f"{label}-random"] = f"{label}-random={backbone}:{random_init}"

@@ -59,7 +59,7 @@ def _arguments(command: str, path: str, tmp_path) -> list[str]:
         "fit --ckpt_path": ["fit", *tiny_overrides(tmp_path), "--ckpt_path", path],
         "fit --model.backbone_checkpoint": ["fit", *tiny_overrides(tmp_path), "--model.backbone_checkpoint", path],
         "hbird": ["hbird", "--model", f"vit_tiny_patch16_224:{path}", *small],
-        "linprobe": ["linprobe", "--model", f"vit_tiny_patch16_224:{path}", *small],
+        "linprobe": ["linprobe", "--model", f"vit_tiny_patch16_224:{path}", *small, "--train-batch-size", "2"],
     }[command]
 
 

@@ -65,7 +65,7 @@ def test_recipe_differences_ignore_only_the_backbone():
 @pytest.mark.parametrize("argv, expected", [
     (["--input-size", "60"], "locatdino demo: --input-size 60 is not a multiple of the patch size 8 of the vit "
                              "recipe's vit_tiny_patch16_224: use 56 or 64"),
-    (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs is not writable: Not a directory"),
+    (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs cannot be created: {file} is a file"),
 ])
 def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_path, capsys, monkeypatch, argv,
                                                                            expected):
@@ -89,8 +89,9 @@ def test_an_earlier_demo_is_kept_unless_overwrite(tmp_path, capsys, monkeypatch)
     (out / "fit-vit" / "checkpoints" / "last.ckpt").write_bytes(b"earlier")
     monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
     assert cli.main(["demo", "--quick", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds an earlier demo "
-                                       "(fit-vit/checkpoints/last.ckpt): pass --overwrite to replace it, or another --out\n")
+    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds the output of an earlier run "
+                                       "(fit-vit/checkpoints/last.ckpt): pass --overwrite to replace it, or choose "
+                                       "another --out\n")
     assert (out / "fit-vit" / "checkpoints" / "last.ckpt").read_bytes() == b"earlier"
     ran = []
     monkeypatch.setattr(demo, "_run", lambda argv: ran.append(argv) or 1)  # the first fit "fails": stop there
@@ -123,18 +124,21 @@ def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_p
     (out / "locatvit_random_init.pth").write_bytes(b"a user's file")
     (out / "notes.txt").write_text("kept")
     monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
-    assert cli.main(["demo", "--quick", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds an earlier demo (locatvit_random_init.pth): "
-                                       "pass --overwrite to replace it, or another --out\n")
-    with output_lock(out, "--out"):  # another demo, still running
-        assert cli.main(["demo", "--quick", "--out", str(out), "--overwrite"]) == 1
-    assert capsys.readouterr().err.startswith(f"locatdino demo: --out {out} is in use by another run (pid {os.getpid()}")
+    for overwrite in ([], ["--overwrite"]):  # a file no demo recorded writing is never the demo's
+        assert cli.main(["demo", "--quick", "--out", str(out), *overwrite]) == 1
+        assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds locatvit_random_init.pth, which "
+                                           "locatdino demo did not write: move it or choose another --out (a run "
+                                           "replaces only files it wrote)\n")
     assert (out / "locatvit_random_init.pth").read_bytes() == b"a user's file"
+    other = tmp_path / "other"
+    with output_lock(other, "--out"):  # another demo, still running
+        assert cli.main(["demo", "--quick", "--out", str(other), "--overwrite"]) == 1
+    assert capsys.readouterr().err.startswith(f"locatdino demo: --out {other} is in use by another run (pid {os.getpid()}")
+    assert sorted(p.name for p in out.iterdir()) == ["locatvit_random_init.pth", "notes.txt"]
     recipe = {"model": {"backbone": "vit_tiny_patch16_224", "backbone_kwargs": {"depth": 1}}, "seed_everything": 3}
-    demo._save_random_init(recipe, out / "locatvit_random_init.pth")  # with --overwrite: replaced whole
-    state = torch.load(out / "locatvit_random_init.pth", weights_only=True)
+    demo._save_random_init(recipe, other / "locatvit_random_init.pth")
+    state = torch.load(other / "locatvit_random_init.pth", weights_only=True)
     assert "blocks.0.attn.qkv.weight" in state and "blocks.1.attn.qkv.weight" not in state
-    assert sorted(p.name for p in out.iterdir()) == [".locatdino.lock", "locatvit_random_init.pth", "notes.txt"]
 
 
 def test_an_earlier_recipe_name_is_refused_before_any_work(tmp_path, capsys):

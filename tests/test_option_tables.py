@@ -21,7 +21,7 @@ MODEL = {"--model", "--pos-embed", "--checkpoint"}  # --checkpoint: retired, hid
 # each command's options that set no protocol config field: models, data, device, outputs, presets
 COMMANDS = {
     "locatdino.retrieval.cli": ([HBIRD_TABLE], MODEL | DATA | {"--help", "--protocol", "--device", "--memory-dir",
-                                                               "--out"}),
+                                                               "--out", "--overwrite"}),
     "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.comparison.cli": ([COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
                                  MODEL | DATA | {"--help", "--protocol", "--device", "--baselines", "--memory-fractions",

@@ -21,7 +21,7 @@ import torch
 import benchmarks.gpu_check.cases as cases
 import locatdino.models.gaug.attention as attention_module
 import locatdino.models.gaug.flex_bias_attention as flex_module
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 
 SHAPES = ((0, 96), (4, 224), (0, 448))  # (registers, px)
 
@@ -30,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_results_option(parser, "bf16_criterion_cpu.json")
     args = parser.parse_args()
+    args.results = results_file(args, "bf16_criterion_cpu.json")  # before any measuring
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     attend, mask = flex_module._attend, attention_module.outer_product_mask
     biased = {"flex": ("_attend", flex_module, lambda q, k, v, r, c, *rest: attend(q, k, v, 1.01 * r, c, *rest)),

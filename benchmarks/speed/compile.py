@@ -22,7 +22,7 @@ import time
 import timm
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.ssl import DINOModule, update_teacher
 
 MODEL = "locatvit_small_patch16_224"
@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     add_results_option(parser, "compile.json")
     args = parser.parse_args()
+    args.results = results_file(args, "compile.json")  # before any measuring
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {MODEL}, {args.threads} thread(s), process CPU time, min of {args.reps}")
     print(f"{'case':<38} {'eager s':>8} {'compiled s':>11} {'compiled/eager':>15} {'compile s':>10}")

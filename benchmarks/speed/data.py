@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision import transforms as T
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.data import MultiCropTransform, ShardLoader, ShardStream, expand_urls, write_shards
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.shards.sources import FolderSource
@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="folder to keep the rendered JPEGs in between runs")
     add_results_option(ap, "data.json")
     args = ap.parse_args()
+    args.results = results_file(args, "data.json")  # before any measuring
     torch.manual_seed(0)
     random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 from torchvision.io import decode_jpeg, decode_png
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.transforms.decode import decode_rgb
 from locatdino.data.transforms.decoded_images import DecodedImage, default_image_size
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     add_results_option(ap, "decode.json")
     args = ap.parse_args()
+    args.results = results_file(args, "decode.json")  # before any measuring
     torch.set_num_threads(1)
     results = {}
     print(f"{'image':<24} {'work per image':<44} {'ms':>7} {'img/s/core':>11}")

@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, teacher_entropies, update_teacher
 
 CONFIGS = {
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     add_results_option(parser, "dino_step.json")
     args = parser.parse_args()
+    args.results = results_file(args, "dino_step.json")  # before any measuring
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, lightning {pl.__version__}, {args.threads} thread(s), "
           f"{args.rounds} rounds x {args.steps - 2} timed steps per side")

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("HBIRD_BENCH_DATA", "/tmp/locatdino-bench/voc-scenes"))
@@ -458,18 +458,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.part == "_case":
         return _case_main(args.spec)
     env = AVX2_ENV if args.isa == "avx2" else {}
+    names = {"reference": f"hbird-reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json",
+             "index-sweep": f"hbird-index-sweep-{(args.sizes or [448])[0]}.json"}
+    name = names.get(args.part, "hbird-scaling.json")
+    path = results_file(args, name)  # before any measuring
     if args.part == "reference":
         numbers = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases,
                             args.model)
-        name = f"hbird-reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json"
     elif args.part == "index-sweep":
         size = (args.sizes or [448])[0]
         rows = run_case({"kind": "index-sweep", "size": size, "n_train": args.num_train, "n_val": args.num_val})["rows"]
         print("\n".join(json.dumps(r) for r in rows))
-        numbers, name = {"rows": rows}, f"hbird-index-sweep-{size}.json"
+        numbers = {"rows": rows}
     else:
-        numbers, name = {"rows": scaling(args.sizes or [10_000, 100_000, 1_000_000])}, "hbird-scaling.json"
-    write_results(args.results, name, numbers)
+        numbers = {"rows": scaling(args.sizes or [10_000, 100_000, 1_000_000])}
+    write_results(path, name, numbers)
 
 
 if __name__ == "__main__":

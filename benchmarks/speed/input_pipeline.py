@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.speed.mfu import DinoStep, median_step_s
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.shards.sources import FolderSource
@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench_pipeline"), help="shards and fit runs")
     add_results_option(ap, "input_pipeline.json")
     args = ap.parse_args()
+    args.results = results_file(args, "input_pipeline.json")  # before any measuring
     device = torch.device(args.device)
     threads = args.threads or (1 if device.type == "cpu" else None)
     if threads:

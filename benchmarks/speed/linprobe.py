@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.studies.scenes_ranking import supervised
 from locatdino.comparison.cli import LINPROBE_DEFAULTS
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--no-ranking", action="store_true", help="only the cost rows")
     add_results_option(p, "linprobe.json")
     args = p.parse_args()
+    args.results = results_file(args, "linprobe.json")  # before any measuring
     torch.set_num_threads(args.threads)
 
     size = args.input_size

@@ -36,7 +36,7 @@ from pathlib import Path
 import timm
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.models import locatify  # (importing locatdino registers locatvit_*)
 
 MODELS = ("ViT-S", "ViT-S + PRR", "LocAtViT-S")
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--memory-child", metavar="MODEL", help=argparse.SUPPRESS)
     add_results_option(parser, "locatvit.json")
     args = parser.parse_args()
+    args.results = results_file(args, "locatvit.json")  # before any measuring
     torch.set_num_threads(args.threads)
     if args.memory_child:
         return memory_child(args.memory_child)

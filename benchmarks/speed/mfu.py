@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher
 
 aten = torch.ops.aten
@@ -204,6 +204,7 @@ def main() -> None:
     add_results_option(ap, "mfu.json")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (more spin against other jobs)")
     args = ap.parse_args()
+    args.results = results_file(args, "mfu.json")  # before any measuring
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = TOY if args.toy else FULL

@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.retrieval.torch_knn import TorchExactSearch
 
 
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=30)
     add_results_option(parser, "torch_knn_recall.json")
     args = parser.parse_args()
+    args.results = results_file(args, "torch_knn_recall.json")  # before any measuring
     print("| memory | coarse pass | recall@k | half-precision top-k alone | search s |")
     print("| --- | --- | --- | --- | --- |")
     rows = []

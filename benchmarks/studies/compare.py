@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.comparison.intervals import attach_differences, model_differences
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED
 
@@ -109,6 +109,7 @@ def main() -> None:
     p.add_argument("--figures", default="benchmarks/figures/compare", help="where the first seed's figures go")
     add_results_option(p, "compare.json")
     args = p.parse_args()
+    args.results = results_file(args, "compare.json")  # before any measuring
     reports, seconds = [], []
     for seed in args.seeds:
         report, wall = run_demo(seed, Path(args.out) / f"seed{seed}", args.quick)

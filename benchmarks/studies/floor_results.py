@@ -27,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.studies.supervised import _confusions, seed_mean_miou_interval
 from locatdino.comparison.intervals import model_differences
 
@@ -168,6 +168,7 @@ def main() -> None:
     p.add_argument("--token-stats", type=Path, default=None)
     add_results_option(p, "pretraining_floor.json")
     args = p.parse_args()
+    args.results = results_file(args, "pretraining_floor.json")  # before any measuring
     result = {
         "protocol": "100 memory / 50 query held-out scenes at 128 px, fp32, exact search; Hummingbird k 30; "
                     "linear probe 320 x 8 cached; mIoU in %; Δ [95 %]: seed-mean paired bootstrap over the scenes",

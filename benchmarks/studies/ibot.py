@@ -35,7 +35,7 @@ import torch
 import yaml
 
 # the evaluation protocol's names through studies.supervised (one import site)
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.studies.supervised import (
     CachedSplit, _confusions, intervals_numbers, miou_interval, open_split, paired_intervals, paired_rows, score,
     seed_mean_miou_interval)
@@ -202,7 +202,8 @@ def main() -> None:
     p.add_argument("--figure", type=Path, default=None, help="with --table: also draw the differences to this PNG")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
-    if args.table:
+    if args.table:  # the only mode that writes --results
+        args.results = results_file(args, "ibot.json")
         markdown, numbers = table(Path(args.out), args.steps)
         print(markdown)
         write_results(args.results, "ibot.json", numbers)

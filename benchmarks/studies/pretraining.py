@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import yaml
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.speed.dino_step import lightning_round
 from locatdino.comparison.runner import ShownImages
 from locatdino.data import MultiCropTransform, collate_multicrop
@@ -221,11 +221,12 @@ def main() -> None:
                           "pretraining-throughput-<backbone>.json, pretraining-blocks.json)")
     args = p.parse_args()
     if args.diagnose:
-        write_results(args.results, "pretraining-blocks.json", diagnose(args.diagnose, args.layers, args))
+        path = results_file(args, "pretraining-blocks.json")  # before any measuring
+        write_results(path, "pretraining-blocks.json", diagnose(args.diagnose, args.layers, args))
         return
     if args.throughput:
-        write_results(args.results, f"pretraining-throughput-{args.backbone}.json",
-                      {"s_per_step": throughput(args.backbone, args.throughput)})
+        path = results_file(args, f"pretraining-throughput-{args.backbone}.json")
+        write_results(path, path.name, {"s_per_step": throughput(args.backbone, args.throughput)})
         return
     if not args.setting:
         p.error("--setting or --throughput is required")
@@ -249,6 +250,7 @@ def main() -> None:
           "k-NN teacher | k-NN random | monitor curve |\n|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     name = args.setting + ("+" + "_".join(a.lstrip("-").split(".")[-1] for a in args.extra) if args.extra else "")
     name += "+plain_scenes" * args.plain_scenes
+    args.results = results_file(args, f"pretraining-{args.backbone}-{name}.json")  # before any training
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         fit_dir = out / args.backbone / name / f"seed{seed}"

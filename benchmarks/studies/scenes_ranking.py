@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--checkpoint", action="append", default=[], help="DINO export to score as well")
     add_results_option(p, "scenes_ranking.json")
     args = p.parse_args()
+    args.results = results_file(args, "scenes_ranking.json")  # before any measuring
 
     size = args.input_size
     train = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, size, args.num_train))

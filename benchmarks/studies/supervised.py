@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.evaluation.bootstrap import miou_interval, seed_mean_miou_interval
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.splits import CachedSplit, open_split
@@ -274,7 +274,8 @@ def main() -> None:
                         "--precision auto, int8 and bf16 against fp32 instead of training")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags, on every run (logged)")
     args = p.parse_args()
-    if args.table:
+    if args.table:  # the only mode that writes --results
+        args.results = results_file(args, "supervised.json")
         markdown, numbers = table(Path(args.out), args.labels, args.steps, args.extra, args.backbone_kwargs)
         print(markdown)
         write_results(args.results, "supervised.json", numbers)

@@ -25,7 +25,7 @@ import argparse
 
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.comparison.measure import ShownImages
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
 from locatdino.evaluation.model_runs import MODEL_METAVAR, parse_model
@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="random init of a model without a checkpoint")
     add_results_option(p, "token_stats.json")
     args = p.parse_args()
+    args.results = results_file(args, "token_stats.json")  # before any measuring
     torch.set_num_threads(2)
     val = open_split("scenes", None, "val", args.num_val, 0, args.input_size)
     images = ShownImages.from_split(val, len(val), args.input_size).images

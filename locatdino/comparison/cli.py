@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from locatdino.arguments import ArgumentParser, ConfigTable, at_least, option_groups
+from locatdino.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
+from locatdino.comparison.measure import memory_sizes
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
+from locatdino.errors import UserError
 from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
@@ -38,7 +40,8 @@ from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
-from locatdino.output_files import atomic_write_text, ensure_writable, output_lock
+from locatdino.models.token_grid import patch_size
+from locatdino.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.index import check_index_device
@@ -60,6 +63,9 @@ PROBE_TABLE = ConfigTable(
               "eval_batch_size": "the probe's default"},
     negated=frozenset({"--no-progress"}),
 )
+# what a report consists of: every file under its two folders is the report's (locatdino.output_folder)
+REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
+DEFAULT_FRACTIONS = (Fraction(1, 16), Fraction(1, 4), Fraction(1))
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
                     "rock, animal; locatdino.data.scenes.scene_class)")
@@ -92,9 +98,9 @@ def _parser() -> ArgumentParser:
     add_data_arguments(groups.data)
     add_protocol_arguments(groups)
     protocol = groups.protocol
-    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+",
-                          default=[Fraction(1, 16), Fraction(1, 4), Fraction(1)],
-                          metavar="F", help="memory sizes to score, as fractions of the full memory")
+    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+", default=None, metavar="F",
+                          help="memory sizes to score, as fractions of the full memory; one that cannot keep --k "
+                          "patches is refused (default: 1/16 1/4 1, those that can)")
     protocol.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
     protocol.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
                           help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
@@ -103,11 +109,9 @@ def _parser() -> ArgumentParser:
                           help="linear-probe training batch (the paper's: 32)")
     protocol.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
                           help="linear-probe training views: off (whole images, features cached once) or "
-                          "official (the paper's augmentation, backbone every iteration)")
-    groups.output.add_argument("--out", default="compare_results", help="output folder")
-    groups.output.add_argument("--overwrite", action="store_true",
-                               help="replace a report already in --out (report.md / .json, figures, per-image "
-                               "confusions)")
+                          "reference (the paper's augmentation, backbone every iteration)")
+    add_shared_option(groups.output, "--out", "compare_results")
+    add_overwrite_option(groups.output)
     groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
     return p
 
@@ -170,33 +174,35 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parse_protocol_args(parser, argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, [name.rstrip("/") for name in REPORT_FILES])
     specs = [ModelSpec(run.label, run.name, run.checkpoint) for run in runs]
     names = [s.name for s in specs]
     if args.baselines and set(names) & set(BASELINE_NAMES):
         raise SystemExit(f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
                          "baselines' rows: rename the model")
-    out = Path(args.out)
-    earlier = earlier_report(out)
-    if earlier and not args.overwrite:
-        raise SystemExit(f"locatdino compare: --out {out} holds an earlier report ({', '.join(earlier[:3])}"
-                         f"{', ...' if len(earlier) > 3 else ''}): pass --overwrite to replace it, or another --out")
+    folder = OutputFolder(args.out, "compare")
+    out = folder.path
+    try:
+        folder.check(REPORT_FILES, args.overwrite)
+    except UserError as err:
+        raise SystemExit(f"locatdino compare: {err}") from None
     device = encoder_device(args.device, "compare")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
         check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
-        _check_layer(specs, cfg.layer)
+        patches = _check_models(specs, cfg.layer)
         linprobe = _linprobe_config(args)
         train, val = _open_splits(args)
+        if train is not None:
+            args.memory_fractions = _memory_fractions(args.memory_fractions, patches, len(train), cfg)
         if linprobe is not None and train is not None:
             linprobe.check_train_size(len(train), "--linprobe-batch-size")
         probes, probe_info = _probe_set(args, train, val)
         if args.baselines and train is None:
             raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
-        ensure_writable(out, "--out")  # after the data: a refused run leaves no folder behind
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"locatdino compare: {err}") from None
-    with output_lock(out, "--out"):  # a second compare into --out is refused, not raced
+    with folder.writing(args.overwrite):  # a second compare into --out is refused, not raced
         if train is None:
             print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
                   f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
@@ -212,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         models = [o.to_dict() for o in outcomes]
         for i, (outcome, model) in enumerate(zip(outcomes, models)):
             if outcome.image_confusions is not None:
-                outcome.image_confusions.save(out / confusion_file(i))
+                folder.wrote(outcome.image_confusions.save(out / confusion_file(i)))
                 model["hbird"]["per_image_confusion"] = confusion_file(i)
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
-                    outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe"))
+                    folder.wrote(outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe")))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
         attach_differences(models, out, cfg.hungarian)
         report = {
@@ -232,33 +238,57 @@ def main(argv: list[str] | None = None) -> int:
             "failed": failed,
             "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
         }
-        atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-        atomic_write_text(out / "report.md", report_markdown(report))
+        folder.wrote(*(out / path for path in report["figures"].values()))
+        folder.write_text("report.json", json.dumps(report, indent=2, default=str) + "\n")
+        folder.write_text("report.md", report_markdown(report))
         if outcomes:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
         return 1 if failed else 0
 
 
-def _check_layer(specs: list[ModelSpec], layer: int) -> None:
+def _check_models(specs: list[ModelSpec], layer: int) -> list[int]:
     """``--layer`` against every model's depth (built on the meta device: no memory, no weights)
-    before the first model runs; a model that cannot be built is left to its own load, which
-    reports it as that model's failure."""
+    before the first model runs; returns the patch sizes of the models that can be built (one that
+    cannot is left to its own load, which reports it as that model's failure)."""
+    patches = []
     for spec in specs:
         try:
             with torch.device("meta"):
-                depth = len(create_backbone(spec.model).blocks)
+                model = create_backbone(spec.model)
         except Exception:  # noqa: BLE001 - reported by load_model, per model
             continue
-        check_layer(depth, layer, spec.model)
+        check_layer(len(model.blocks), layer, spec.model)
+        patches.append(patch_size(model)[0])
+    return patches
 
 
-def earlier_report(out: Path) -> list[str]:
-    """What a report in ``out`` consists of and ``--overwrite`` replaces (paths relative to ``out``):
-    ``report.md`` / ``report.json``, ``figures/*.png`` and ``per_image_confusion/*``."""
-    found = [out / name for name in ("report.json", "report.md")]
-    found += sorted((out / "figures").glob("*.png")) + sorted((out / "per_image_confusion").glob("*"))
-    return [str(p.relative_to(out)) for p in found if p.exists()]
+def _memory_fractions(given: list[Fraction] | None, patches: list[int], num_train: int, cfg: Any) -> list[Fraction]:
+    """The memory fractions to score. One that some model cannot be scored at would be missing
+    from the report: given, it is refused; of the defaults, it is left out with a note."""
+    fractions = given or list(DEFAULT_FRACTIONS)
+    unscorable = _unscorable(fractions, patches, num_train, cfg)
+    if unscorable and given:
+        fraction, why = next(iter(unscorable.items()))
+        raise ValueError(f"--memory-fractions {fraction}: {why}: use a larger fraction, or a smaller --k")
+    for fraction, why in unscorable.items():
+        print(f"[compare] note: default memory fraction {fraction} left out: {why}", file=sys.stderr)
+    return [f for f in fractions if f not in unscorable]
+
+
+def _unscorable(fractions: list[Fraction], patches: list[int], num_train: int, cfg: Any) -> dict[Fraction, str]:
+    """``{fraction: why}``, ascending, of the fractions below 1 whose memory cannot keep ``--k``
+    patches and one per view (:func:`memory_sizes`) for some model: at most ``num_train`` views of
+    ``(input size / patch)²`` patches each (``--memory-size`` at most)."""
+    views, found = num_train * cfg.aug_epochs, {}
+    for patch in sorted(set(patches)):
+        most = views * (cfg.input_size // patch) ** 2
+        most = most if cfg.memory_size is None else min(most, cfg.memory_size)
+        scored = {f for f, _ in memory_sizes(fractions, most, views, cfg.k)}
+        for fraction in sorted(f for f in set(fractions) if f < 1 and f not in scored and f not in found):
+            found[fraction] = (f"at most {int(fraction * most):,} memory patches (of {most:,} at patch {patch}), "
+                               f"fewer than --k {cfg.k} or than one per memory view ({views:,})")
+    return dict(sorted(found.items()))
 
 
 def report_classes(dataset: Any) -> list[str]:

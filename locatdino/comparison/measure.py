@@ -143,8 +143,13 @@ def measure_hummingbird(outcome: ModelOutcome, run: Callable[[HummingbirdConfig,
     full = run(cfg, inspect)
     outcome.hbird, outcome.image_confusions = full.to_dict(), full.image_confusions
     curve = [{"fraction": "1", "memory_patches": outcome.hbird["memory_patches"], "miou": outcome.hbird["miou"]}]
-    for fraction, size in reversed(memory_sizes(fractions, outcome.hbird["memory_patches"], num_train * cfg.aug_epochs,
-                                                cfg.k)):
+    sizes = memory_sizes(fractions, outcome.hbird["memory_patches"], num_train * cfg.aug_epochs, cfg.k)
+    # compare refuses up front a fraction that no memory of the input size can score; one that the
+    # patches actually stored (fewer, e.g. zoomed-out views) cannot is said here, not dropped silently
+    for fraction in sorted({f for f in fractions if f < 1} - {f for f, _ in sizes}):
+        say(f"{name}: memory {fraction} not scored: {int(fraction * outcome.hbird['memory_patches']):,} patches, "
+            f"fewer than k {cfg.k} or than one per memory view")
+    for fraction, size in reversed(sizes):
         say(f"{name}: Hummingbird, memory {fraction} ({size:,} patches)")
         result = run(replace(cfg, memory_size=size), None)
         curve.insert(0, {"fraction": str(fraction), "memory_patches": result.memory_patches, "miou": result.miou})

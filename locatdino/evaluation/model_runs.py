@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 from locatdino.arguments import ArgumentParser
 from locatdino.errors import UserError
 from locatdino.evaluation.features import check_layer, load_backbone
+from locatdino.evaluation.labels import check_labels
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 from locatdino.models.token_grid import fitting_sizes, patch_size
 
@@ -85,10 +87,11 @@ def _retired_forms(args: argparse.Namespace, parser: ArgumentParser) -> None:
         parser.error(f"unrecognized arguments: {' '.join(retired)}")
 
 
-def model_runs(args: argparse.Namespace, parser: ArgumentParser) -> list[ModelRun]:
+def model_runs(args: argparse.Namespace, parser: ArgumentParser, reserved: Iterable[str] = ()) -> list[ModelRun]:
     """A :class:`ModelRun` per ``--model``, in order, with unique labels usable as folder names
-    (a derived label that repeats gets ``-2``, ``-3``, …; a LABEL given twice is refused); every
-    problem exits in one line naming ``parser``'s command, status 2."""
+    (a derived label that repeats, case ignored, gets ``-2``, ``-3``, …; a LABEL is checked by
+    :func:`~locatdino.evaluation.labels.check_labels`, ``reserved`` the names the command writes
+    into its output folder); every problem exits in one line naming ``parser``'s command, status 2."""
     _retired_forms(args, parser)
     if not args.model:
         parser.error("the following arguments are required: --model")
@@ -101,20 +104,20 @@ def model_runs(args: argparse.Namespace, parser: ArgumentParser) -> list[ModelRu
     except ValueError as err:
         parser.refuse(str(err))
     given = [label for label, _, _ in parsed if label is not None]
-    for label in given:
-        if given.count(label) > 1 or label in (".", "..") or re.search(r"[/\\\0]", label):
-            parser.refuse(f"--model label {label!r}: labels name each run's folder and row, so each is given once "
-                          "and holds no '/'")
-    runs, seen = [], set(given)
+    runs, seen = [], {label.casefold() for label in given}
     for (label, name, checkpoint), rule in zip(parsed, rules):
         if label is None:
             label = re.sub(r"[^\w.+-]+", "_", name if checkpoint is None else f"{name}-{Path(checkpoint).stem}")
             base, i = label, 1
-            while label in seen:
+            while label.casefold() in seen:
                 i += 1
                 label = f"{base}-{i}"
-            seen.add(label)
+            seen.add(label.casefold())
         runs.append(ModelRun(label, name, checkpoint, rule))
+    try:  # derived labels too: a checkpoint stem may be a reserved name
+        check_labels([run.label for run in runs], "--model", reserved)
+    except ValueError as err:
+        parser.refuse(str(err))
     return runs
 
 

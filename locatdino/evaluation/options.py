@@ -8,7 +8,8 @@ encoders on the same datasets, so a user who learns ``--layer 10 --norm`` on one
 with the same meaning, default and ``--help`` group, on the others; defining the options once
 keeps them from drifting apart. Each command adds only what is its own (Hummingbird's protocol:
 ``locatdino.retrieval.options``; the probe's budget, outputs, figures).
-Every number is range-checked as it is parsed (``locatdino.arguments``), before any work.
+Every number is range-checked as it is parsed, before any work, and an option several commands
+take is defined once, with one type, range and help (``locatdino.arguments.SHARED_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import OptionGroups, at_least, integer
+from locatdino.arguments import OptionGroups, add_shared_option, at_least, integer
 from locatdino.data.datasets.segmentation import DATASETS
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
@@ -35,9 +36,8 @@ def add_data_arguments(g: Any) -> None:
                    "not needed for the built-in scenes")
     g.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
     g.add_argument("--val-split", default="val", help="query split")
-    g.add_argument("--num-train", type=at_least(1), default=None,
-                   help="memory images: a seeded random subset (scenes: how many to render, default 300)")
-    g.add_argument("--num-val", type=at_least(1), default=None, help="query images (scenes default 100)")
+    add_shared_option(g, "--num-train", note="the whole split; the built-in scenes: 300")
+    add_shared_option(g, "--num-val", note="the whole split; the built-in scenes: 100")
     g.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")
 
 
@@ -64,8 +64,7 @@ def add_feature_arguments(groups: OptionGroups, d: Any) -> None:
 
 def add_loader_arguments(g: Any) -> None:
     """DataLoader workers and progress bars (``g``: the runtime group)."""
-    g.add_argument("--workers", type=at_least(0), default=None,
-                   help="DataLoader workers (default: 1 for a CPU encoder, min(8, cores) on GPU)")
+    add_shared_option(g, "--workers", note="1 for a CPU encoder, min(8, cores) on GPU")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

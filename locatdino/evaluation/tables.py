@@ -15,14 +15,14 @@ def number_cell(value: float | None, digits: int = 2) -> str:
 
 
 def run_label(result: dict[str, Any]) -> str:
-    """Short name of a run: its report label (run folder or ``--label``), else the model name plus
-    the checkpoint's file stem when there is one."""
-    if result.get("label"):
-        return result["label"]
+    """Short name of a run, as a table cell: its report label (run folder or ``--label``), else
+    the model name plus the checkpoint's file stem when there is one; a ``|`` (a run folder's name
+    may hold one, a LABEL may not) escaped so that it shifts no column."""
     model = result.get("model", {})
     name = model.get("label") or model.get("name") or "model"
     ckpt = model.get("checkpoint")
-    return f"{name} ({Path(ckpt).stem})" if ckpt and not model.get("label") else name
+    label = result.get("label") or (f"{name} ({Path(ckpt).stem})" if ckpt and not model.get("label") else name)
+    return label.replace("|", "\\|")
 
 
 def per_class_table(results: Sequence[dict[str, Any]]) -> str:

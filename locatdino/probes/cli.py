@@ -6,28 +6,29 @@
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are probed one after
 another on the same data, batches and seed. One model writes ``OUT/results.json``,
 ``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
-``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. Results already there are kept unless
-``--overwrite`` (checked before any work).
+``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. An earlier run's output there is kept
+unless ``--overwrite`` (checked before any work; ``locatdino.output_folder``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, ConfigTable, at_least, non_negative_float, option_groups, positive_float
+from locatdino.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
+                                 option_groups, positive_float)
+from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
                                           encoder_device, open_splits, record_run)
 from locatdino.evaluation.splits import CachedSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
-                                    remove_stale_temporaries)
+from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
@@ -36,10 +37,11 @@ from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_tabl
 # which option sets which LinearProbeConfig field
 PROBE_TABLE = ConfigTable(
     LinearProbeConfig,
-    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs", "--batch-size": "batch_size",
-             "--lr": "lr", "--weight-decay": "weight_decay", "--augment": "augment", "--no-cache": "cache",
+    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs",
+             "--train-batch-size": "batch_size", "--lr": "lr", "--weight-decay": "weight_decay",
+             "--train-augment": "augment", "--no-cache": "cache",
              "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--layer": "layer", "--norm": "norm",
-             "--prr": "prr", "--precision": "precision", "--eval-batch-size": "eval_batch_size",
+             "--prr": "prr", "--precision": "precision", "--batch-size": "eval_batch_size",
              "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
     internal={},
     negated=frozenset({"--no-cache", "--no-progress"}),
@@ -58,33 +60,33 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--input-size", type=int, default=d.input_size, metavar="S",
-                          help="training crop side and evaluation short side (paper: 512)")
+    add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument("--iters", type=at_least(MIN_STEPS), default=d.iterations,
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
     budget.add_argument("--epochs", type=positive_float, default=None,
                         help="training budget in passes over the training images instead of --iters")
-    protocol.add_argument("--batch-size", type=at_least(1), default=d.batch_size,
-                          help="training batch (paper: 32; at most the training images)")
+    protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
+                          help="training batch of the head (paper: 32; at most the training images)")
     protocol.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
-    protocol.add_argument("--augment", choices=PROBE_AUGMENT, default=d.augment,
-                          help="official: the paper's resize / crop / flip / photometric augmentation (backbone "
-                          "every iteration); off: whole images resized to S x S, features cached once")
+    protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,
+                          help="training views of the head: reference (the paper's resize / crop / flip / "
+                          "photometric augmentation, backbone every iteration) or off (whole images resized to "
+                          "S x S, features cached once)")
     add_feature_arguments(groups, d)
-    protocol.add_argument("--seed", type=int, default=d.seed,
-                          help="head init, batch order, augmentation, subsets, random init")
+    add_shared_option(protocol, "--seed", d.seed)
     runtime.add_argument("--no-cache", action="store_true",
-                         help="with --augment off, recompute the features every iteration (the cached path's check)")
+                         help="with --train-augment off, recompute the features every iteration (the cached path's "
+                         "check)")
     runtime.add_argument("--cache-dir", default=None,
                          help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
-    runtime.add_argument("--cache-ram-mb", type=int, default=d.max_cache_ram_mb,
+    runtime.add_argument("--cache-ram-mb", type=at_least(0), default=d.max_cache_ram_mb,
                          help="largest feature cache kept in RAM; larger ones are memory-mapped files")
-    runtime.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="query images per forward")
+    add_shared_option(runtime, "--batch-size", d.eval_batch_size)
     add_loader_arguments(runtime)
-    groups.output.add_argument("--out", default="linprobe_results", metavar="DIR", help="results.json + summary.md")
-    groups.output.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    add_shared_option(groups.output, "--out", "linprobe_results")
+    add_overwrite_option(groups.output)
     return p
 
 
@@ -93,32 +95,28 @@ def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
     return PROBE_TABLE.build(args)
 
 
-def _check_outputs(out: Path, labels: list[str], cache_dir: str | None, overwrite: bool) -> None:
-    """Fail before any training when an output folder cannot be written, or holds results of an
-    earlier run that only ``--overwrite`` may replace."""
-    folders = [(out if len(labels) == 1 else out / label, "--out") for label in labels]
-    earlier = [path for folder, _ in folders for path in (folder / name for name in PROBE_FILES) if path.exists()]
-    if len(labels) > 1 and (out / "summary.md").exists():
-        earlier.append(out / "summary.md")
-    if earlier and not overwrite:
-        raise SystemExit(f"locatdino linprobe: --out {out} holds results of an earlier run ({earlier[0]}"
-                         f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): pass --overwrite to "
-                         "replace them, or another --out")
-    if cache_dir is not None:
-        folders.append((Path(cache_dir), "--cache-dir"))
+def _check_outputs(out: str, labels: list[str], cache_dir: str | None, overwrite: bool) -> OutputFolder:
+    """Fail before any training when an output folder cannot be written, or holds an earlier
+    run's output that only ``--overwrite`` may replace, or files linprobe did not write
+    (:mod:`locatdino.output_folder`)."""
+    folder = OutputFolder(out, "linprobe")
+    planned = PROBE_FILES if len(labels) == 1 else ["summary.md", *(f"{label}/{name}" for label in labels
+                                                                   for name in PROBE_FILES)]
     try:
-        for folder, flag in folders:
-            ensure_writable(folder, flag)
-            remove_stale_temporaries(folder)
-    except OSError as err:
+        folder.check(planned, overwrite)
+        if cache_dir is not None:
+            ensure_writable(cache_dir, "--cache-dir")
+            remove_stale_temporaries(cache_dir)
+    except (OSError, UserError) as err:
         raise SystemExit(f"locatdino linprobe: {err}") from None
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, PROBE_FILES)
     device = encoder_device(args.device, "linprobe")
     try:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
@@ -134,16 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
-    out = Path(args.out)
-    _check_outputs(out, [run.label for run in runs], args.cache_dir, args.overwrite)
-    with output_lock(out, "--out"):  # a second run into --out is refused, not raced
-        return _probe_all(args, runs, models, train_set, val_set, cfg, device)
+    folder = _check_outputs(args.out, [run.label for run in runs], args.cache_dir, args.overwrite)
+    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
+        return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
 
 
 def _probe_all(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set: Any, val_set: Any,
-               cfg: LinearProbeConfig, device: torch.device) -> int:
-    """Every model's probe, each written as it finishes, then the comparison of them all."""
-    out = Path(args.out)
+               cfg: LinearProbeConfig, device: torch.device, folder: OutputFolder) -> int:
+    """Every model's probe, each written (and recorded) as it finishes, then the comparison of them all."""
+    out = folder.path
     results = []
     for run, model in zip(runs, models):
         label, iterations = run.label, cfg.total_iterations(len(train_set))
@@ -153,12 +150,14 @@ def _probe_all(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.M
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
         result = record_run(probe.to_dict(), args, run, model)
         try:
-            write_probe_run(result, probe.image_confusions, out if len(runs) == 1 else out / label)
+            run_dir = out if len(runs) == 1 else out / label
+            write_probe_run(result, probe.image_confusions, run_dir)
+            folder.wrote(*(run_dir / name for name in PROBE_FILES))
         except DiskFullError as err:
             raise SystemExit(f"locatdino linprobe: {err}") from None
         results.append(result)
     if len(results) > 1:
-        atomic_write_text(out / "summary.md", probe_summary(results, "Dense linear probe comparison"))
+        folder.write_text("summary.md", probe_summary(results, "Dense linear probe comparison"))
     print(probe_table(results))
     print(f"[linprobe] results written to {out}", file=sys.stderr)
     return 0

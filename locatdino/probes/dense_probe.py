@@ -7,7 +7,7 @@ The backbone is frozen (eval mode, ``requires_grad=False``, inference mode) and 
 block's patch tokens without final norm or PRR (:class:`~locatdino.evaluation.features.
 FeatureExtractor` with ``l2_normalize=False``); only the head trains, with the paper's AdamW and
 OneCycle schedule (:mod:`~locatdino.probes.one_cycle`), batch 32, for ``iterations`` steps (or
-``epochs`` passes over the training set). ``augment="official"`` is the paper's augmentation
+``epochs`` passes over the training set). ``augment="reference"`` is the paper's augmentation
 (:mod:`~locatdino.probes.seg_transforms`), recomputing the backbone every iteration;
 ``augment="off"`` trains on whole images resized to ``S × S`` and, with ``cache`` (default),
 computes each image's tokens once (:class:`~locatdino.probes.feature_store.FeatureStore`) — the
@@ -47,7 +47,7 @@ from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, d
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
 from locatdino.progress import progress
 
-PROBE_AUGMENT = ("official", "off")
+PROBE_AUGMENT = ("reference", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve
 
 
@@ -61,7 +61,7 @@ class LinearProbeConfig:
     batch_size: int = 32
     lr: float = LR
     weight_decay: float = WEIGHT_DECAY
-    augment: str = "official"  # official (the paper's) | off (whole images, cacheable)
+    augment: str = "reference"  # reference (the paper's) | off (whole images, cacheable)
     cache: bool = True  # with augment off: each image's features computed once
     cache_dir: str | None = None  # where a feature store too large for RAM is memory-mapped
     max_cache_ram_mb: int = 4096
@@ -98,7 +98,7 @@ class LinearProbeConfig:
             return self.iterations
         return max(MIN_STEPS, self.epoch_iterations(num_train))
 
-    def check_train_size(self, num_train: int, flag: str = "--batch-size") -> None:
+    def check_train_size(self, num_train: int, flag: str = "--train-batch-size") -> None:
         """``ValueError`` when a training batch would exceed the training set (each image drawn
         several times per batch; a huge batch once allocated its whole draw order and was
         killed for memory)."""
@@ -211,7 +211,7 @@ def _batches(extractor: FeatureExtractor, train_set: Any, order: np.ndarray, cfg
         finally:
             store.close()
         return
-    augmentation = ProbeAugmentation(cfg.input_size) if cfg.augment == "official" else None
+    augmentation = ProbeAugmentation(cfg.input_size) if cfg.augment == "reference" else None
     views = TrainViews(train_set, order, cfg.input_size, augmentation, cfg.seed)
     loader = DataLoader(views, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
     for items, n_bad in clock.iterate(loader, "data"):

@@ -3,13 +3,15 @@
     locatdino hbird --model vit_small_patch16_224:dino_vits16.pth \\
         --model locatvit_small:last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
     locatdino hbird --model vit_small_patch16_224:dino_vits16.pth --protocol reference ...
-    locatdino hbird report runs/a runs/b --out comparison.md
+    locatdino hbird report runs/a runs/b --summary comparison.md
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are evaluated on the same
 memory views and compared in one report; ``--protocol reference`` runs open-hummingbird-eval's
 settings (``locatdino.retrieval.options``). One model writes ``OUT/results.json``,
 ``OUT/summary.md`` and ``OUT/per_image_confusion.npz``; several write ``OUT/<model>/...`` per run
-plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval.
+plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval. An
+``--out`` holding an earlier run's output is refused unless ``--overwrite``, which removes all of
+it first (``locatdino.output_folder``).
 ``report`` rebuilds a comparison, intervals included, from existing ``results.json`` files.
 """
 
@@ -22,13 +24,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, option_groups
+from locatdino.arguments import ArgumentParser, add_shared_option, option_groups
+from locatdino.errors import UserError
+from locatdino.evaluation.image_confusions import CONFUSION_FILE
+from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
-                                    remove_stale_temporaries)
+from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
@@ -36,6 +41,9 @@ from locatdino.retrieval.options import (HBIRD_TABLE, add_protocol_arguments, co
                                          protocol_record)
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         miou_deltas, results_table, run_confusions, summary_markdown, write_run)
+
+
+RUN_FILES = ("results.json", "summary.md", CONFUSION_FILE)  # what write_run writes into a run's folder
 
 
 def _parser() -> ArgumentParser:
@@ -54,7 +62,8 @@ def _parser() -> ArgumentParser:
     groups.runtime.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
                                 help="stored features (memory-dir banks, non-Flat indices)")
     groups.runtime.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
-    groups.output.add_argument("--out", default="hbird_results", metavar="DIR", help="results.json + summary.md")
+    add_shared_option(groups.output, "--out", "hbird_results")
+    add_overwrite_option(groups.output)
     return p
 
 
@@ -66,9 +75,11 @@ def _report_parser() -> ArgumentParser:
     groups.data.add_argument("results", nargs="+", help="results.json files or directories holding them")
     groups.data.add_argument("--allow-mixed", action="store_true",
                              help="compare runs of different datasets, splits or query counts anyway (marked)")
-    groups.output.add_argument("--out", default=None, help="also write the markdown comparison here")
+    groups.output.add_argument("--summary", default=None, metavar="FILE", help="also write the markdown comparison "
+                               "to this file")
     groups.output.add_argument("--label", action="append", default=[],
                                help="name of each run, in the order found (default: its run folder); one per run")
+    add_overwrite_option(groups.output)
     return p
 
 
@@ -77,48 +88,26 @@ def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | Non
     return None if args.memory_dir is None else str(Path(args.memory_dir) / ("" if single else label))
 
 
-def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> None:
-    """Fail before any work when an output cannot be written or holds something hbird did not
-    write (a bank replaces its folder whole; reports replace ``results.json`` / ``summary.md``).
-    The results come last, and a memory bank is staged next to its folder; stale temporaries of
-    killed runs go first."""
+def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> OutputFolder:
+    """Fail before any work when an output cannot be written, or holds an earlier run's output
+    (without ``--overwrite``) or files hbird did not write (:mod:`locatdino.output_folder`); a
+    memory bank replaces its folder whole, and is staged next to it."""
     single = len(runs) == 1
-    out = Path(args.out)
-    folders = [(out if single else out / run.label, "--out") for run in runs]
+    out = OutputFolder(args.out, "hbird")
     banks = [] if args.memory_dir is None else [Path(_memory_dir(args, run.label, single)) for run in runs]
-    folders += [(bank.parent, "--memory-dir") for bank in banks]
     try:
         for bank in banks:
             check_bank_folder(bank)
-            if bank.resolve() == out.resolve() or bank.resolve() in out.resolve().parents:
-                raise ValueError(f"--memory-dir {bank} would replace --out {out}: give them different folders")
-        for report in {out / "summary.md", *(folder / name for folder, flag in folders if flag == "--out"
-                                             for name in ("results.json", "summary.md"))}:
-            _check_own_report(report)
-        for folder, flag in folders:
-            ensure_writable(folder, flag)
-            remove_stale_temporaries(folder)
-    except (OSError, ValueError) as err:
+            if bank.resolve() == out.path.resolve() or bank.resolve() in out.path.resolve().parents:
+                raise ValueError(f"--memory-dir {bank} would replace --out {out.path}: give them different folders")
+        out.check(RUN_FILES if single else ["summary.md", *(f"{run.label}/{name}" for run in runs
+                                                          for name in RUN_FILES)], args.overwrite)
+        for bank in banks:
+            ensure_writable(bank.parent, "--memory-dir")
+            remove_stale_temporaries(bank.parent)
+    except (OSError, ValueError, UserError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
-
-
-def _is_summary(path: Path) -> bool:
-    return path.is_file() and path.read_text(errors="replace").startswith("# Hummingbird")
-
-
-def _is_results(path: Path) -> bool:
-    try:
-        return path.is_file() and bool(load_results([path]))
-    except ValueError:
-        return False
-
-
-def _check_own_report(path: Path, flag: str = "--out") -> None:
-    """``ValueError`` when ``path`` exists and is not a report hbird wrote (it would be replaced)."""
-    ours = _is_results(path) if path.suffix == ".json" else _is_summary(path)
-    if path.exists() and not ours:
-        raise ValueError(f"{flag}: {path} exists and is not a Hummingbird {path.name}: choose another {flag} "
-                         "(a run replaces the reports it wrote, nothing else)")
+    return out
 
 
 def report_main(argv: list[str]) -> int:
@@ -126,6 +115,10 @@ def report_main(argv: list[str]) -> int:
     try:
         results = load_results(args.results)
     except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
+    try:
+        check_labels(args.label, "--label")
+    except ValueError as err:
         raise SystemExit(f"locatdino hbird report: {err}") from None
     labels = args.label or label_by_folder(results)
     if len(labels) != len(results):
@@ -139,14 +132,11 @@ def report_main(argv: list[str]) -> int:
         r["label"] = label
     for line in differing_settings(results):
         print(f"locatdino hbird report: warning: {line}", file=sys.stderr)
-    if args.out and Path(args.out).exists() and not _is_summary(Path(args.out)):  # never over an input
-        raise SystemExit(f"locatdino hbird report: --out {args.out} exists and is not a Hummingbird summary: "
-                         "choose another file")
-    owner = next((r for r in results if args.out and Path(args.out).resolve() == Path(r["source"]).resolve().parent
-                  / "summary.md"), None)
-    if owner is not None:  # a run's own summary is part of that run
-        raise SystemExit(f"locatdino hbird report: --out {args.out} is the summary of the input run {owner['source']}: "
-                         "choose another file")
+    try:  # never over an input run's summary, nor any file hbird report did not write
+        if args.summary:
+            check_output_file(args.summary, "hbird report", args.overwrite, "--summary")
+    except UserError as err:
+        raise SystemExit(f"locatdino hbird report: {err}") from None
     try:  # every run's stored figure checked against its own per-image matrices
         confusions = [run_confusions(r) for r in results]
     except ValueError as err:
@@ -159,8 +149,8 @@ def report_main(argv: list[str]) -> int:
                   f"confusion matrices (written before they were kept)", file=sys.stderr)
         deltas = miou_deltas(confusions, results[0].get("config", {}).get("hungarian", "iou"))
     print(results_table(results, deltas))
-    if args.out:
-        atomic_write_text(args.out, summary_markdown(results, deltas=deltas))
+    if args.summary:
+        write_output_file(args.summary, "hbird report", summary_markdown(results, deltas=deltas))
     return 0
 
 
@@ -170,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_main(argv[1:])
     parser = _parser()
     args = parse_protocol_args(parser, argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, RUN_FILES)
     device = encoder_device(args.device, "hbird")
     try:
         cfg = config_from_args(args, HBIRD_TABLE)  # inconsistent settings fail before any data is read
@@ -179,15 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino hbird: {err}") from None
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
-    _check_outputs(args, runs)
-    with output_lock(args.out, "--out"):  # a second run into --out is refused, not raced
-        return _evaluate(args, runs, models, train_set, val_set, device)
+    out = _check_outputs(args, runs)
+    with out.writing(args.overwrite):  # a second run into --out is refused, not raced
+        return _evaluate(args, runs, models, train_set, val_set, device, out)
 
 
 def _evaluate(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set, val_set,
-              device: torch.device) -> int:
-    """Every model's run, each written as it finishes, then the comparison of them all."""
-    out = Path(args.out)
+              device: torch.device, folder: OutputFolder) -> int:
+    """Every model's run, each written (and recorded) as it finishes, then the comparison of them all."""
+    out = folder.path
     picks_queries = args.dataset == "scenes" or isinstance(val_set, SubsetSplit)  # the seed chose the queries
     results, confusions = [], []
     for run, model in zip(runs, models):
@@ -200,14 +190,16 @@ def _evaluate(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Mo
             result = record_run(scored.to_dict(), args, run, model)
             result["config"]["query_seed"] = args.seed if picks_queries else None
             result["config"]["protocol"] = protocol_record(args)
-            write_run(result, out if single else out / label, scored.image_confusions)
+            run_dir = out if single else out / label
+            write_run(result, run_dir, scored.image_confusions)
+            folder.wrote(*(run_dir / name for name in RUN_FILES))
         except DiskFullError as err:
             raise SystemExit(f"locatdino hbird: {err}") from None
         results.append(result)
         confusions.append(scored.image_confusions)
     deltas = miou_deltas(confusions, args.hungarian) if len(results) > 1 else None
     if len(results) > 1:
-        atomic_write_text(out / "summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
+        folder.write_text("summary.md", summary_markdown(results, "Hummingbird comparison", deltas))
     print(results_table(results, deltas))
     print(f"[hbird] results written to {out}", file=sys.stderr)
     return 0

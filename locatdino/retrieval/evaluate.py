@@ -91,6 +91,9 @@ class HummingbirdConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.memory_size is not None and self.memory_size < self.k:  # no k neighbours to weigh
+            raise ValueError(f"memory_size (--memory-size) {self.memory_size} keeps fewer patches than k (--k) "
+                             f"{self.k} neighbours per query: give at least {self.k}")
         if not self.beta > 0 or not 0 < self.scale[0] <= self.scale[1]:
             raise ValueError(f"beta must be > 0 and scale (min, max) 0 < min <= max, got {self.beta} and {self.scale}")
         if self.augment not in AUGMENT_MODES:

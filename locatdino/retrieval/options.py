@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from locatdino.arguments import ArgumentParser, ConfigTable, OptionGroups, at_least, option_dest, positive_float
+from locatdino.arguments import (ArgumentParser, ConfigTable, OptionGroups, add_shared_option, at_least, option_dest,
+                                 positive_float)
 from locatdino.evaluation.augment import AUGMENT_MODES
 from locatdino.evaluation.metric import HUNGARIAN_CRITERIA
 from locatdino.evaluation.options import add_feature_arguments, add_loader_arguments
@@ -57,7 +58,7 @@ def add_protocol_arguments(groups: OptionGroups) -> None:
     p.add_argument("--protocol", choices=tuple(PROTOCOLS), default="locatdino",
                    help="named settings: locatdino (the defaults below) or reference (what open-hummingbird-eval "
                    "does: " + " ".join(_flags(REFERENCE_SETTINGS)) + "); options given beside it win")
-    p.add_argument("--input-size", type=at_least(1), default=d.input_size, metavar="S", help="eval resolution (paper: 512)")
+    add_shared_option(p, "--input-size", d.input_size)
     p.add_argument("--memory-size", type=at_least(1), default=None, metavar="M",
                    help="memory budget in patches (rare-class-first sampling); default: keep all")
     p.add_argument("--aug-epochs", type=at_least(1), default=d.aug_epochs, help="augmented passes over the memory images")
@@ -81,12 +82,12 @@ def add_protocol_arguments(groups: OptionGroups) -> None:
                    "or pixels (summed matched pixels)")
     p.add_argument("--eval-resolution", choices=("original", "input"), default=d.eval_resolution,
                    help="score at the masks' original resolution, or at the input size (reference)")
-    p.add_argument("--seed", type=at_least(0), default=d.seed, help="memory views, subsets, sampling, random init")
+    add_shared_option(p, "--seed", d.seed)
     runtime.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
                          help="auto: a GPU index when faiss-gpu sees a GPU")
     runtime.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
                          help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
-    runtime.add_argument("--batch-size", type=at_least(1), default=d.batch_size, help="images per forward")
+    add_shared_option(runtime, "--batch-size", d.batch_size)
     add_loader_arguments(runtime)
 
 

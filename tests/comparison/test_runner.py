@@ -93,8 +93,13 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
         assert (out / path).stat().st_size > 1000 and (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"figures/locality.png", "figures/predictions.png"} <= set(report["figures"].values())
 
-    with pytest.raises(SystemExit, match="holds an earlier report"):  # a finished report is never overwritten silently
+    with pytest.raises(SystemExit, match="holds the output of an earlier run"):  # never overwritten silently
         compare_cli.main(argv)
+    from locatdino.output_folder import RECORD_NAME, OutputFolder
+
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    assert sorted(OutputFolder(out, "compare").earlier()) == written  # every file it wrote is recorded
 
 
 def test_protocol_options_are_hbird_s(tmp_path):
@@ -170,15 +175,17 @@ def test_headline_table_has_the_linear_probe_and_its_delta():
 
 
 @pytest.mark.parametrize("kept", ["report.md", "figures/pca.png", "per_image_confusion/model0.npz"])
-def test_any_part_of_an_earlier_report_is_kept_unless_overwrite(tmp_path, kept):
+def test_a_file_compare_did_not_write_is_kept_even_with_overwrite(tmp_path, kept):
     """Only report.json was checked: a folder with the user's report.md or figures was replaced."""
     out = tmp_path / "cmp"
     (out / kept).parent.mkdir(parents=True, exist_ok=True)
     (out / kept).write_bytes(b"the user's")
-    with pytest.raises(SystemExit) as refused:
-        compare_cli.main(["--model", "a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2", "--num-val", "1"])
-    assert str(refused.value) == (f"locatdino compare: --out {out} holds an earlier report ({kept}): pass "
-                                  "--overwrite to replace it, or another --out")
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as refused:
+            compare_cli.main(["--model", "a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2",
+                              "--num-val", "1", *overwrite])
+        assert str(refused.value) == (f"locatdino compare: --out {out} holds {kept}, which locatdino compare did not "
+                                      "write: move it or choose another --out (a run replaces only files it wrote)")
     assert (out / kept).read_bytes() == b"the user's"
 
 

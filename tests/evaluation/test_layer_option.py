@@ -33,7 +33,7 @@ def nothing_runs(monkeypatch):
 @pytest.mark.parametrize("command", ["hbird", "linprobe", "compare"])
 def test_a_layer_the_model_lacks_is_one_line_before_any_work(tmp_path, capsys, nothing_runs, command):
     model = ["--model", "vit_tiny_patch16_224"]
-    batch = {"linprobe": ["--batch-size", "2"], "compare": ["--linprobe-batch-size", "2"]}.get(command, [])
+    batch = {"linprobe": ["--train-batch-size", "2"], "compare": ["--linprobe-batch-size", "2"]}.get(command, [])
     status = cli.main([command, *model, "--out", str(tmp_path / "out"), *DATA, *batch, "--layer", "20"])
     err = capsys.readouterr().err
     assert status == 1 and err == (f"locatdino {command}: --layer 20: vit_tiny_patch16_224 has 12 blocks (use 0 to 11, "

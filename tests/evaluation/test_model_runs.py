@@ -72,8 +72,7 @@ def test_model_problems_are_one_line_usage_errors(capsys, command):
         f"locatdino {command}: the following arguments are required: --model (locatdino {command} --help lists the "
         "options)")
     assert _refused(capsys, [command, "--model", "a=vit_tiny_patch16_224", "--model", "a=locatvit_tiny"]) == (
-        f"locatdino {command}: --model label 'a': labels name each run's folder and row, so each is given once and "
-        "holds no '/'")
+        f"locatdino {command}: --model label 'a' is given twice: give each run its own label")
     assert _refused(capsys, [command, "--model", "a/b=vit_tiny_patch16_224"]).startswith(
         f"locatdino {command}: --model label 'a/b'")
     assert _refused(capsys, [command, "--model", "=vit_tiny_patch16_224"]).startswith(

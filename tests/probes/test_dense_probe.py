@@ -97,7 +97,7 @@ def test_cached_and_uncached_paths_agree(scenes, tiny_vit, tmp_path):
 def test_official_augmentation_trains_on_augmented_crops(scenes, tiny_vit):
     train, _ = scenes
     extractor = FeatureExtractor(tiny_vit, precision="fp32", l2_normalize=False, to_cpu=False)
-    cfg = LinearProbeConfig(input_size=32, iterations=5, batch_size=4, augment="official", num_workers=0,
+    cfg = LinearProbeConfig(input_size=32, iterations=5, batch_size=4, augment="reference", num_workers=0,
                             progress=False)
     assert not cfg.cached
     head, curve, skipped = train_head(extractor, train, cfg)

@@ -8,7 +8,7 @@ from locatdino import cli
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 
 SMALL = ["--dataset", "scenes", "--num-train", "6", "--num-val", "3", "--scene-size", "32", "--input-size", "32",
-         "--iters", "6", "--batch-size", "4", "--augment", "off", "--precision", "fp32", "--workers", "0",
+         "--iters", "6", "--train-batch-size", "4", "--train-augment", "off", "--precision", "fp32", "--workers", "0",
          "--no-progress"]
 
 
@@ -34,7 +34,7 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
 def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} is not writable"):
+    with pytest.raises(SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} cannot be created: {blocker} is a file"):
         cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(blocker / "sub"), *SMALL])
     assert "[linprobe]" not in capsys.readouterr().err
     with pytest.raises(SystemExit, match=f"^locatdino linprobe: --out {blocker} is a file, not a folder$"):
@@ -56,8 +56,8 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         cli.main([*argv, "--seed", "1"])
-    assert str(refused.value) == (f"locatdino linprobe: --out {out} holds results of an earlier run "
-                                  f"({out / 'results.json'} and 2 more): pass --overwrite to replace them, or another --out")
+    assert str(refused.value) == (f"locatdino linprobe: --out {out} holds the output of an earlier run "
+                                  "(results.json and 2 more): pass --overwrite to replace it, or choose another --out")
     assert {name: (out / name).read_bytes() for name in first} == first and "[linprobe]" not in capsys.readouterr().err
     assert cli.main([*argv, "--seed", "1", "--overwrite"]) == 0
     assert json.loads((out / "results.json").read_text())["config"]["seed"] == 1
@@ -83,14 +83,14 @@ def test_budget_and_optimiser_settings_are_refused_at_parse_time(tmp_path, capsy
 
 
 def test_a_batch_larger_than_the_training_set_is_refused_before_any_model(tmp_path, capsys, monkeypatch):
-    """``--batch-size 100000`` on 16 images was killed for memory after ~50 s."""
+    """``--train-batch-size 100000`` on 16 images was killed for memory after ~50 s."""
     from locatdino.probes import cli as probe_cli
 
     monkeypatch.setattr(probe_cli, "load_backbones", lambda *a: pytest.fail("built a model first"))
-    with pytest.raises(SystemExit, match="batch size \\(--batch-size\\) 100000 is more than the 6 training images: "
+    with pytest.raises(SystemExit, match="batch size \\(--train-batch-size\\) 100000 is more than the 6 training images: "
                                          "use at most 6$"):
         cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o"), *SMALL,
-                  "--batch-size", "100000"])
+                  "--train-batch-size", "100000"])
 
 
 def test_epochs_below_the_schedule_minimum_are_raised_with_a_note(tmp_path, capsys):

@@ -32,10 +32,15 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert set(run["per_class_iou"]) >= {"sky", "animal"}
     assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
     assert "# Hummingbird comparison" in (out / "summary.md").read_text()
+    from locatdino.output_folder import RECORD_NAME, OutputFolder
+
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    assert sorted(OutputFolder(out, "hbird").earlier()) == written and len(written) == 7  # 2 x 3 + summary.md
 
     interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
     delta, low, high = map(float, re.search(interval, table).groups())
-    assert cli.main(["report", str(out), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert cli.main(["report", str(out), "--summary", str(tmp_path / "cmp.md")]) == 0
     reported = capsys.readouterr().out
     assert "| vit_tiny_patch16_224 |" in reported
     # found sorted by folder: the same pair, the other way round, hence the same interval negated
@@ -153,8 +158,11 @@ def test_unwritable_output_fails_before_any_work(tmp_path, capsys, no_evaluation
     args = {"--out": str(tmp_path / "out"), flag: str(blocker / "sub" / "x")}
     with pytest.raises(SystemExit) as done:
         cli.main(["--model", "vit_tiny_patch16_224", *[a for kv in args.items() for a in kv], *TINY])
-    assert str(done.value).startswith(f"locatdino hbird: {flag} {blocker / 'sub'}")
-    assert "is not writable: Not a directory" in str(done.value) and "\n" not in str(done.value)
+    if flag == "--out":  # a refused run creates no output folder: its place is checked instead
+        assert str(done.value) == f"locatdino hbird: --out {blocker / 'sub' / 'x'} cannot be created: {blocker} is a file"
+    else:
+        assert str(done.value).startswith(f"locatdino hbird: {flag} {blocker / 'sub'}")
+        assert "is not writable: Not a directory" in str(done.value) and "\n" not in str(done.value)
     assert "[hbird]" not in capsys.readouterr().err
 
 
@@ -274,10 +282,54 @@ def test_memory_dir_may_not_be_the_out_folder(tmp_path, no_evaluation):
 @pytest.mark.parametrize("name", ["results.json", "summary.md"])
 def test_out_holding_other_files_of_those_names_is_refused(tmp_path, no_evaluation, name):
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / name).write_text("my notes")
-    with pytest.raises(SystemExit, match=f"--out: {tmp_path / 'out' / name} exists and is not a Hummingbird {name}"):
-        cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY])
-    assert (tmp_path / "out" / name).read_text() == "my notes"
+    (tmp_path / "out" / name).write_text("# Hummingbird: my notes")  # its shape does not make it hbird's
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit, match=f"--out {tmp_path / 'out'} holds {name}, which locatdino hbird did not "
+                                             "write: move it or choose another --out"):
+            cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, *overwrite])
+    assert (tmp_path / "out" / name).read_text() == "# Hummingbird: my notes"
+
+
+@pytest.fixture
+def scored(monkeypatch):
+    """hbird's evaluation replaced by a fixed score per call (40, 41, ...): the command's files only."""
+    from types import SimpleNamespace
+
+    from locatdino.retrieval.evaluate import HummingbirdResult
+
+    calls = []
+
+    def fake(model, train_set, val_set, cfg):
+        calls.append(cfg)
+        result = {name: None for name in HummingbirdResult.__dataclass_fields__}
+        result.update(miou=40.0 + len(calls), miou_matched=40.0, pixel_accuracy=80.0, per_class_iou={"a": 50.0},
+                      memory_patches=10, num_train=6, num_val=2, skipped=0, timings={}, config={}, provenance={})
+        return SimpleNamespace(to_dict=lambda: dict(result), image_confusions=None)
+
+    monkeypatch.setattr(cli, "hummingbird", fake)
+    return calls
+
+
+def test_a_second_run_into_a_finished_out_needs_overwrite_which_leaves_nothing_stale(tmp_path, capsys, scored):
+    """A second hbird replaced the first's results.json unasked; and a one-model run's results.json
+    stayed beside a two-model run's folders, read by ``hbird report`` as a third row."""
+    out = tmp_path / "out"
+    one = ["--model", "vit_tiny_patch16_224", "--out", str(out), *TINY]
+    assert cli.main(one) == 0
+    first = (out / "results.json").read_text()
+    with pytest.raises(SystemExit, match=f"^locatdino hbird: --out {out} holds the output of an earlier run "
+                                         r"\(results.json and 1 more\): pass --overwrite to replace it, or choose "
+                                         "another --out$"):
+        cli.main(one)
+    assert (out / "results.json").read_text() == first and len(scored) == 1  # refused before any evaluation
+    two = ["--model", "a=vit_tiny_patch16_224", "--model", "b=vit_tiny_patch16_224", "--out", str(out), *TINY]
+    assert cli.main([*two, "--overwrite"]) == 0
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("results.json")) == ["a/results.json", "b/results.json"]
+    capsys.readouterr()
+    assert cli.main(["report", str(out)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ") or line.startswith("| b ")
+            or line.startswith("| . ") or line.startswith("| out ")]
+    assert [row.split("|")[1].strip() for row in rows] == ["a", "b"]
 
 
 def test_a_second_run_into_one_out_is_refused_while_the_first_runs(tmp_path, capsys, no_evaluation):
@@ -322,3 +374,12 @@ def test_overflowing_features_stop_the_run_in_one_line(tmp_path, capsys):
                    "overflow (a diverged run, or a checkpoint with huge values?); nothing was scored")
     assert not (tmp_path / "out" / "results.json").exists()
 
+
+
+def test_a_memory_smaller_than_k_is_refused_before_the_memory_pass(tmp_path, no_evaluation):
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, "--memory-size", "8",
+                  "--k", "30"])
+    assert str(refused.value) == ("locatdino hbird: memory_size (--memory-size) 8 keeps fewer patches than k (--k) 30 "
+                                  "neighbours per query: give at least 30")
+    assert not (tmp_path / "out").exists()

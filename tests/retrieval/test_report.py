@@ -69,7 +69,7 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     larger = _result("m", 41.0)
     larger["config"]["input_size"] = 448
     write_run(larger, tmp_path / "runs" / "seed7")
-    assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp.md")]) == 0
+    assert cli.main(["report", str(tmp_path / "runs"), "--summary", str(tmp_path / "cmp.md")]) == 0
     captured = capsys.readouterr()
     assert "| base | 40.00 |" in captured.out and "| seed7 | 41.00 |" in captured.out
     assert captured.err.strip().splitlines() == [
@@ -90,7 +90,7 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
         cli.main(["report", str(tmp_path / "runs")])
     assert str(refused.value) == ('locatdino hbird report: the runs scored different query images (dataset "scenes" '
                                   'vs "voc"); compare like with like, or pass --allow-mixed')
-    assert cli.main(["report", str(tmp_path / "runs"), "--allow-mixed", "--out", str(tmp_path / "mixed.md")]) == 0
+    assert cli.main(["report", str(tmp_path / "runs"), "--allow-mixed", "--summary", str(tmp_path / "mixed.md")]) == 0
     text = (tmp_path / "mixed.md").read_text()
     assert "Dataset: mixed ⚠" in text and '⚠ Not comparable, scored on different query images: dataset "scenes"' in text
 
@@ -112,7 +112,7 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
         write_run(_result(name, scores[name]), tmp_path / "runs" / name, confusions)
     assert json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["per_image_confusion"] == CONFUSION_FILE
     assert cli.main(["report", *(str(tmp_path / "runs" / n) for n in ("a", "b", "itself")),
-                     "--out", str(tmp_path / "cmp.md")]) == 0
+                     "--summary", str(tmp_path / "cmp.md")]) == 0
     out = capsys.readouterr().out
     loaded = [ImageConfusions.load(tmp_path / "runs" / n / CONFUSION_FILE) for n in ("a", "b")]
     assert f"| b | {scores['b']:.2f} | {miou_interval(loaded[1], loaded[0]).text()} |" in out
@@ -152,23 +152,23 @@ def test_runs_whose_seed_picked_other_queries_are_refused(tmp_path, recorded):
                                   "vs 1); compare like with like, or pass --allow-mixed")
 
 
-def test_report_out_never_replaces_an_input(tmp_path, capsys):
+def test_report_summary_never_replaces_an_input_and_its_own_only_with_overwrite(tmp_path, capsys):
     from locatdino.retrieval import cli
 
     results = write_run(_result("m", 40.0), tmp_path / "run")
-    before = results.read_text()
-    for target in (results, tmp_path / "notes.md"):
-        target.write_text(before) if target == results else target.write_text("my notes")
-        with pytest.raises(SystemExit, match=f"--out {target} exists and is not a Hummingbird summary"):
-            cli.main(["report", str(results), "--out", str(target)])
-    assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "my notes"
-    own = (tmp_path / "run" / "summary.md").read_text()
-    with pytest.raises(SystemExit, match=f"^locatdino hbird report: --out {tmp_path / 'run' / 'summary.md'} is the "
-                                         f"summary of the input run {results}: choose another file$"):
-        cli.main(["report", str(results), "--out", str(tmp_path / "run" / "summary.md")])  # an input run's own
+    before, own = results.read_text(), (tmp_path / "run" / "summary.md").read_text()
+    (tmp_path / "notes.md").write_text("# Hummingbird, my notes")  # its shape does not make it a report's
+    for target in (results, tmp_path / "notes.md", tmp_path / "run" / "summary.md"):  # an input run's own too
+        for overwrite in ([], ["--overwrite"]):
+            with pytest.raises(SystemExit, match=f"^locatdino hbird report: --summary {target} exists and was not "
+                                                 "written by locatdino hbird report: choose another file$"):
+                cli.main(["report", str(results), "--summary", str(target), *overwrite])
+    assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "# Hummingbird, my notes"
     assert (tmp_path / "run" / "summary.md").read_text() == own
-    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0
-    assert cli.main(["report", str(results), "--out", str(tmp_path / "cmp.md")]) == 0  # its own earlier report
+    assert cli.main(["report", str(results), "--summary", str(tmp_path / "cmp.md")]) == 0
+    with pytest.raises(SystemExit, match="holds the output of an earlier run: pass --overwrite to replace it"):
+        cli.main(["report", str(results), "--summary", str(tmp_path / "cmp.md")])
+    assert cli.main(["report", str(results), "--summary", str(tmp_path / "cmp.md"), "--overwrite"]) == 0
 
 
 def _run_with_matrices(folder, **changes):

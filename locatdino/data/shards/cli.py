@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from locatdino.arguments import ArgumentParser, at_least, option_groups
+from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
 from locatdino.data.shards.sources import build_source
 from locatdino.data.shards.writer import check_prefix, write_shards
 from locatdino.output_files import DiskFullError
@@ -58,15 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
                            "scenes: train/val (train)")
     data.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
-    data.add_argument("--seed", type=at_least(0), default=0, help="seed of the built-in scenes")
+    add_shared_option(data, "--seed", 0)
     data.add_argument("--size", type=at_least(1), default=224, help="side of the built-in scenes in pixels")
     output.add_argument("--maxcount", type=at_least(1), default=10_000, help="samples per shard (default 10000)")
     output.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
     output.add_argument("--prefix", type=_prefix, default="shard",
                         help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
-    output.add_argument("--overwrite", action="store_true", help="replace the shards already in OUT_DIR")
-    groups.runtime.add_argument("--workers", type=at_least(0), default=None,
-                                help="writer processes (default: the cores this process may use)")
+    output.add_argument("--overwrite", action="store_true",
+                        help="replace the shard set already in OUT_DIR (its index.json and PREFIX-NNNNNN.tar files; "
+                        "other .tar files are never replaced)")
+    add_shared_option(groups.runtime, "--workers", note="the cores this process may use")
     groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
