@@ -33,6 +33,7 @@ from locatdino.arguments import ArgumentParser, option_groups
 from locatdino.evaluation.model_runs import parse_model
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.models.checkpoints.loading import network_name
+from locatdino.models.token_grid import patch_size
 from locatdino.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.export_files import (FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files,
                                         write_export)
@@ -124,7 +125,7 @@ def _metadata(source: str, network: str, model: nn.Module | None, hparams: Mappi
     found: dict[str, str] = {"written_by": WRITTEN_BY, "locatdino_version": locatdino.__version__,
                              "source": source, "network": network}
     if model is not None:
-        img, patch = model.patch_embed.img_size, model.patch_embed.patch_size
+        img, patch = model.patch_embed.img_size, patch_size(model)
         found.update(model=model.pretrained_cfg["architecture"],
                      img_size=str(img[0]) if img[0] == img[1] else f"{img[0]}x{img[1]}",
                      patch_size=str(patch[0]) if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}",
