@@ -1,4 +1,4 @@
-"""DINO's weighted k-NN classifier on frozen embeddings (docs/evaluation.md, SPEC §2.2).
+"""DINO's weighted k-NN classifier on frozen embeddings (docs/evaluation.md).
 
 The reference protocol (facebookresearch/dino ``eval_knn.py``): train and test embeddings
 L2-normalised; for each test embedding the ``k`` most cosine-similar train embeddings, each voting

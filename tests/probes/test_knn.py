@@ -6,7 +6,7 @@ from locatdino.probes.knn import knn_classify, topk_hits
 
 
 def dino_knn_classifier(train_features, train_labels, test_features, test_labels, k, T, num_classes):
-    """facebookresearch/dino's knn_classifier as SPEC §2.2 describes it, written plainly: the whole
+    """facebookresearch/dino's knn_classifier as docs/evaluation.md describes it, written plainly: the whole
     [M, N] cosine matrix, top k, one-hot votes weighted exp(sim / T), classes sorted by vote;
     returns top-1 and top-5 (over min(5, k) ranks) as counts of test images."""
     train = train_features / np.linalg.norm(train_features, axis=1, keepdims=True)
