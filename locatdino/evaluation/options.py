@@ -14,6 +14,7 @@ Every number is range-checked as it is parsed (``locatdino.arguments``), before 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,18 +29,24 @@ from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
 
 
-def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS, helps: Mapping[str, str] | None = None) -> None:
     """The labelled dataset (one of ``datasets``: the segmentation sets by default) and its memory
-    (training) / query splits (``g``: the data group)."""
-    g.add_argument("--dataset", choices=datasets, default="scenes", help="labelled dataset")
-    g.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
-                   "not needed for the built-in scenes")
-    g.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
-    g.add_argument("--val-split", default="val", help="query split")
-    g.add_argument("--num-train", type=at_least(1), default=None,
-                   help="memory images: a seeded random subset (scenes: how many to render, default 300)")
-    g.add_argument("--num-val", type=at_least(1), default=None, help="query images (scenes default 100)")
-    g.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")
+    (training) / query splits (``g``: the data group); ``helps`` replaces the help of an option
+    whose meaning differs for a command (``{"--data-dir": ...}``)."""
+    text = {"--dataset": "labelled dataset",
+            "--data-dir": "dataset root (shard URL pattern for 'shards'); not needed for the built-in scenes",
+            "--train-split": "memory split (VOC: trainaug as in the paper)",
+            "--val-split": "query split",
+            "--num-train": "memory images: a seeded random subset (scenes: how many to render, default 300)",
+            "--num-val": "query images (scenes default 100)",
+            "--scene-size": "side of the built-in scenes in px", **(helps or {})}
+    g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
+    g.add_argument("--data-dir", default=None, help=text["--data-dir"])
+    g.add_argument("--train-split", default="train", help=text["--train-split"])
+    g.add_argument("--val-split", default="val", help=text["--val-split"])
+    g.add_argument("--num-train", type=at_least(1), default=None, help=text["--num-train"])
+    g.add_argument("--num-val", type=at_least(1), default=None, help=text["--num-val"])
+    g.add_argument("--scene-size", type=at_least(1), default=224, help=text["--scene-size"])
 
 
 def add_feature_arguments(groups: OptionGroups, d: Any) -> None:

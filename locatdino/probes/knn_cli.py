@@ -82,7 +82,13 @@ def _parser() -> ArgumentParser:
     )
     groups = option_groups(p)
     add_model_arguments(groups.model)
-    add_data_arguments(groups.data, CLASS_DATASETS)
+    add_data_arguments(groups.data, CLASS_DATASETS, {
+        "--dataset": "imagefolder (ROOT/<split>/<class>/<image>), shards (ROOT/<split>/*.tar with a cls per "
+                     "sample, as locatdino shards writes an image-folder tree) or the built-in scenes",
+        "--data-dir": "dataset root ROOT; not needed for the built-in scenes",
+        "--train-split": "split whose images vote", "--val-split": "split that is scored",
+        "--num-train": "train images: a seeded random subset (scenes: how many to render, default 300)",
+        "--num-val": "validation images: a seeded random subset (scenes default 100)"})
     protocol, runtime = groups.protocol, groups.runtime
     protocol.add_argument("--k", type=at_least(1), nargs="+", default=list(d.ks), metavar="K",
                           help="neighbour counts, all from one search (the reference: 10 20 100 200; 20 headline)")
