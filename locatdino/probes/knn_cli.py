@@ -151,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(KNN_TABLE.build(args), ks=tuple(sorted(set(args.k))))
     try:
         train, val = _open_splits(args)
-        check_knn_settings(cfg.ks, cfg.temperature, len(train))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino knn: {err}") from None
+    if max(cfg.ks) > len(train):
+        raise SystemExit(f"locatdino knn: --k {max(cfg.ks)}: the train split {args.train_split!r} holds "
+                         f"{len(train)} images (use k <= {len(train)})")
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
     out = Path(args.out)
     _check_outputs(out, cfg.cache_dir, args.overwrite)
@@ -206,9 +208,10 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
         except ValueError as err:
             raise SystemExit(f"locatdino knn: {err} (after skipping images that do not decode)") from None
         search_start, backend = time.perf_counter(), _backend(cfg.backend, model)
-        rankings = knn_classify(torch.from_numpy(np.asarray(memory.features)), torch.from_numpy(memory.labels),
-                                torch.from_numpy(np.asarray(queries.features)), cfg.ks, cfg.temperature,
-                                num_classes=len(train.class_names), backend=backend)
+        device = next(model.parameters()).device if backend == "torch" else torch.device("cpu")  # search there
+        rankings = knn_classify(torch.from_numpy(np.asarray(memory.features)).to(device),
+                                torch.from_numpy(memory.labels), torch.from_numpy(np.asarray(queries.features)),
+                                cfg.ks, cfg.temperature, num_classes=len(train.class_names), backend=backend)
         timings["search"] = time.perf_counter() - search_start
         labels = torch.from_numpy(queries.labels)
         hits = {k: (topk_hits(rankings[k], labels, 1).numpy(), topk_hits(rankings[k], labels, min(5, k)).numpy())

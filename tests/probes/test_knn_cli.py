@@ -165,8 +165,8 @@ BAD_INPUT = {
     "val class missing from train": ([], "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN "
                                          "can never predict it$"),
     "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
-    "k larger than the train set": (["--k", "7"], "^locatdino knn: k=7 neighbours asked for but the train set holds "
-                                                  "6 images: use k <= 6$"),
+    "k larger than the train set": (["--k", "20", "7"], r"^locatdino knn: --k 20: the train split 'train' holds 6 "
+                                                        r"images \(use k <= 6\)$"),
 }
 
 
