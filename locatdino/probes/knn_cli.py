@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: list[ModelRun],
                models: list[nn.Module], train: LabelledImages, val: LabelledImages, device: torch.device) -> int:
-    """Every model's k-NN, then the Δ of each to the first, written once all have run."""
+    """Every model's k-NN with its Δ to the first; the reports are rewritten as each model
+    finishes, so a later model's failure keeps the earlier ones' results."""
     out = Path(args.out)
     results, hits = [], []
     for run, model in zip(runs, models):
@@ -173,20 +174,19 @@ def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: 
               f"classes, {cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}",
               file=sys.stderr, flush=True)
         result, model_hits = _score(cfg, model.to(device), train, val)
-        results.append(record_run(result, args, run, model))
-        hits.append(model_hits)
         model.cpu()
-    for result, model_hits in zip(results[1:], hits[1:]):
-        if len(model_hits[cfg.ks[0]][0]) == len(hits[0][cfg.ks[0]][0]):  # the same images decoded for both
+        if hits and len(model_hits[cfg.ks[0]][0]) == len(hits[0][cfg.ks[0]][0]):  # the same images decoded
             result["differences"] = {
                 str(k): {name: accuracy_interval(model_hits[k][i], hits[0][k][i]).to_dict()
                          for i, name in enumerate(("top1", "top5"))} for k in cfg.ks}
-    report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
-    try:
-        atomic_write_text(out / "results.json", json.dumps(report, indent=2) + "\n")
-        atomic_write_text(out / "report.md", knn_report(report))
-    except DiskFullError as err:
-        raise SystemExit(f"locatdino knn: {err}") from None
+        results.append(record_run(result, args, run, model))
+        hits.append(model_hits)
+        report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
+        try:
+            atomic_write_text(out / "results.json", json.dumps(report, indent=2) + "\n")
+            atomic_write_text(out / "report.md", knn_report(report))
+        except DiskFullError as err:
+            raise SystemExit(f"locatdino knn: {err}") from None
     print(knn_table(results))
     print(f"[knn] results written to {out}", file=sys.stderr)
     return 0
