@@ -125,4 +125,4 @@ def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) ->
 
 def split_record(images: LabelledImages) -> dict[str, Any]:
     """What a ``results.json`` keeps of a split: its size and class count."""
-    return {"images": len(images), "classes": int(len(np.unique(images.labels)))}
+    return {"images": len(images), "classes": len(np.unique(images.labels))}
