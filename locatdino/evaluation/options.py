@@ -15,6 +15,7 @@ take is defined once, with one type, range and help (``locatdino.arguments.SHARE
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,13 +30,19 @@ from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
 
 
-def add_data_arguments(g: Any) -> None:
-    """The labelled dataset and its memory (training) / query splits (``g``: the data group)."""
-    g.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
-    g.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
-                   "not needed for the built-in scenes")
-    g.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")
-    g.add_argument("--val-split", default="val", help="query split")
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS, helps: Mapping[str, str] | None = None) -> None:
+    """The labelled dataset (one of ``datasets``: the segmentation sets by default) and its memory
+    (training) / query splits (``g``: the data group); ``helps`` replaces the help of a dataset
+    option whose meaning differs for a command (``{"--data-dir": ...}``); the shared sizes
+    (``--num-train``, ``--num-val``) keep their one help."""
+    text = {"--dataset": "labelled dataset",
+            "--data-dir": "dataset root (shard URL pattern for 'shards'); not needed for the built-in scenes",
+            "--train-split": "memory split (VOC: trainaug as in the paper)",
+            "--val-split": "query split", **(helps or {})}
+    g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
+    g.add_argument("--data-dir", default=None, help=text["--data-dir"])
+    g.add_argument("--train-split", default="train", help=text["--train-split"])
+    g.add_argument("--val-split", default="val", help=text["--val-split"])
     add_shared_option(g, "--num-train", note="the whole split; the built-in scenes: 300")
     add_shared_option(g, "--num-val", note="the whole split; the built-in scenes: 100")
     g.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")
