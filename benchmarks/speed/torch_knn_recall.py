@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from benchmarks.results_io import add_results_option, write_results
-from locatdino.retrieval.torch_knn import TorchExactSearch
+from locatdino.evaluation.torch_knn import TorchExactSearch
 
 
 def clustered(n: int, d: int, clusters: int, cosine: float | None, seed: int) -> np.ndarray:

@@ -180,8 +180,9 @@ def report_markdown(report: dict[str, Any]) -> str:
     if probes.get("note"):
         majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
         baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""
-        lines += [f"Class-token probes (k-NN: k = 20, cosine, votes exp(sim / 0.07); logistic regression), "
-                  f"top-1 in %: {probes['note']}{baseline}.", ""]
+        lines += [f"Class-token probes (DINO's weighted k-NN, k = 20 capped at the train images, votes "
+                  f"exp(sim / 0.07), as `locatdino knn`; logistic regression), top-1 in % with its 95 % Wilson "
+                  f"interval: {probes['note']}{baseline}.", ""]
     dense = [m for m in models if m.get("hbird")]
     if dense:
         lines += ["## mIoU vs memory size", "", "Fraction of the full memory (patches in brackets).", "",

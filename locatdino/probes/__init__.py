@@ -1,7 +1,9 @@
-"""Probes on frozen features, apart from Hummingbird: the class-token k-NN and logistic
-regression (docs/evaluation.md), and the paper's dense linear probe on patch tokens (docs/evaluation.md,
+"""Probes on frozen features, apart from Hummingbird: DINO's weighted k-NN on the class token
+(:mod:`locatdino.probes.knn`, ``locatdino knn``), the class-token probes of ``compare`` (k-NN and
+logistic regression), and the paper's dense linear probe on patch tokens (docs/evaluation.md,
 :mod:`locatdino.probes.dense_probe`, ``locatdino linprobe``)."""
 
 from locatdino.probes.class_token import class_embeddings, knn_accuracy, logistic_accuracy
+from locatdino.probes.knn import knn_classify, topk_hits
 
-__all__ = ["class_embeddings", "knn_accuracy", "logistic_accuracy"]
+__all__ = ["class_embeddings", "knn_accuracy", "knn_classify", "logistic_accuracy", "topk_hits"]

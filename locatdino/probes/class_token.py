@@ -1,10 +1,11 @@
-"""Class-token probes on frozen embeddings (docs/evaluation.md): DINO's weighted k-NN and a linear probe.
+"""Class-token probes on frozen embeddings (docs/evaluation.md): DINO's weighted k-NN and a logistic probe.
 
 Both take ``[N, D]`` train / test embeddings with integer labels and return which test
-embeddings they label right (``*_hits``, for intervals) or the top-1 accuracy in [0, 1]. The k-NN vote is the reference's: L2-normalised features, the k most cosine-similar train
-embeddings of each test embedding (scikit-learn's brute-force ``NearestNeighbors``), each voting
-for its label with weight ``exp(sim / T)``; ties go to the smallest label. The linear probe is
-scikit-learn's ``LogisticRegression`` on standardised features (lbfgs, multinomial).
+embeddings they label right (``*_hits``, for intervals) or the top-1 accuracy in [0, 1]. The k-NN
+is :func:`~locatdino.probes.knn.knn_classify` (the reference's vote, ``locatdino knn``'s) at one
+``k``, capped at the train embeddings: ``compare`` runs it on whatever few labelled images a
+dataset has. The linear probe is scikit-learn's ``LogisticRegression`` on standardised features
+(lbfgs, multinomial).
 
 :func:`class_embeddings` computes the embedding these probes read: the backbone's image
 embedding (``model(x)`` with ``num_classes=0``: the class token after the final norm, PRR-refined
@@ -16,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
-from sklearn.neighbors import NearestNeighbors
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler, normalize
+from sklearn.preprocessing import StandardScaler
 from torch import nn
 
 from locatdino.evaluation.augment import normalize as normalize_images
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
+from locatdino.probes.knn import knn_classify
 
 
 def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray, test_labels: np.ndarray):
@@ -46,17 +47,14 @@ def knn_hits(
     k: int = 20,
     temperature: float = 0.07,
 ) -> np.ndarray:
-    """Per test embedding, whether DINO's temperature-weighted cosine k-NN classifier (k capped at
-    N train) labels it right: booleans ``[N test]``, what an interval on top-1 needs."""
+    """Per test embedding, whether DINO's weighted k-NN classifier (k capped at N train) labels
+    it right: booleans ``[N test]``, what an interval on top-1 needs."""
     train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
     classes, train_ids = np.unique(train_labels, return_inverse=True)
     k = min(k, len(train_feats))
-    search = NearestNeighbors(n_neighbors=k, metric="cosine", algorithm="brute").fit(normalize(train_feats))
-    distances, neighbours = search.kneighbors(normalize(test_feats))
-    weights = np.exp((1.0 - distances) / temperature)  # cosine distance = 1 - similarity
-    votes = np.zeros((len(test_feats), len(classes)))
-    np.add.at(votes, (np.arange(len(test_feats))[:, None], train_ids[neighbours]), weights)
-    return classes[votes.argmax(1)] == test_labels
+    rankings = knn_classify(torch.from_numpy(train_feats), torch.from_numpy(train_ids), torch.from_numpy(test_feats),
+                            (k,), temperature, num_classes=len(classes))[k]
+    return classes[rankings[:, 0].numpy()] == test_labels
 
 
 def knn_accuracy(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray,

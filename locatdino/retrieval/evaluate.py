@@ -44,7 +44,7 @@ from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, a
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
 from locatdino.retrieval.sampling import patches_per_image, rare_class_first
-from locatdino.retrieval.torch_knn import TorchExactSearch
+from locatdino.evaluation.torch_knn import TorchExactSearch
 from locatdino.retrieval.transfer import predict, transfer_labels
 
 _TRANSFER_CHUNK_BYTES = 64 << 20  # bound on the gathered [n, k, C] labels / [n, k, D] features

@@ -11,7 +11,7 @@ blocked-BLAS inner-product search as ``IndexFlatIP`` straight on the memory arra
 is held once (an ``IndexFlatIP`` would keep a second copy).
 
 Exact search next to an encoder on CUDA without faiss-gpu (not on the package index) runs on that
-GPU with torch instead (:class:`~locatdino.retrieval.torch_knn.TorchExactSearch`, same
+GPU with torch instead (:class:`~locatdino.evaluation.torch_knn.TorchExactSearch`, same
 neighbours): ``backend="auto"`` picks it; ``"torch"`` / ``"faiss"`` force one.
 """
 
@@ -24,7 +24,7 @@ import faiss
 import numpy as np
 import torch
 
-from locatdino.retrieval.torch_knn import TorchExactSearch
+from locatdino.evaluation.torch_knn import TorchExactSearch
 
 _LOSSY = re.compile(r"PQ|SQ|LSH|RaBitQ|Residual|RQ|LSQ")
 BACKENDS = ("auto", "faiss", "torch")

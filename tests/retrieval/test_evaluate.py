@@ -81,7 +81,7 @@ def test_memory_directory_bank_matches_in_ram_bank(scenes, tiny_vit, tmp_path):
 
 def test_torch_knn_backend_gives_the_faiss_result(scenes, tiny_vit, monkeypatch):
     """The torch exact search, as the evaluation picks it (on the encoder's device), changes nothing."""
-    from locatdino.retrieval.torch_knn import TorchExactSearch
+    from locatdino.evaluation.torch_knn import TorchExactSearch
 
     devices = []
     search = TorchExactSearch.search

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-import locatdino.retrieval.torch_knn as torch_knn
+import locatdino.evaluation.torch_knn as torch_knn
 from benchmarks.speed.torch_knn_recall import clustered  # the benchmark's memories, smaller
-from locatdino.retrieval.torch_knn import TorchExactSearch
+from locatdino.evaluation.torch_knn import TorchExactSearch
 
 
 def _unit(n, d, seed):

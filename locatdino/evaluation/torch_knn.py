@@ -42,9 +42,10 @@ class TorchExactSearch:
     """Exact cosine / inner-product search over ``features [N, D]`` on ``device``.
 
     Args:
-        features: the memory, float32 or float16 (a NumPy array or memory map; on the CPU a
+        features: the memory, float32 or float16: a NumPy array or memory map (on the CPU a
             contiguous one is searched in place, read-only memory maps included, so a saved
-            10M-patch bank is never copied; otherwise copied to ``device`` chunk by chunk).
+            10M-patch bank is never copied; otherwise copied to ``device`` chunk by chunk), or a
+            torch tensor (used in place when already on ``device``).
         device: where the memory lives and the search runs.
         search_dtype: precision of the coarse pass: float16 / bfloat16 (default float16 on
             CUDA) or float32 (default elsewhere: the coarse pass is already exact and keeps
@@ -60,7 +61,7 @@ class TorchExactSearch:
         query_chunk: int = 4096,
         memory_chunk: int = 32768,
     ):
-        if features.ndim != 2 or features.dtype not in _STORED:
+        if features.ndim != 2 or features.dtype not in (*_STORED, *_STORED.values()):
             raise ValueError(f"torch k-NN expects float32/float16 features [N, D], got "
                              f"{features.dtype} {tuple(features.shape)}")
         self.device = torch.device(device)
@@ -71,7 +72,9 @@ class TorchExactSearch:
         self.memory = self._upload(features)
         self._max_norm: float | None = None  # largest memory norm, measured at the first half-precision search
 
-    def _upload(self, features: np.ndarray) -> torch.Tensor:
+    def _upload(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        if isinstance(features, torch.Tensor):
+            return features.to(self.device)
         if self.device.type == "cpu" and features.flags.c_contiguous:
             with warnings.catch_warnings():  # read-only arrays: the search never writes to them
                 warnings.filterwarnings("ignore", message=".*not writable.*")
@@ -89,15 +92,18 @@ class TorchExactSearch:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``sims [n, k]`` float32 inner products (descending) and ``ids [n, k]`` int64 of the
         ``k`` nearest memory rows of ``queries [n, D]``, as FAISS ``IndexFlatIP.search``."""
+        queries = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        sims, ids = zip(*((top.cpu(), found.cpu()) for top, found in self.search_blocks(queries, k)))
+        return torch.cat(sims).numpy(), torch.cat(ids).numpy()
+
+    def search_blocks(self, queries: torch.Tensor, k: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`search` as tensors on the search's device, one ``(sims, ids)`` pair per chunk of
+        ``query_chunk`` queries, in order: a caller that reduces each chunk (a vote, a label)
+        never holds the ``[n, k]`` result of all queries."""
         if not 1 <= k <= self.ntotal:
             raise ValueError(f"k={k} neighbours requested but the memory holds {self.ntotal} patches")
-        queries = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.device)
-        sims, ids = [], []
         for start in range(0, queries.shape[0], self.query_chunk):
-            top, found = self._search_block(queries[start : start + self.query_chunk], k)
-            sims.append(top.cpu())
-            ids.append(found.cpu())
-        return torch.cat(sims).numpy(), torch.cat(ids).numpy()
+            yield self._search_block(queries[start : start + self.query_chunk].to(self.device, torch.float32), k)
 
     def _search_block(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 top-``k`` of ``queries``: coarse passes of growing width until each query's
