@@ -43,13 +43,12 @@ class LinearInput:
     @classmethod
     def reference(cls, model: nn.Module, last_blocks: int | None = None, avgpool: bool | None = None,
                   prr: bool = False) -> LinearInput:
-        """DINO's choice for ``model`` where an argument is None: 4 blocks without pooling below
-        ViT-B's width, 1 block with pooling from it on; ``ValueError`` when ``model`` has fewer
-        blocks than asked for or no class token."""
-        base = int(model.embed_dim) >= BASE_WIDTH
-        last_blocks = (1 if base else 4) if last_blocks is None else last_blocks
+        """DINO's choice for ``model`` where an argument is None: 4 blocks (all, in a shallower
+        model) without pooling below ViT-B's width, 1 block with pooling from it on;
+        ``ValueError`` when ``model`` has fewer blocks than asked for or no class token."""
+        base, depth = int(model.embed_dim) >= BASE_WIDTH, len(model.blocks)
+        last_blocks = min(1 if base else 4, depth) if last_blocks is None else last_blocks
         avgpool = base if avgpool is None else avgpool
-        depth = len(model.blocks)
         if not 1 <= last_blocks <= depth:
             raise ValueError(f"--last-blocks {last_blocks}: the model has {depth} blocks")
         if getattr(model, "cls_token", None) is None:
