@@ -32,12 +32,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
+    "knn": ("locatdino.probes.knn_cli", "DINO's weighted k-NN classification of frozen class tokens (top-1, top-5)"),
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
 }
 
 
 # commands whose SIGTERM is raised as :class:`Terminated`, so their ``finally`` blocks run
-SIGTERM_STOPPABLE = ("hbird", "linprobe", "compare")
+SIGTERM_STOPPABLE = ("hbird", "linprobe", "knn", "compare")
 
 
 class Terminated(BaseException):

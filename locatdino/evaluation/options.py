@@ -28,9 +28,10 @@ from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
 
 
-def add_data_arguments(g: Any) -> None:
-    """The labelled dataset and its memory (training) / query splits (``g``: the data group)."""
-    g.add_argument("--dataset", choices=DATASETS, default="scenes", help="labelled dataset")
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
+    """The labelled dataset (one of ``datasets``: the segmentation sets by default) and its memory
+    (training) / query splits (``g``: the data group)."""
+    g.add_argument("--dataset", choices=datasets, default="scenes", help="labelled dataset")
     g.add_argument("--data-dir", default=None, help="dataset root (shard URL pattern for 'shards'); "
                    "not needed for the built-in scenes")
     g.add_argument("--train-split", default="train", help="memory split (VOC: trainaug as in the paper)")

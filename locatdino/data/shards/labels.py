@@ -49,6 +49,11 @@ class ShardImageLabels:
     def label(self, index: int) -> int:
         return self._items[index][3]
 
+    def sample_name(self, index: int) -> str:
+        """``shard:key`` of sample ``index``: where a sample that does not decode is."""
+        url, key, *_ = self._items[index]
+        return f"{url}:{key}"
+
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         url, key, image, label = self._items[index]
         try:

@@ -1,0 +1,128 @@
+"""Image-labelled train / validation splits for classification on frozen class tokens (``locatdino knn``).
+
+Three sources, each ``ds[i] -> (PIL RGB image, class index)`` with every label known before any
+image is decoded (so a split that cannot be scored is refused before the long work):
+
+- ``imagefolder``: ``ROOT/<split>/<class>/<image>``, classes sorted by folder name and images
+  listed as torchvision's ``ImageFolder`` does (its extensions, its order);
+- ``shards``: ``ROOT/<split>/`` of ``locatdino shards`` of such a tree (a ``cls`` per sample and
+  the class names in ``index.json``), the supervised recipe's format;
+- ``scenes``: the built-in scenes, one class per scene (its dominant object), as ``compare``.
+
+The train split's classes are the classes; validation labels are mapped to them *by name*, since
+a validation tree with fewer class folders numbers them differently. A validation class that has
+no train image cannot be predicted, so it is refused, as is an empty class folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+from locatdino.data.transforms.decode import decode_rgb
+
+CLASS_DATASETS = ("imagefolder", "shards", "scenes")
+
+
+@dataclass
+class LabelledImages:
+    """``ds[i] -> (PIL image, label)`` of ``len(labels)`` images; ``name(i)`` says where image
+    ``i`` comes from (a path, a shard member), so an image that does not decode can be named."""
+
+    labels: np.ndarray
+    class_names: list[str]
+    load: Callable[[int], Image.Image]
+    name: Callable[[int], str]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return self.load(i), int(self.labels[i])
+
+    def subset(self, indices: np.ndarray) -> LabelledImages:
+        indices = np.asarray(indices)
+        return LabelledImages(self.labels[indices], self.class_names, lambda i: self.load(int(indices[i])),
+                              lambda i: self.name(int(indices[i])))
+
+
+def _image_folder(root: Path) -> LabelledImages:
+    """``root/<class>/<image>`` as ``ImageFolder`` lists it; an empty class folder is refused."""
+    if not root.is_dir():
+        raise ValueError(f"--data-dir: {root} is not a folder (expected ROOT/<split>/<class>/<image>)")
+    try:
+        classes, class_to_idx = find_classes(root)
+    except FileNotFoundError:
+        raise ValueError(f"--data-dir: {root} holds no class folder (expected {root}/<class>/<image>)") from None
+    samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    counts = np.bincount([label for _, label in samples], minlength=len(classes))
+    if (counts == 0).any():
+        empty = [classes[c] for c in np.flatnonzero(counts == 0)]
+        raise ValueError(f"class folder {root / empty[0]} holds no image ({', '.join(IMG_EXTENSIONS)})"
+                         + (f", nor do {len(empty) - 1} more" if len(empty) > 1 else ""))
+    paths = [path for path, _ in samples]
+    return LabelledImages(np.array([label for _, label in samples], np.int64), classes,
+                          lambda i: decode_rgb(paths[i]), lambda i: paths[i])
+
+
+def _shards(root: Path) -> LabelledImages:
+    from locatdino.data.shards.labels import ShardImageLabels
+
+    if not root.is_dir():
+        raise ValueError(f"--data-dir: {root} is not a folder of shards (expected ROOT/<split>/*.tar)")
+    shards = ShardImageLabels(str(root))
+    labels = np.array([shards.label(i) for i in range(len(shards))], np.int64)
+    return LabelledImages(labels, shards.class_names, lambda i: shards[i][0], shards.sample_name)
+
+
+def _scenes(split: str, count: int, size: int, seed: int) -> LabelledImages:
+    from locatdino.data import ScenesSegmentation
+    from locatdino.data.scenes import SCENE_CLASSES, scene_class
+
+    scenes = [ScenesSegmentation(count, size=size, seed=seed, split=split)[i] for i in range(count)]
+    labels = np.array([scene_class(np.asarray(mask)) for _, mask in scenes], np.int64)
+    return LabelledImages(labels, list(SCENE_CLASSES), lambda i: scenes[i][0], lambda i: f"{split} scene {i}")
+
+
+def open_class_split(dataset: str, data_dir: str | None, split: str, count: int | None, seed: int,
+                     scene_size: int, default_scenes: int, option: str) -> LabelledImages:
+    """Split ``split`` of ``dataset``, limited to a seeded random subset of ``count`` images
+    (scenes: ``count`` scenes are rendered, ``default_scenes`` when None); a ``count`` above the
+    split's size is refused naming ``option``."""
+    if dataset == "scenes":
+        return _scenes(split, count or default_scenes, scene_size, seed)
+    if data_dir is None:
+        raise ValueError(f"--dataset {dataset} needs --data-dir ROOT (ROOT/{split}/...)")
+    images = (_image_folder if dataset == "imagefolder" else _shards)(Path(data_dir) / split)
+    if count is not None and count > len(images):
+        raise ValueError(f"{option} {count}: split {split!r} has only {len(images)} images (ask for at most "
+                         f"{len(images)}, or leave {option} out to use them all)")
+    if count is not None and count < len(images):
+        images = images.subset(np.sort(np.random.default_rng(seed).choice(len(images), size=count, replace=False)))
+    return images
+
+
+def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) -> LabelledImages:
+    """``val`` with its labels renumbered as the train split's classes (by name); ``ValueError``
+    naming the first validation class without a train image."""
+    index = {name: i for i, name in enumerate(train.class_names)}
+    present = np.bincount(train.labels, minlength=len(train.class_names)) > 0
+    val_names = [val.class_names[c] for c in np.unique(val.labels)]
+    missing = [name for name in val_names if name not in index or not present[index[name]]]
+    if missing:
+        raise ValueError(f"--val-split {val_split}: class {missing[0]!r} has no train image"
+                         + (f" (nor do {len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + ": a k-NN can never predict it")
+    relabel = np.array([index.get(name, -1) for name in val.class_names], np.int64)
+    return LabelledImages(relabel[val.labels], train.class_names, val.load, val.name)
+
+
+def split_record(images: LabelledImages) -> dict[str, Any]:
+    """What a ``results.json`` keeps of a split: its size and class count."""
+    return {"images": len(images), "classes": int(len(np.unique(images.labels)))}
