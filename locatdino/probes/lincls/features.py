@@ -20,7 +20,6 @@ import torch
 from timm.layers import AttentionPoolPrr
 from torch import Tensor, nn
 
-from locatdino.evaluation.augment import normalize
 from locatdino.models.dense_features import prr_tokens
 
 BASE_WIDTH = 768  # ViT-B's: from this width on DINO takes 1 block + the mean patch token
@@ -59,8 +58,8 @@ class LinearInput:
         return embed_dim * (self.last_blocks + self.avgpool)
 
     def __call__(self, model: nn.Module, images: Tensor) -> Tensor:
-        """``[B, dim]`` float32 features of uint8 ``images [B, 3, S, S]`` (ImageNet-normalised here)."""
-        outputs = model.forward_intermediates(normalize(images), indices=self.last_blocks, norm=True,
+        """``[B, dim]`` float32 features of ImageNet-normalised ``images [B, 3, S, S]``."""
+        outputs = model.forward_intermediates(images, indices=self.last_blocks, norm=True,
                                               return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True)
         patches, prefix = outputs[-1]
         if self.prr:

@@ -35,10 +35,12 @@ from torch.utils.data import DataLoader
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.views import sample_name
 from locatdino.evaluation.wilson import wilson_interval
+from locatdino.probes.class_features import eval_transform
 from locatdino.probes.lincls.cache import ClassFeatures
 from locatdino.probes.lincls.features import LinearInput
-from locatdino.probes.lincls.views import LabelledImages, collate_labelled, eval_transform, train_transform
+from locatdino.probes.lincls.views import ClassViews, collate_views, train_transform
 from locatdino.progress import progress
 
 PROTOCOLS = ("full", "fast")
@@ -109,7 +111,7 @@ class LinclsResult:
     top5_interval: tuple[float, float]
     num_train: int
     num_val: int
-    skipped: dict[str, int]
+    skipped: dict[str, list[str]]  # per split: the samples that did not decode
     lr: float  # the effective (scaled) lr of the scored layer
     linear_input: dict[str, Any]
     config: dict[str, Any]
@@ -148,14 +150,14 @@ def _accuracy(ranked: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode(model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfig, device: torch.device,
-           what: str) -> tuple[ClassFeatures, int]:
-    """Every image's classifier input from its centre crop, and how many did not decode."""
+           what: str) -> tuple[ClassFeatures, list[int]]:
+    """Every image's classifier input from its centre crop, and the indices of those that did not decode."""
     model, precision = encoder_for(model, cfg.precision, device)
     dim = inputs.dim(int(model.embed_dim))
     store = ClassFeatures(len(dataset), dim, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
-    loader = DataLoader(LabelledImages(dataset, eval_transform(cfg.input_size)), batch_size=cfg.eval_batch_size,
-                        num_workers=_workers(cfg, device), collate_fn=collate_labelled)
-    skipped = 0
+    loader = DataLoader(ClassViews(dataset, eval_transform(cfg.input_size)), batch_size=cfg.eval_batch_size,
+                        num_workers=_workers(cfg, device), collate_fn=collate_views)
+    skipped = []
     try:
         with eval_mode(model), torch.inference_mode(), autocast(precision, device):
             for images, labels, indices, bad in progress(loader, desc=what, disable=not cfg.progress, leave=False):
@@ -165,25 +167,25 @@ def encode(model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfi
     except BaseException:
         store.close()
         raise
-    return store, skipped
+    return store, sorted(skipped)
 
 
 def train_full(model: nn.Module, inputs: LinearInput, train_set: Any, num_classes: int, cfg: LinclsConfig,
-               device: torch.device) -> tuple[nn.Linear, int]:
-    """DINO's protocol: the trained linear layer and how many training samples did not decode."""
+               device: torch.device) -> tuple[nn.Linear, list[int]]:
+    """DINO's protocol: the trained linear layer and the training samples that did not decode."""
     encoder, precision = encoder_for(model, cfg.precision, device)
     torch.manual_seed(cfg.seed)
     head = linear_layer(inputs.dim(int(model.embed_dim)), num_classes).to(device)
-    loader = DataLoader(LabelledImages(train_set, train_transform(cfg.input_size)), batch_size=cfg.batch_size,
+    loader = DataLoader(ClassViews(train_set, train_transform(cfg.input_size)), batch_size=cfg.batch_size,
                         shuffle=True, generator=torch.Generator().manual_seed(cfg.seed),
-                        num_workers=_workers(cfg, device), collate_fn=collate_labelled)
+                        num_workers=_workers(cfg, device), collate_fn=collate_views)
     optimizer = torch.optim.SGD(head.parameters(), lr=cfg.scaled(cfg.lr), momentum=0.9, weight_decay=0)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, cfg.total_epochs, eta_min=0)
-    skipped = 0
+    skipped = []
     with eval_mode(encoder):
         for epoch in progress(range(cfg.total_epochs), desc="epochs", disable=not cfg.progress, leave=False):
             for images, labels, _, bad in loader:
-                skipped += bad if epoch == 0 else 0  # the same samples fail every epoch
+                skipped += bad if epoch == 0 else []  # the same samples fail every epoch
                 if not len(images):
                     continue
                 with torch.no_grad(), autocast(precision, device):
@@ -193,7 +195,7 @@ def train_full(model: nn.Module, inputs: LinearInput, train_set: Any, num_classe
                 loss.backward()
                 optimizer.step()
             schedule.step()
-    return head.cpu(), skipped
+    return head.cpu(), sorted(skipped)
 
 
 def train_fast(features: ClassFeatures, rows: np.ndarray, num_classes: int, cfg: LinclsConfig,
@@ -242,53 +244,56 @@ def top1_of(head: nn.Linear, features: ClassFeatures, rows: np.ndarray) -> float
     return 100 * float(_accuracy(ranked, labels)[0].mean())
 
 
+def _names(dataset: Any, indices: list[int]) -> list[str]:
+    """Where the samples ``indices`` come from (a path, ``shard:key``), for the report."""
+    name = getattr(dataset, "name", None)
+    return [name(i) if callable(name) else sample_name(dataset, i) for i in indices]
+
+
 def linear_classification(model: nn.Module, train_set: Any, val_set: Any, num_classes: int, cfg: LinclsConfig,
                           device: torch.device) -> LinclsResult:
     """One frozen model's linear evaluation by ``cfg.protocol`` (see the module docstring)."""
     inputs = LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
     model = model.to(device)
     provenance = run_provenance()
-    started, timings, lr_table = time.perf_counter(), {}, []
-    train_store = None
-    try:
-        if cfg.protocol == "full":
-            head, train_skipped = train_full(model, inputs, train_set, num_classes, cfg, device)
-            lr = cfg.scaled(cfg.lr)
-        else:
-            train_store, train_skipped = encode(model, inputs, train_set, cfg, device, "train features")
-            timings["train_features"] = time.perf_counter() - started
+    clock, timings, lr_table = time.perf_counter(), {}, []
+    if cfg.protocol == "full":
+        head, train_skipped = train_full(model, inputs, train_set, num_classes, cfg, device)
+        lr = cfg.scaled(cfg.lr)
+    else:
+        train_store, train_skipped = encode(model, inputs, train_set, cfg, device, "train features")
+        try:
+            timings["train_features"] = time.perf_counter() - clock
             fit_rows, held_rows = holdout_split(train_store.usable(), cfg)
             heads = train_fast(train_store, fit_rows, num_classes, cfg, device)
             held = [top1_of(head, train_store, held_rows) for head in heads]
-            best = int(np.argmax(held))  # ties: the smallest lr
-            head, lr = heads[best], cfg.scaled(cfg.lr_grid[best])
-        timings["train"] = time.perf_counter() - started - timings.get("train_features", 0.0)
-        mark = time.perf_counter()
-        val_store, val_skipped = encode(model, inputs, val_set, cfg, device, "val features")
-        try:
-            rows = val_store.usable()
-            ranked, labels = _ranked(head, val_store, rows)
-            if cfg.protocol == "fast":
-                lr_table = [{"lr": cfg.scaled(base), "base_lr": base, "holdout_top1": round(h, 4),
-                             "val_top1": round(top1_of(other, val_store, rows), 4)}
-                            for base, h, other in zip(cfg.lr_grid, held, heads)]
         finally:
-            val_store.close()
-        timings["evaluate"] = time.perf_counter() - mark
-    finally:
-        if train_store is not None:
             train_store.close()
-    timings["total"] = time.perf_counter() - started
-    if not len(rows):
-        raise ValueError("no validation image could be decoded: nothing to score")
+        best = int(np.argmax(held))  # ties: the smallest lr
+        head, lr = heads[best], cfg.scaled(cfg.lr_grid[best])
+    timings["train"] = time.perf_counter() - clock - timings.get("train_features", 0.0)
+    mark = time.perf_counter()
+    val_store, val_skipped = encode(model, inputs, val_set, cfg, device, "val features")
+    try:
+        rows = val_store.usable()
+        if not len(rows):
+            raise ValueError(f"none of the {len(val_set)} validation images decodes: nothing to score")
+        ranked, labels = _ranked(head, val_store, rows)
+        if cfg.protocol == "fast":
+            lr_table = [{"base_lr": base, "lr": cfg.scaled(base), "holdout_top1": round(score, 4),
+                         "val_top1": round(top1_of(layer, val_store, rows), 4)}
+                        for base, score, layer in zip(cfg.lr_grid, held, heads)]
+    finally:
+        val_store.close()
+    timings["evaluate"] = time.perf_counter() - mark
+    timings["total"] = time.perf_counter() - clock
     top1, top5 = _accuracy(ranked, labels)
-    n = len(top1)
-    interval = lambda hits: tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), n))  # noqa: E731
+    interval = lambda hits: tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
     return LinclsResult(
         top1=round(100 * float(top1.mean()), 4), top5=round(100 * float(top5.mean()), 4),
         top1_interval=interval(top1), top5_interval=interval(top5),
-        num_train=len(train_set) - train_skipped, num_val=n,
-        skipped={"train": train_skipped, "val": val_skipped}, lr=lr, linear_input=inputs.to_dict(),
-        config={**asdict(cfg), "epochs": cfg.total_epochs, "lr_grid": list(cfg.lr_grid)}, lr_table=lr_table,
-        timings={k: round(v, 3) for k, v in timings.items()}, provenance=provenance, hits=top1,
+        num_train=len(train_set) - len(train_skipped), num_val=len(top1),
+        skipped={"train": _names(train_set, train_skipped), "val": _names(val_set, val_skipped)}, lr=lr,
+        linear_input=inputs.to_dict(), config={**asdict(cfg), "epochs": cfg.total_epochs, "lr_grid": list(cfg.lr_grid)},
+        lr_table=lr_table, timings={k: round(v, 3) for k, v in timings.items()}, provenance=provenance, hits=top1,
     )
