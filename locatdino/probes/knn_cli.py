@@ -160,7 +160,7 @@ def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: 
     out = Path(args.out)
     results, hits = [], []
     for run, model in zip(runs, models):
-        print(f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)["classes"]} "
+        print(f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)['classes']} "
               f"classes, {cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}",
               file=sys.stderr, flush=True)
         result, model_hits = _score(cfg, model.to(device), train, val)

@@ -1,0 +1,202 @@
+"""``locatdino knn`` through the dispatcher: the reference's numbers on a folder and on shards,
+outputs, and bad input in one line before any work."""
+
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from torchvision import transforms
+
+from locatdino import cli
+
+CLASSES = ("blue", "green", "red")
+KS = (1, 3, 10)
+
+
+def _write_folder(root, counts, seed):
+    """``root/<class>/<i>.png``: noisy images tinted by class, of several sizes (so the resize and
+    the crop matter); each image's own colour cast makes random class tokens mislabel some."""
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(counts):
+            h, w = rng.integers(230, 300, 2)
+            pixels = rng.normal(128, 60, (h, w, 3)) + rng.normal(0, 25, 3)  # a colour cast per image
+            pixels[..., c] += 20
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(root / name / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny ImageNet-layout folder (6 train, 3 val images per class) and a ViT-Ti/16 weights file."""
+    root = tmp_path_factory.mktemp("knn")
+    _write_folder(root / "data" / "train", 6, seed=0)
+    _write_folder(root / "data" / "val", 3, seed=1)
+    torch.manual_seed(0)
+    weights = root / "vit_tiny.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), weights)
+    return root
+
+
+def reference_features(weights, root):
+    """What dino's eval_knn.py computes, independently: its transform (Resize(256, bicubic),
+    CenterCrop(224), ImageNet normalisation), the ViT's class token after the final norm,
+    L2-normalised; ImageFolder's order and labels."""
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=0)
+    model.load_state_dict(torch.load(weights))
+    view = transforms.Compose([transforms.Resize(256, interpolation=transforms.InterpolationMode.BICUBIC),
+                               transforms.CenterCrop(224), transforms.ToTensor(),
+                               transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    paths = sorted((CLASSES.index(p.parent.name), p.name, p) for p in root.glob("*/*.png"))
+    with torch.no_grad():
+        tokens = model.eval().forward_features(torch.stack([view(Image.open(p).convert("RGB")) for *_, p in paths]))
+    return torch.nn.functional.normalize(tokens[:, 0], dim=1).numpy(), np.array([c for c, *_ in paths])
+
+
+def dino_knn_classifier(train_features, train_labels, test_features, test_labels, k, T, num_classes):
+    """facebookresearch/dino's knn_classifier written plainly: top-1 and top-5 counts."""
+    similarity = test_features @ train_features.T
+    top1 = top5 = 0
+    for row, target in zip(similarity, test_labels):
+        probs = np.zeros(num_classes)
+        for j in np.argsort(-row)[:k]:
+            probs[train_labels[j]] += np.exp(row[j] / T)
+        predictions = np.argsort(-probs, kind="stable")
+        top1 += int(predictions[0] == target)
+        top5 += int(target in predictions[: min(5, k)])
+    return top1, top5
+
+
+def test_the_class_tokens_are_the_references(folder):
+    """The features the command votes with, image by image (the top-1 / top-5 tests below cannot
+    see a small change of view on so few images)."""
+    from locatdino.evaluation.features import load_backbone
+    from locatdino.probes.class_features import class_token_embeddings
+    from locatdino.probes.class_splits import open_class_split
+
+    model = load_backbone("vit_tiny_patch16_224", str(folder / "vit_tiny.pth"))
+    images = open_class_split("imagefolder", str(folder / "data"), "val", None, 0, 224, 0, "--num-val")
+    with class_token_embeddings(model, images, 224, batch_size=4, workers=0, show_progress=False) as found:
+        features, labels = reference_features(folder / "vit_tiny.pth", folder / "data" / "val")
+        np.testing.assert_allclose(found.features, features, atol=2e-5)
+        assert found.labels.tolist() == labels.tolist() and found.kept.tolist() == list(range(9))
+
+
+def _run(argv, out):
+    assert cli.main(["knn", *argv, "--k", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def expected(folder):
+    train, train_labels = reference_features(folder / "vit_tiny.pth", folder / "data" / "train")
+    val, val_labels = reference_features(folder / "vit_tiny.pth", folder / "data" / "val")
+    counts = {k: dino_knn_classifier(train, train_labels, val, val_labels, k, 0.07, len(CLASSES)) for k in KS}
+    assert any(0 < top1 < 9 for top1, _ in counts.values())  # the classifier neither always right nor always wrong
+    return counts
+
+
+def _assert_reference_counts(result, expected):
+    for k in KS:
+        scores = result["knn"][str(k)]
+        found = np.array([scores["top1"], scores["top5"]]) * 9 / 100
+        assert np.abs(found - np.array(expected[k])).max() <= 1 + 1e-6, (k, found, expected[k])  # within one image
+
+
+def test_imagefolder_gives_the_reference_top1_top5(folder, expected, tmp_path, capsys):
+    out = tmp_path / "out"
+    result = _run(["--model", f"vit_tiny_patch16_224:{folder / 'vit_tiny.pth'}", "--dataset", "imagefolder",
+                   "--data-dir", str(folder / "data")], out)
+    (model,) = result["models"]
+    _assert_reference_counts(model, expected)
+    assert model["data"]["train"] == {"images": 18, "classes": 3, "skipped": []}
+    assert model["config"]["precision"] == "fp32" and model["config"]["temperature"] == 0.07
+    low, high = model["knn"]["10"]["top1_interval"]
+    assert low <= model["knn"]["10"]["top1"] <= high
+    assert "| vit_tiny_patch16_224-vit_tiny | 10 |" in (out / "report.md").read_text()
+    assert "| vit_tiny_patch16_224-vit_tiny | 10 |" in capsys.readouterr().out
+
+
+def test_labelled_shards_give_the_same_numbers_and_a_second_model_a_paired_delta(folder, expected, tmp_path):
+    from locatdino.data.shards.sources import build_source
+    from locatdino.data.shards.writer import write_shards
+
+    for split in ("train", "val"):
+        write_shards(build_source(str(folder / "data" / split)), tmp_path / "shards" / split, workers=1,
+                     progress=False)
+    weights = str(folder / "vit_tiny.pth")
+    result = _run(["--model", f"ref=vit_tiny_patch16_224:{weights}", "--model", f"again=vit_tiny_patch16_224:{weights}",
+                   "--dataset", "shards", "--data-dir", str(tmp_path / "shards")], tmp_path / "out")
+    first, second = result["models"]
+    _assert_reference_counts(first, expected)
+    assert "differences" not in first and second["knn"] == first["knn"]
+    assert second["differences"]["10"]["top1"]["delta"] == 0 and second["differences"]["10"]["top1"]["low"] == 0
+
+
+def test_an_image_that_does_not_decode_is_skipped_counted_and_named(folder, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(folder / "data", data)
+    (data / "val" / "red" / "broken.png").write_bytes(b"not a png")
+    result = _run(["--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(data),
+                   "--input-size", "32", "--precision", "fp32"], tmp_path / "out")
+    val = result["models"][0]["data"]["val"]
+    assert val["images"] == 10 and val["scored"] == 9 and val["skipped"] == [str(data / "val" / "red" / "broken.png")]
+    assert "skipped 1 validation image that do not decode" in capsys.readouterr().err
+
+
+def _bad_folder(tmp_path, case):
+    data = tmp_path / "data"
+    _write_folder(data / "train", 2, seed=0)
+    _write_folder(data / "val", 1, seed=1)
+    if case == "val class missing from train":
+        (data / "val" / "yellow").mkdir()
+        Image.new("RGB", (8, 8)).save(data / "val" / "yellow" / "0.png")
+    elif case == "empty class folder":
+        (data / "train" / "yellow").mkdir()
+    return data
+
+
+BAD_INPUT = {
+    "val class missing from train": ([], "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN "
+                                         "can never predict it$"),
+    "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
+    "k larger than the train set": (["--k", "7"], "^locatdino knn: k=7 neighbours asked for but the train set holds "
+                                                  "6 images: use k <= 6$"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, case):
+    extra, message = BAD_INPUT[case]
+    data, out = _bad_folder(tmp_path, case), tmp_path / "out"
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["knn", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(data),
+                  "--out", str(out), *extra])
+    assert not out.exists() and "[knn]" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
+def test_a_temperature_that_is_not_positive_is_refused_at_parse_time(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["knn", "--model", "vit_tiny_patch16_224", "--temperature", value, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1
+    assert f"argument --temperature: must be a positive number, got {value}" in err
+
+
+def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path):
+    out = tmp_path / "out"
+    argv = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
+            "--input-size", "32", "--k", "5", "--out", str(out), "--no-progress", "--workers", "0"]
+    assert cli.main(argv) == 0
+    first = (out / "results.json").read_bytes()
+    with pytest.raises(SystemExit, match=f"--out {out} holds results of an earlier run .* pass --overwrite"):
+        cli.main(argv)
+    assert (out / "results.json").read_bytes() == first
+    assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0
+    assert json.loads((out / "results.json").read_text())["models"][0]["config"]["seed"] == 1
