@@ -32,7 +32,7 @@ def _input_cell(linear_input: dict[str, Any]) -> str:
 
 def lincls_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per model: top-1 and top-5 in % with 95 % intervals, Δ top-1 to the first model."""
-    rows = ["| model | protocol | input | lr | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] |",
+    rows = ["| model | protocol | input | lr used | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] |",
             "|---|---|---|---|---|---|---|"]
     for r in results:
         rows.append(f"| {r['model']['label']} | {r['config']['protocol']} | {_input_cell(r['linear_input'])} | "
@@ -43,7 +43,7 @@ def lincls_table(results: Sequence[dict[str, Any]]) -> str:
 def _lr_table(result: dict[str, Any]) -> list[str]:
     """The lr grid of one fast run: held-out top-1 (what picks) and validation top-1 (for reference)."""
     picked = result["lr"]
-    rows = [f"### {result['model']['label']}", "", "| lr (× batch / 256) | held-out top-1 | validation top-1 |",
+    rows = [f"### {result['model']['label']}", "", "| base lr (× batch / 256) | held-out top-1 | validation top-1 |",
             "|---|---|---|"]
     for row in result["lr_table"]:
         mark = " (picked)" if row["lr"] == picked else ""
