@@ -71,3 +71,19 @@ def test_a_validation_class_without_training_images_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="^locatdino lincls: --val-split val: class 'class9' has no train image"):
         cli.main(["lincls", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root),
                   "--out", str(tmp_path / "out"), *SMALL])
+
+
+@pytest.mark.parametrize("protocol", ["full", "fast"])
+def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, protocol):
+    root = toy_folder(tmp_path / "data")
+    for path in (root / "train").rglob("*.png"):
+        path.write_bytes(b"not an image")
+    out = tmp_path / "out"
+    assert cli.main(["lincls", "--protocol", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
+                     "--data-dir", str(root), "--epochs", "1", "--holdout", "0.2", "--out", str(out), *SMALL,
+                     "--batch-size", "4"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("[lincls] vit_tiny_patch16_224: 18 train") and len(err) == 2
+    assert err[1] == (f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
+                   ": nothing to train on")
+    assert not (out / "results.json").exists()

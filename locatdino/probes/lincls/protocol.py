@@ -194,6 +194,8 @@ def train_full(model: nn.Module, inputs: LinearInput, train_set: Any, num_classe
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+            if len(skipped) == len(train_set):  # nothing decodes: no use running the other epochs
+                break
             schedule.step()
     return head.cpu(), sorted(skipped)
 
@@ -250,6 +252,12 @@ def _names(dataset: Any, indices: list[int]) -> list[str]:
     return [name(i) if callable(name) else sample_name(dataset, i) for i in indices]
 
 
+def _check_decoded(train_set: Any, skipped: list[int]) -> None:
+    if len(skipped) == len(train_set):
+        raise ValueError(f"none of the {len(train_set)} training images decodes (first: "
+                         f"{_names(train_set, skipped[:1])[0]}): nothing to train on")
+
+
 def linear_classification(model: nn.Module, train_set: Any, val_set: Any, num_classes: int, cfg: LinclsConfig,
                           device: torch.device) -> LinclsResult:
     """One frozen model's linear evaluation by ``cfg.protocol`` (see the module docstring)."""
@@ -259,10 +267,12 @@ def linear_classification(model: nn.Module, train_set: Any, val_set: Any, num_cl
     clock, timings, lr_table = time.perf_counter(), {}, []
     if cfg.protocol == "full":
         head, train_skipped = train_full(model, inputs, train_set, num_classes, cfg, device)
+        _check_decoded(train_set, train_skipped)
         lr = cfg.scaled(cfg.lr)
     else:
         train_store, train_skipped = encode(model, inputs, train_set, cfg, device, "train features")
         try:
+            _check_decoded(train_set, train_skipped)
             timings["train_features"] = time.perf_counter() - clock
             fit_rows, held_rows = holdout_split(train_store.usable(), cfg)
             heads = train_fast(train_store, fit_rows, num_classes, cfg, device)
