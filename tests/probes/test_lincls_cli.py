@@ -87,3 +87,22 @@ def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, pr
     assert err[1] == (f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
                    ": nothing to train on")
     assert not (out / "results.json").exists()
+
+
+def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
+    from locatdino.data.shards.sources import build_source
+    from locatdino.data.shards.writer import write_shards
+
+    root = toy_folder(tmp_path / "data")
+    for split in ("train", "val"):
+        write_shards(build_source(str(root / split)), tmp_path / "shards" / split, workers=1, progress=False)
+    common = ["lincls", "--protocol", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "1", "--holdout",
+              "0.25", *SMALL]
+    results = []
+    for dataset, data_dir in (("imagefolder", root), ("shards", tmp_path / "shards")):
+        assert cli.main([*common, "--dataset", dataset, "--data-dir", str(data_dir), "--out", str(tmp_path / dataset)]) == 0
+        (result,) = json.loads((tmp_path / dataset / "results.json").read_text())["models"]
+        results.append(result)
+    folder, shards = results
+    assert shards["num_train"] == folder["num_train"] == 18 and shards["num_val"] == folder["num_val"] == 6
+    assert shards["lr_table"] == folder["lr_table"] and shards["top1"] == folder["top1"]
