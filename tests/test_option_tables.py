@@ -13,6 +13,7 @@ import pytest
 from locatdino.arguments import GROUPS, ArgumentParser, ConfigTable, option_dest
 from locatdino.comparison.cli import PROBE_TABLE as COMPARE_PROBE_TABLE
 from locatdino.probes.cli import PROBE_TABLE
+from locatdino.probes.knn_cli import KNN_TABLE
 from locatdino.probes.lincls.cli import LINCLS_TABLE
 from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.options import COMPARE_HBIRD_TABLE, HBIRD_TABLE, PROTOCOLS, parse_protocol_args
@@ -24,6 +25,7 @@ COMMANDS = {
     "locatdino.retrieval.cli": ([HBIRD_TABLE], MODEL | DATA | {"--help", "--protocol", "--device", "--memory-dir",
                                                                "--out"}),
     "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
+    "locatdino.probes.knn_cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.comparison.cli": ([COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
                                  MODEL | DATA | {"--help", "--protocol", "--device", "--baselines", "--memory-fractions",
@@ -67,6 +69,7 @@ PARSERS = {
     "hbird": lambda: importlib.import_module("locatdino.retrieval.cli")._parser(),
     "hbird report": lambda: importlib.import_module("locatdino.retrieval.cli")._report_parser(),
     "linprobe": lambda: importlib.import_module("locatdino.probes.cli")._parser(),
+    "knn": lambda: importlib.import_module("locatdino.probes.knn_cli")._parser(),
     "compare": lambda: importlib.import_module("locatdino.comparison.cli")._parser(),
     "demo": lambda: importlib.import_module("locatdino.demo")._parser(),
     "shards": lambda: importlib.import_module("locatdino.data.shards.cli").build_parser(),
@@ -117,7 +120,7 @@ def test_protocol_reference_sets_its_settings_and_options_beside_it_win():
 
 
 def _documented_commands() -> list[tuple[str, list[str]]]:
-    """``(page:line, argv)`` of every ``locatdino hbird|linprobe|compare`` line of the shell blocks
+    """``(page:line, argv)`` of every ``locatdino hbird|linprobe|knn|compare`` line of the shell blocks
     of README.md and docs/ (continuation lines joined, comments dropped)."""
     import shlex
     from pathlib import Path
@@ -127,7 +130,7 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
     for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         lines = page.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines):
-            if not re.match(r"\s*locatdino (hbird|linprobe|compare) (?!report)", line):
+            if not re.match(r"\s*locatdino (hbird|linprobe|knn|compare) (?!report)", line):
                 continue
             text, end = line, i
             while text.rstrip().endswith("\\"):  # the test's id names the command's first line
@@ -141,7 +144,7 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
 def test_documented_command_lines_use_the_current_grammar(where, argv):
     from locatdino.evaluation.model_runs import model_runs
 
-    module = {"hbird": "locatdino.retrieval.cli", "linprobe": "locatdino.probes.cli",
+    module = {"hbird": "locatdino.retrieval.cli", "linprobe": "locatdino.probes.cli", "knn": "locatdino.probes.knn_cli",
               "compare": "locatdino.comparison.cli"}[argv[0]]
     parser = importlib.import_module(module)._parser()
     assert model_runs(parser.parse_args(argv[1:]), parser)

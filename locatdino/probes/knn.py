@@ -52,7 +52,7 @@ def knn_classify(
     num_classes: int | None = None,
     backend: str = "torch",
     query_chunk: int = 1024,
-    memory_chunk: int = 65536,
+    memory_chunk: int = 16384,
 ) -> dict[int, Tensor]:
     """DINO's weighted k-NN: for each ``k`` in ``ks``, ``[M, min(5, C)]`` class ids of each test
     embedding, ranked by summed vote ``exp(sim / T)`` of its ``k`` most cosine-similar train

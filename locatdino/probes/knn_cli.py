@@ -52,7 +52,7 @@ class KnnConfig:
     temperature: float = 0.07
     input_size: int = 224
     batch_size: int = 64
-    backend: str = "torch"
+    backend: str = "auto"  # faiss beside a CPU encoder (the faster there), torch beside a GPU one
     precision: str = "fp32"  # the reference's arithmetic: its numbers are reproduced, not approximated
     cache_dir: str | None = None
     max_cache_ram_mb: int = 4096
@@ -92,8 +92,9 @@ def _parser() -> ArgumentParser:
                           help="centre-crop side; images are first resized to S x 256 / 224 on their short side "
                           "(the reference: 256 then 224)")
     protocol.add_argument("--seed", type=int, default=d.seed, help="subsets (--num-train/--num-val), random init")
-    runtime.add_argument("--knn-backend", choices=BACKENDS, default=d.backend,
-                         help="torch: exact search in chunks on the encoder's device; faiss: IndexFlatIP on the CPU")
+    runtime.add_argument("--knn-backend", choices=("auto", *BACKENDS), default=d.backend,
+                         help="exact search: torch (in blocks, on the encoder's device), faiss (IndexFlatIP, CPU), "
+                         "or auto (faiss beside a CPU encoder, torch beside a GPU)")
     runtime.add_argument("--device", default="auto",
                          help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
     runtime.add_argument("--precision", choices=PRECISIONS, default=d.precision,
@@ -198,10 +199,10 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
             check_knn_settings(cfg.ks, cfg.temperature, len(memory.labels))
         except ValueError as err:
             raise SystemExit(f"locatdino knn: {err} (after skipping images that do not decode)") from None
-        search_start = time.perf_counter()
+        search_start, backend = time.perf_counter(), _backend(cfg.backend, model)
         rankings = knn_classify(torch.from_numpy(np.asarray(memory.features)), torch.from_numpy(memory.labels),
                                 torch.from_numpy(np.asarray(queries.features)), cfg.ks, cfg.temperature,
-                                num_classes=len(train.class_names), backend=cfg.backend)
+                                num_classes=len(train.class_names), backend=backend)
         timings["search"] = time.perf_counter() - search_start
         labels = torch.from_numpy(queries.labels)
         hits = {k: (topk_hits(rankings[k], labels, 1).numpy(), topk_hits(rankings[k], labels, min(5, k)).numpy())
@@ -210,9 +211,18 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
                 "val": {**split_record(val), "scored": len(queries.labels), "skipped": queries.skipped}}
     timings["total"] = time.perf_counter() - start
     scores = {str(k): {**_accuracy("top1", top1), **_accuracy("top5", top5)} for k, (top1, top5) in hits.items()}
-    config = {**asdict(cfg), "ks": list(cfg.ks), "resize": "short side floor(S * 256 / 224), bicubic; centre crop S"}
+    config = {**asdict(cfg), "ks": list(cfg.ks), "search": backend,
+              "resize": "short side floor(S * 256 / 224), bicubic; centre crop S"}
     return {"knn": scores, "data": data, "config": config, "timings": timings,
             "provenance": run_provenance()}, hits
+
+
+def _backend(name: str, model: nn.Module) -> str:
+    """``--knn-backend``, ``auto`` resolved: FAISS's blocked BLAS is the faster on a CPU
+    (benchmarks/RESULTS.md), the torch search keeps a GPU encoder's features on its GPU."""
+    if name != "auto":
+        return name
+    return "faiss" if next(model.parameters()).device.type == "cpu" else "torch"
 
 
 def _accuracy(name: str, hits: np.ndarray) -> dict[str, Any]:
