@@ -33,12 +33,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
     "knn": ("locatdino.probes.knn_cli", "DINO's weighted k-NN classification of frozen class tokens (top-1, top-5)"),
+    "lincls": ("locatdino.probes.lincls.cli", "linear classification of frozen class tokens (DINO's eval_linear; "
+               "not the dense linprobe)"),
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
 }
 
 
 # commands whose SIGTERM is raised as :class:`Terminated`, so their ``finally`` blocks run
-SIGTERM_STOPPABLE = ("hbird", "linprobe", "knn", "compare")
+SIGTERM_STOPPABLE = ("hbird", "linprobe", "knn", "lincls", "compare")
 
 
 class Terminated(BaseException):

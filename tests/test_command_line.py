@@ -23,7 +23,7 @@ def test_help_lists_every_command(capsys):
 def test_unknown_command_exits_2(capsys):
     assert cli.main(["no-such-command"]) == 2
     assert capsys.readouterr().err == ("locatdino: unknown command 'no-such-command' (one of demo, fit, export, "
-                                       "shards, hbird, linprobe, knn, compare; locatdino --help)\n")
+                                       "shards, hbird, linprobe, knn, lincls, compare; locatdino --help)\n")
 
 
 def test_ctrl_c_is_one_line_with_status_130(monkeypatch, capsys):

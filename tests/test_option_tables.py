@@ -14,6 +14,7 @@ from locatdino.arguments import GROUPS, ArgumentParser, ConfigTable, option_dest
 from locatdino.comparison.cli import PROBE_TABLE as COMPARE_PROBE_TABLE
 from locatdino.probes.cli import PROBE_TABLE
 from locatdino.probes.knn_cli import KNN_TABLE
+from locatdino.probes.lincls.cli import LINCLS_TABLE
 from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.options import COMPARE_HBIRD_TABLE, HBIRD_TABLE, PROTOCOLS, parse_protocol_args
 
@@ -25,6 +26,7 @@ COMMANDS = {
                                                                "--out", "--overwrite"}),
     "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.knn_cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
+    "locatdino.probes.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.comparison.cli": ([COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
                                  MODEL | DATA | {"--help", "--protocol", "--device", "--baselines", "--memory-fractions",
                                                  "--no-linprobe", "--out", "--overwrite", "--figure-images"}),

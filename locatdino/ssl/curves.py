@@ -6,8 +6,8 @@ resumed run is split over several files, and the older one holds steps the newer
 each step from the latest version that logged it: version N contributes only the steps before
 version N+1's first one. Four panels: loss; teacher entropy (per sample and of the batch mean,
 the collapse signals; DINO only); learning rate with the teacher momentum (DINO); held-out
-scores in percent: Hummingbird mIoU when a ``HummingbirdMonitor`` logged it, the supervised
-objective's validation top-1.
+scores in percent: Hummingbird mIoU when a ``HummingbirdMonitor`` logged it, the k-NN top-1 of a
+``KnnMonitor``, the supervised objective's validation top-1.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("loss", ("train/loss",), ()),
     ("teacher entropy", ("teacher/entropy", "teacher/batch_entropy"), ()),
     ("schedules", ("train/lr",), ("train/teacher_momentum",)),
-    ("held-out (%)", ("hbird/mIoU", "val/top1"), ()),
+    ("held-out (%)", ("hbird/mIoU", "monitor/knn_top1", "val/top1"), ()),
 )
 
 

@@ -1,0 +1,108 @@
+"""``locatdino lincls`` through the dispatcher: outputs, Δ, skipped images, errors in one line before the work."""
+
+import json
+
+import pytest
+
+from locatdino import cli
+from tests.probes.test_lincls import toy_folder
+
+SMALL = ["--input-size", "32", "--batch-size", "6", "--precision", "fp32", "--workers", "0", "--no-progress"]
+
+
+def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(tmp_path, capsys):
+    root = toy_folder(tmp_path / "data")
+    (root / "train" / "class1" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    out = tmp_path / "out"
+    argv = ["lincls", "--model", "vit_tiny_patch16_224", "--model", "loc=locatvit_tiny", "--dataset", "imagefolder",
+            "--data-dir", str(root), "--epochs", "2", "--out", str(out), *SMALL]
+    assert cli.main(argv) == 0
+    assert "| vit_tiny_patch16_224 | full | 4 class tokens |" in capsys.readouterr().out
+    report = json.loads((out / "results.json").read_text())
+    first, second = report["models"]
+    assert [m["model"]["label"] for m in report["models"]] == ["vit_tiny_patch16_224", "loc"]
+    for result in report["models"]:
+        assert result["num_train"] == 18 and result["num_val"] == 6 and result["config"]["epochs"] == 2
+        assert result["skipped"] == {"train": [str(root / "train" / "class1" / "broken.png")], "val": []}
+        assert result["top1_interval"][0] <= result["top1"] <= result["top1_interval"][1]
+        assert result["lr"] == pytest.approx(1e-3 * 6 / 256) and result["config"]["dataset"] == "imagefolder"
+    assert "difference" not in first and second["difference"]["resamples"] == 1000
+    assert second["difference"]["delta"] == pytest.approx(second["top1"] - first["top1"], abs=1e-3)
+    text = (out / "report.md").read_text()
+    assert text.startswith("# Linear classification on frozen features") and "1 train images that do not decode" in text
+
+
+def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
+    root = toy_folder(tmp_path / "data")
+    out = tmp_path / "out"
+    argv = ["lincls", "--protocol", "fast", "--model", "locatvit_tiny", "--prr", "--lr-grid", "0.01", "10",
+            "--holdout", "0.25", "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]
+    assert cli.main(argv) == 0
+    (result,) = json.loads((out / "results.json").read_text())["models"]
+    assert [row["base_lr"] for row in result["lr_table"]] == [0.01, 10] and result["config"]["epochs"] == 10
+    assert result["linear_input"] == {"last_blocks": 4, "avgpool": False, "prr": True}
+    assert "## Learning rates" in (out / "report.md").read_text()
+
+
+ERRORS = {
+    "batch over the training images": (["--batch-size", "19"], "--batch-size 19 is more than the 18 training images"),
+    "more blocks than the model": (["--last-blocks", "13"], "--model vit_tiny_patch16_224: --last-blocks 13: the "
+                                   "model has 12 blocks"),
+    "holdout of everything": (["--holdout", "1"], "argument --holdout: must lie in (0, 1), got 1"),
+    "no lr": (["--lr-grid"], "argument --lr-grid: expected at least one argument"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=list(ERRORS))
+def test_bad_settings_fail_in_one_line_before_any_output(tmp_path, capsys, case):
+    root = toy_folder(tmp_path / "data")
+    extra, expected = ERRORS[case]
+    with pytest.raises(SystemExit) as done:
+        cli.main(["lincls", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root),
+                  "--out", str(tmp_path / "out"), *SMALL, *extra])
+    said = capsys.readouterr().err + (done.value.code if isinstance(done.value.code, str) else "")
+    assert expected in said and said.strip().count("\n") == 0 and not (tmp_path / "out").exists()
+
+
+def test_a_validation_class_without_training_images_is_refused(tmp_path):
+    root = toy_folder(tmp_path / "data")
+    (root / "val" / "class9").mkdir()
+    (root / "val" / "class0" / "0.png").rename(root / "val" / "class9" / "0.png")
+    with pytest.raises(SystemExit, match="^locatdino lincls: --val-split val: class 'class9' has no train image"):
+        cli.main(["lincls", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root),
+                  "--out", str(tmp_path / "out"), *SMALL])
+
+
+@pytest.mark.parametrize("protocol", ["full", "fast"])
+def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, protocol):
+    root = toy_folder(tmp_path / "data")
+    for path in (root / "train").rglob("*.png"):
+        path.write_bytes(b"not an image")
+    out = tmp_path / "out"
+    assert cli.main(["lincls", "--protocol", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
+                     "--data-dir", str(root), "--epochs", "1", "--holdout", "0.2", "--out", str(out), *SMALL,
+                     "--batch-size", "4"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("[lincls] vit_tiny_patch16_224: 18 train") and len(err) == 2
+    assert err[1] == (f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
+                   ": nothing to train on")
+    assert not (out / "results.json").exists()
+
+
+def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
+    from locatdino.data.shards.sources import build_source
+    from locatdino.data.shards.writer import write_shards
+
+    root = toy_folder(tmp_path / "data")
+    for split in ("train", "val"):
+        write_shards(build_source(str(root / split)), tmp_path / "shards" / split, workers=1, progress=False)
+    common = ["lincls", "--protocol", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "1", "--holdout",
+              "0.25", *SMALL]
+    results = []
+    for dataset, data_dir in (("imagefolder", root), ("shards", tmp_path / "shards")):
+        assert cli.main([*common, "--dataset", dataset, "--data-dir", str(data_dir), "--out", str(tmp_path / dataset)]) == 0
+        (result,) = json.loads((tmp_path / dataset / "results.json").read_text())["models"]
+        results.append(result)
+    folder, shards = results
+    assert shards["num_train"] == folder["num_train"] == 18 and shards["num_val"] == folder["num_val"] == 6
+    assert shards["lr_table"] == folder["lr_table"] and shards["top1"] == folder["top1"]
