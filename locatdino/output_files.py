@@ -223,6 +223,16 @@ def _too_big(path: str | os.PathLike, nbytes: int, free: int, code: int) -> Disk
                                f"{free / 1e9:.3g} GB free")
 
 
+_HELD_LOCKS: set[int] = set()  # fds of the output locks this process holds now
+
+
+def inherited_lock_fds() -> list[int]:
+    """The descriptors of the output locks held when this process was forked: a child closes them
+    (:func:`locatdino.processes.worker_pool`), so that a child outliving its parent never holds the
+    parent's output folder."""
+    return sorted(_HELD_LOCKS)
+
+
 @contextlib.contextmanager
 def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
     """Hold ``folder/.locatdino.lock`` for the block; :class:`~locatdino.errors.UserError` at once
@@ -244,6 +254,8 @@ def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
                             "to end or choose another folder") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {_HOST}\n".encode(), 0)
+        _HELD_LOCKS.add(fd)
         yield folder
     finally:
+        _HELD_LOCKS.discard(fd)
         os.close(fd)  # releases the lock
