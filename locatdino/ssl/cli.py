@@ -66,7 +66,9 @@ from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
                                       earlier_checkpoints)
+from locatdino.ssl.launch_checks import missing_launcher
 from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
+from locatdino.ssl.rank_agreement import SameConfigOnEveryRank
 from locatdino.ssl.restarts import record_elastic_job, resume_after_restart
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
@@ -151,11 +153,15 @@ class FitCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
-        """Temporaries of checkpoint writes killed in an earlier start of this run are removed
+        """A launch that cannot start all its ranks is refused (:func:`missing_launcher`);
+        temporaries of checkpoint writes killed in an earlier start of this run are removed
         (with ``--overwrite`` on a fresh run, the earlier run's checkpoints, logs and curves too,
         by rank 0, before the other ranks start); an elastic job's rendezvous id is recorded
-        (:func:`record_elastic_job`); a SIGTERM will save ``last.ckpt``
-        (:class:`SigtermCheckpoint`)."""
+        (:func:`record_elastic_job`); the ranks will compare their configs before the first step
+        (:class:`SameConfigOnEveryRank`); a SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`)."""
+        problem = missing_launcher(self.trainer, os.environ)
+        if problem is not None:
+            raise UserError(problem)
         config = self.config.fit
         if config.overwrite and config.ckpt_path is None and self.trainer.is_global_zero:
             remove_earlier_run(config.trainer.default_root_dir)
@@ -163,6 +169,7 @@ class FitCLI(LightningCLI):
             record_elastic_job(config.trainer.default_root_dir)
         for key in CHECKPOINT_GROUPS:
             remove_stale_temporaries(config[key].dirpath)
+        self.trainer.callbacks.append(SameConfigOnEveryRank(config))
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
         if apply_collective_timeout(self.trainer.strategy, config.collective_timeout):
             os.environ.update(nccl_environment(config.collective_timeout, os.environ))
