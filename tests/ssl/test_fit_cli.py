@@ -178,6 +178,26 @@ def test_sigterm_saves_last_checkpoint_and_exits_non_zero(tmp_path, capsys, name
 
 
 @pytest.mark.slow
+def test_slurm_requeue_signal_without_scontrol_saves_and_says_the_requeue_failed(tmp_path, capsys, monkeypatch):
+    """One SLURM task whose node has no ``scontrol`` on PATH: the requeue signal at step 2 saves
+    last.ckpt, then the documented failure line (it was ``[Errno 2] No such file or directory:
+    'scontrol'``); training goes on to its end."""
+    slurm = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NAME": "locatdino-fit", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+             "SLURM_NODELIST": "127.0.0.1", "SLURM_STEP_ID": "0", "PATH": str(tmp_path / "empty")}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--trainer.callbacks+=ddp_helpers.SigtermAt",
+            "--trainer.callbacks.step", "2", "--trainer.callbacks.signal", "SIGUSR1"]
+    assert command_line.main(["fit", *args]) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("locatdino fit:")] == [
+        f"locatdino fit: requeue signal at step 3: saved {last}; `scontrol requeue 4711` failed (scontrol: No such "
+        "file or directory): the job will not start again by itself"]
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
     """On a 4 MiB tmpfs the step-2 checkpoint (2.7 MB) fits and the step-4 one does not: one line
     naming the file, exit 1, the step-2 checkpoint intact and no temporary left."""
