@@ -56,6 +56,8 @@ from locatdino.processes import Terminated, stop_status
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_COLLECTIVE_TIMEOUT_S,
+    MIN_COLLECTIVE_TIMEOUT_S,
     LostRank,
     apply_collective_timeout,
     check_collective_timeout,
@@ -96,7 +98,8 @@ class FitCLI(LightningCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.add_argument("--collective_timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S,
                             help="seconds a rank waits for the others in a collective before the run stops: what a "
-                            "hung rank costs (docs/multinode.md)")
+                            f"hung rank costs; {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:.3f} "
+                            "(24.8 days; docs/multinode.md)")
         parser.add_argument("--overwrite", action="store_true",
                             help="Start a new run in a trainer.default_root_dir that holds another run's "
                             "checkpoints: delete them, its logs and its curves first (without --overwrite such a "

@@ -68,7 +68,7 @@ def check_collective_timeout(seconds: Any) -> float:
                         "ranks of a healthy run wait for each other (start-up, checkpoint writes): it would stop the "
                         "run as if a rank hung (docs/multinode.md)")
     if seconds > MAX_COLLECTIVE_TIMEOUT_S:
-        raise UserError(f"collective_timeout: {seconds:g} s is above {MAX_COLLECTIVE_TIMEOUT_S:g} s (24.8 days, the "
+        raise UserError(f"collective_timeout: {seconds:g} s is above {MAX_COLLECTIVE_TIMEOUT_S:.3f} s (24.8 days, the "
                         "largest timeout the process group takes: a 32-bit count of milliseconds)")
     return float(seconds)
 
