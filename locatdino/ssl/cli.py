@@ -189,7 +189,8 @@ class FitCLI(LightningCLI):
                 super()._run_subcommand(subcommand)
             except (SIGTERMException, Terminated) as stop:
                 stoppers = [cb for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint)]
-                signum = stop.signum if isinstance(stop, Terminated) else stoppers[0].stopped_by
+                signum = stop.signum if isinstance(stop, Terminated) else next(  # Lightning's own stop: SIGTERM
+                    (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM)
                 saved = [cb.saved for cb in stoppers if cb.saved]
                 raise StoppedBySignal(f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: " + (
                     f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"),
