@@ -11,7 +11,13 @@ import time
 import pytest
 
 from locatdino.output_files import inherited_lock_fds, output_lock
-from locatdino.processes import STOP_SIGNALS, Terminated, raising_stop_signals, stop_status, worker_pool
+from locatdino.processes import (
+    STOP_SIGNALS,
+    Terminated,
+    raising_stop_signals,
+    stop_status,
+    worker_pool,
+)
 
 
 def gone(pid: int) -> bool:

@@ -63,5 +63,5 @@ class SameConfigOnEveryRank(Callback):
             return
         configs: list[Any] = [None] * trainer.world_size
         dist.all_gather_object(configs, self.flat)
-        raise UserError(f"the ranks were launched with different settings: {first_difference(configs)}; launch every rank with "
-                        "the same command line and config files")
+        raise UserError(f"the ranks were launched with different settings: {first_difference(configs)}; launch "
+                        "every rank with the same command line and config files")
