@@ -82,7 +82,10 @@ def raising_stop_signals() -> Iterator[None]:
 
 def die_with_parent(parent: int) -> None:
     """End this process (SIGKILL) when the process ``parent`` that started it ends: the kernel's
-    parent-death signal on Linux, else a daemon thread polling the parent's pid."""
+    parent-death signal on Linux, else a daemon thread polling the parent's pid. (The kernel
+    signals when the parent's forking *thread* ends: a fork-context ``ProcessPoolExecutor`` forks
+    all its workers in the thread that submits first, which :func:`worker_pool`'s block keeps
+    alive for as long as the pool.)"""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
     if libc is not None and libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
         if os.getppid() != parent:  # it died before the request: no signal will come
