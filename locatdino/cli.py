@@ -7,21 +7,21 @@ Errors escaping a sub-command are printed here, in one style for all of them
 anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
 ``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.threads`).
 Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
-SIGTERM (a scheduler's stop) ends the evaluation commands the same way, exit status 143, after
-their cleanup has run (feature caches, memory banks on disk, output locks): Python's default
-would kill the process on the spot and leave them. ``fit`` has its own (save ``last.ckpt``).
+SIGTERM and SIGUSR1 (a scheduler's stop and warning) end every command the same way, exit status
+143 / 138, after its cleanup has run (feature caches, memory banks on disk, worker processes,
+output locks; :mod:`locatdino.processes`): Python's default would kill the process on the spot and
+leave them. ``fit`` saves ``last.ckpt`` first while it trains.
 """
 
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
-import threading
 
 from locatdino import __version__
 from locatdino.arguments import GROUPS
 from locatdino.errors import UsageError, debug_requested, one_line
+from locatdino.processes import Terminated, raising_stop_signals, stop_status
 from locatdino.threads import choose_threads, pop_threads, set_threads
 
 # sub-command -> (module exposing main(argv), one-line help)
@@ -38,18 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
 }
 
-
-# commands whose SIGTERM is raised as :class:`Terminated`, so their ``finally`` blocks run
-SIGTERM_STOPPABLE = ("hbird", "linprobe", "knn", "lincls", "compare")
-
-
-class Terminated(BaseException):
-    """SIGTERM as an exception (a ``BaseException``, like ``KeyboardInterrupt``: no ``except
-    Exception`` on the way up swallows it)."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
 
 
 def _usage() -> str:
@@ -91,23 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"locatdino: {note}", file=sys.stderr)
     set_threads(threads)  # before the command imports FAISS
     module = importlib.import_module(COMMANDS[name][0])
-    catch_sigterm = name in SIGTERM_STOPPABLE and threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch_sigterm else None
     try:
-        return int(module.main(rest) or 0)
+        with raising_stop_signals():
+            return int(module.main(rest) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
         if debug:
             raise
         print(f"locatdino {name}: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
-        print(f"locatdino {name}: stopped by SIGTERM (results finished before it are kept)", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as stop:
+        print(f"locatdino {name}: stopped by {stop.name} (results finished before it are kept)", file=sys.stderr)
+        return stop_status(stop.signum)
     except Exception as err:  # noqa: BLE001 - every command's errors end here, as one line
         if debug:
             raise
         print(f"locatdino {name}: {one_line(err)}", file=sys.stderr)
         return 2 if isinstance(err, UsageError) else 1
-    finally:
-        if catch_sigterm:
-            signal.signal(signal.SIGTERM, previous)

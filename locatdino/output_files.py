@@ -223,13 +223,25 @@ def _too_big(path: str | os.PathLike, nbytes: int, free: int, code: int) -> Disk
                                f"{free / 1e9:.3g} GB free")
 
 
+_HELD_LOCKS: set[int] = set()  # fds of the output locks this process holds now
+
+
+def inherited_lock_fds() -> list[int]:
+    """The descriptors of the output locks held when this process was forked: a child closes them
+    (:func:`locatdino.processes.worker_pool`), so that a child outliving its parent never holds the
+    parent's output folder."""
+    return sorted(_HELD_LOCKS)
+
+
 @contextlib.contextmanager
 def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
     """Hold ``folder/.locatdino.lock`` for the block; :class:`~locatdino.errors.UserError` at once
     when another run holds it (its pid and host are in the message).
 
     ``flock`` locks end with their process, so a killed run never leaves the folder locked; the
-    file itself stays (removing it would let a third run lock a different file).
+    file itself stays (removing it would let a third run lock a different file). A lock outlives
+    its run only in a process that inherited it and outlived the run (the command's own workers
+    close it and end with it: :mod:`locatdino.processes`); the message then says so.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -240,10 +252,17 @@ def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            recorded = re.fullmatch(r"pid (\d+) on (\S+)", holder)
+            if recorded and recorded[2] == _HOST and not _alive(int(recorded[1])):  # the run is gone, not its lock
+                raise UserError(f"{what} {folder} is locked by processes that the run with pid {recorded[1]} left "
+                                f"behind though it has ended (lock {path}; `fuser {path}` lists them): end them or "
+                                "choose another folder") from None
             raise UserError(f"{what} {folder} is in use by another run ({holder}; lock {path}): wait for it "
                             "to end or choose another folder") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {_HOST}\n".encode(), 0)
+        _HELD_LOCKS.add(fd)
         yield folder
     finally:
+        _HELD_LOCKS.discard(fd)
         os.close(fd)  # releases the lock

@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -192,3 +193,26 @@ def test_output_lock_refuses_a_second_holder_and_ends_with_its_holder(tmp_path):
         holder.wait()
     with output_lock(tmp_path / "out") as folder:
         assert (folder / ".locatdino.lock").read_text().startswith(f"pid {os.getpid()} on ")
+
+
+def test_a_lock_held_by_what_an_ended_run_left_behind_says_so(tmp_path):
+    """A run whose forked child (not one of the command's own workers, which close the lock) outlives
+    it: the folder stays locked, and the refusal names the ended run instead of calling it running."""
+    from locatdino.errors import UserError
+    from locatdino.output_files import _HOST, output_lock
+
+    lock = tmp_path / ".locatdino.lock"
+    script = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+              "f.write(f'pid {os.getpid()} on ' + sys.argv[2]); f.flush(); child = os.fork()\n"
+              "if child == 0: time.sleep(60)\nelse: print(child, flush=True); os._exit(0)")
+    run = subprocess.Popen([sys.executable, "-c", script, str(lock), _HOST], stdout=subprocess.PIPE, text=True)
+    child = int(run.stdout.readline())
+    try:
+        run.wait()
+        with pytest.raises(UserError, match=f"^output folder {tmp_path} is locked by processes that the run with pid "
+                           f"{run.pid} left behind though it has ended \\(lock {lock}; `fuser {lock}` lists them\\): "
+                           "end them or choose another folder$"):
+            with output_lock(tmp_path):
+                pass
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -22,8 +22,8 @@ are config groups of their own, so a recipe changes one key without restating a 
 ``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
 ``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start), and at
 the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``). The
-folder is locked for the run; SIGTERM saves ``last.ckpt`` and exits with status 143
-(``locatdino.ssl.stop_checkpoint``).
+folder is locked for the run; SIGTERM saves ``last.ckpt`` and exits with status 143, SIGUSR1
+outside SLURM likewise with 138 (``locatdino.ssl.stop_checkpoint``).
 ``data.init_args.batch_size`` (per rank) feeds ``model.init_args.batch_size`` for the lr scaling rule.
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import warnings
 from typing import Any
@@ -51,9 +52,12 @@ from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.errors import UsageError, UserError
 from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
+from locatdino.processes import Terminated, stop_status
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_COLLECTIVE_TIMEOUT_S,
+    MIN_COLLECTIVE_TIMEOUT_S,
     LostRank,
     apply_collective_timeout,
     check_collective_timeout,
@@ -64,9 +68,10 @@ from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
 from locatdino.ssl.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
                                       earlier_checkpoints)
+from locatdino.ssl.launch_checks import missing_launcher
 from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
+from locatdino.ssl.rank_agreement import SameConfigOnEveryRank
 from locatdino.ssl.restarts import record_elastic_job, resume_after_restart
-from locatdino.ssl.stop_checkpoint import EXIT_STATUS as SIGTERM_EXIT_STATUS
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
 
 
@@ -93,7 +98,8 @@ class FitCLI(LightningCLI):
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
         parser.add_argument("--collective_timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S,
                             help="seconds a rank waits for the others in a collective before the run stops: what a "
-                            "hung rank costs (docs/multinode.md)")
+                            f"hung rank costs; {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:.3f} "
+                            "(24.8 days; docs/multinode.md)")
         parser.add_argument("--overwrite", action="store_true",
                             help="Start a new run in a trainer.default_root_dir that holds another run's "
                             "checkpoints: delete them, its logs and its curves first (without --overwrite such a "
@@ -150,11 +156,15 @@ class FitCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
-        """Temporaries of checkpoint writes killed in an earlier start of this run are removed
+        """A launch that cannot start all its ranks is refused (:func:`missing_launcher`);
+        temporaries of checkpoint writes killed in an earlier start of this run are removed
         (with ``--overwrite`` on a fresh run, the earlier run's checkpoints, logs and curves too,
         by rank 0, before the other ranks start); an elastic job's rendezvous id is recorded
-        (:func:`record_elastic_job`); a SIGTERM will save ``last.ckpt``
-        (:class:`SigtermCheckpoint`)."""
+        (:func:`record_elastic_job`); the ranks will compare their configs before the first step
+        (:class:`SameConfigOnEveryRank`); a SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`)."""
+        problem = missing_launcher(self.trainer, os.environ)
+        if problem is not None:
+            raise UserError(problem)
         config = self.config.fit
         if config.overwrite and config.ckpt_path is None and self.trainer.is_global_zero:
             remove_earlier_run(config.trainer.default_root_dir)
@@ -162,6 +172,7 @@ class FitCLI(LightningCLI):
             record_elastic_job(config.trainer.default_root_dir)
         for key in CHECKPOINT_GROUPS:
             remove_stale_temporaries(config[key].dirpath)
+        self.trainer.callbacks.append(SameConfigOnEveryRank(config))
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
         if apply_collective_timeout(self.trainer.strategy, config.collective_timeout):
             os.environ.update(nccl_environment(config.collective_timeout, os.environ))
@@ -169,17 +180,21 @@ class FitCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         """``before_fit``, ``fit``, ``after_fit`` (LightningCLI's one method around all three) with
         the run folder locked by rank 0 (a second ``fit`` into it is refused, not raced) and a
-        SIGTERM stop turned into :class:`StoppedBySignal`."""
+        stop signal (while training or before it) turned into :class:`StoppedBySignal`."""
         trainer = self.trainer
         local = trainer.is_global_zero and "://" not in str(trainer.default_root_dir)  # not s3:// and the like
         lock = output_lock(trainer.default_root_dir, "trainer.default_root_dir") if local else contextlib.nullcontext()
         with lock:
             try:
                 super()._run_subcommand(subcommand)
-            except SIGTERMException:
-                saved = [cb.saved for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint) and cb.saved]
-                raise StoppedBySignal(f"stopped by SIGTERM at step {trainer.global_step}: " + (
-                    f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved")) from None
+            except (SIGTERMException, Terminated) as stop:
+                stoppers = [cb for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint)]
+                signum = stop.signum if isinstance(stop, Terminated) else next(  # Lightning's own stop: SIGTERM
+                    (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM)
+                saved = [cb.saved for cb in stoppers if cb.saved]
+                raise StoppedBySignal(f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: " + (
+                    f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"),
+                    signum) from None
             except Exception as err:
                 saved = [cb.last_model_path for cb in trainer.checkpoint_callbacks
                          if getattr(cb, "last_model_path", "")]
@@ -283,7 +298,7 @@ def main(argv: list[str]) -> int:
     except StoppedBySignal as stop:
         if rank_zero_only.rank == 0:  # every rank stops at the same step with the same checkpoint
             print(f"locatdino fit: {stop}", file=sys.stderr)
-        return SIGTERM_EXIT_STATUS
+        return stop_status(stop.signum)
     except LostRank as lost:  # each surviving rank says it: which ones survived is the news
         print(f"locatdino fit: {lost}", file=sys.stderr)
         return 1

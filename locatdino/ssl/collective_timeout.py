@@ -36,6 +36,16 @@ import torch.distributed as dist
 from locatdino.errors import UserError
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 240.0
+# Below MIN_COLLECTIVE_TIMEOUT_S a healthy run stops as if a rank hung: the processes of one job
+# reach their first collective seconds apart (each imports torch and Lightning and builds its
+# model), and the shortest legitimate wait measured on a real model, a ViT-S/16 checkpoint write,
+# takes 0.65 s (the monitor 11.2 s, a cold compile 121 s: benchmarks/RESULTS.md).
+MIN_COLLECTIVE_TIMEOUT_S = 5.0
+# The largest timeout a 32-bit count of milliseconds holds (24.8 days): every layer of the process
+# group takes it (c10d's store and gloo count milliseconds, NCCL's heartbeat variable is a C int of
+# seconds); past about 1e13 s gloo refuses it and past 8.6e13 s Python's timedelta overflows, both
+# after the Trainer is built.
+MAX_COLLECTIVE_TIMEOUT_S = (2**31 - 1) / 1000
 HEARTBEAT_VARIABLE = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
 
 # what gloo, c10d's store and NCCL say when a peer is gone (its connections closed) or silent
@@ -48,9 +58,18 @@ class LostRank(Exception):
 
 
 def check_collective_timeout(seconds: Any) -> float:
-    """``seconds`` as a float, or a one-line :class:`UserError` naming the option."""
+    """``seconds`` as a float, or a one-line :class:`UserError` naming the option, checked before
+    anything is built: a positive number between :data:`MIN_COLLECTIVE_TIMEOUT_S` and
+    :data:`MAX_COLLECTIVE_TIMEOUT_S`."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
         raise UserError(f"collective_timeout: must be a positive number of seconds, got {seconds!r}")
+    if seconds < MIN_COLLECTIVE_TIMEOUT_S:
+        raise UserError(f"collective_timeout: {seconds:g} s is below {MIN_COLLECTIVE_TIMEOUT_S:g} s, shorter than the "
+                        "ranks of a healthy run wait for each other (start-up, checkpoint writes): it would stop the "
+                        "run as if a rank hung (docs/multinode.md)")
+    if seconds > MAX_COLLECTIVE_TIMEOUT_S:
+        raise UserError(f"collective_timeout: {seconds:g} s is above {MAX_COLLECTIVE_TIMEOUT_S:.3f} s (24.8 days, the "
+                        "largest timeout the process group takes: a 32-bit count of milliseconds)")
     return float(seconds)
 
 

@@ -42,17 +42,18 @@ class NaNBatch(Callback):
 
 
 class SigtermAt(Callback):
-    """Send this process SIGTERM (what a cluster scheduler does before a kill) at optimizer step ``step``."""
+    """Send this process SIGTERM (what a cluster scheduler does before a kill), or the signal named
+    ``signal``, at optimizer step ``step``."""
 
-    def __init__(self, step: int = 2) -> None:
-        self.step = step
+    def __init__(self, step: int = 2, signal: str = "SIGTERM") -> None:
+        self.step, self.signal = step, signal
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             import os
             import signal
 
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.Signals[self.signal])
 
 
 def assert_same_training_state(ranks: dict) -> None:

@@ -2,6 +2,8 @@
 NCCL variables it sets (NCCL itself needs GPUs), and which errors become the one-line stop
 (the texts gloo and c10d raise; the end-to-end stops are in tests/multinode)."""
 
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -12,6 +14,8 @@ from locatdino.errors import UserError
 from locatdino.ssl import DINOFSDPStrategy
 from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_COLLECTIVE_TIMEOUT_S,
+    MIN_COLLECTIVE_TIMEOUT_S,
     apply_collective_timeout,
     check_collective_timeout,
     lost_rank_message,
@@ -31,6 +35,48 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused_naming_the_option(ba
     with pytest.raises(UserError, match=r"^collective_timeout: must be a positive number of seconds, got"):
         check_collective_timeout(bad)
     assert check_collective_timeout(7) == 7.0
+
+
+def test_a_timeout_below_the_floor_or_above_the_ceiling_is_refused_in_one_line():
+    with pytest.raises(UserError, match=r"^collective_timeout: 0.001 s is below 5 s, shorter than the ranks of a "
+                       r"healthy run wait for each other \(start-up, checkpoint writes\): it would stop the run as if "
+                       r"a rank hung \(docs/multinode.md\)$"):
+        check_collective_timeout(0.001)
+    with pytest.raises(UserError, match=r"^collective_timeout: 1e\+15 s is above 2147483.647 s \(24.8 days, the "
+                       r"largest timeout the process group takes: a 32-bit count of milliseconds\)$"):
+        check_collective_timeout(1e15)
+    assert MIN_COLLECTIVE_TIMEOUT_S == 5.0 < DEFAULT_COLLECTIVE_TIMEOUT_S
+    assert check_collective_timeout(MIN_COLLECTIVE_TIMEOUT_S) == 5.0
+    assert check_collective_timeout(MAX_COLLECTIVE_TIMEOUT_S) == MAX_COLLECTIVE_TIMEOUT_S == 2147483.647
+    assert MAX_COLLECTIVE_TIMEOUT_S / 86400 == pytest.approx(24.855, abs=1e-3)
+
+
+PROCESS_GROUP = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+try:
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1,
+                            timeout=timedelta(seconds=float(sys.argv[1])))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("ok", t.item())
+except (RuntimeError, OverflowError) as err:
+    print(type(err).__name__)
+"""
+
+
+@pytest.mark.slow
+def test_the_ceiling_is_a_timeout_the_process_group_takes_and_far_above_it_one_fails():
+    """A one-rank gloo group (a subprocess: no process group in the test process) at the ceiling
+    works; at 1e13 s gloo refuses it, at 1e14 s Python's timedelta cannot hold it."""
+    def run(seconds: float) -> str:
+        return subprocess.run([sys.executable, "-c", PROCESS_GROUP, str(seconds)], capture_output=True, text=True,
+                              timeout=120).stdout.strip()
+
+    assert run(MAX_COLLECTIVE_TIMEOUT_S) == "ok 1.0"
+    assert run(1e13) == "RuntimeError"
+    assert run(1e14) == "OverflowError"
 
 
 @pytest.mark.parametrize("strategy", [DDPStrategy(), FSDPStrategy(), DINOFSDPStrategy()], ids=type)

@@ -158,19 +158,43 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_last_checkpoint_and_exits_non_zero(tmp_path, capsys):
+@pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGUSR1", 138)])
+def test_sigterm_saves_last_checkpoint_and_exits_non_zero(tmp_path, capsys, name, status):
     """A scheduler's SIGTERM at step 2 once ended fit with exit status 0 and the step-2 state
-    unsaved: now last.ckpt holds the stop's step (3; the periodic one would be 2), one line says
-    so, exit status 143, and ``--ckpt_path last`` continues from it."""
+    unsaved, SIGUSR1 (outside SLURM) killed it with 138 and no line: now last.ckpt holds the stop's
+    step (3; the periodic one would be 2), one line says so, exit status 128 + the signal, and
+    ``--ckpt_path last`` continues from it. (Through the dispatcher, which holds every command's
+    stop signals.)"""
     args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "10"]
-    stop = ["--trainer.callbacks+=ddp_helpers.SigtermAt", "--trainer.callbacks.step", "2"]
-    assert cli.main([*args, *stop]) == 143
+    stop = ["--trainer.callbacks+=ddp_helpers.SigtermAt", "--trainer.callbacks.step", "2",
+            "--trainer.callbacks.signal", name]
+    assert command_line.main(["fit", *args, *stop]) == status
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"locatdino fit: stopped by SIGTERM at step 3: saved {last} (resume with --ckpt_path last)")
+        f"locatdino fit: stopped by {name} at step 3: saved {last} (resume with --ckpt_path last)")
     assert torch.load(last, weights_only=True)["global_step"] == 3
     assert cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
     assert [int(r["step"]) for r in _metrics(tmp_path / "run", 1) if r.get("train/loss")] == [3]
+
+
+@pytest.mark.slow
+def test_slurm_requeue_signal_without_scontrol_saves_and_says_the_requeue_failed(tmp_path, capsys, monkeypatch):
+    """One SLURM task whose node has no ``scontrol`` on PATH: the requeue signal at step 2 saves
+    last.ckpt, then the documented failure line (it was ``[Errno 2] No such file or directory:
+    'scontrol'``); training goes on to its end."""
+    slurm = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NAME": "locatdino-fit", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
+             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+             "SLURM_NODELIST": "127.0.0.1", "SLURM_STEP_ID": "0", "PATH": str(tmp_path / "empty")}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--trainer.callbacks+=ddp_helpers.SigtermAt",
+            "--trainer.callbacks.step", "2", "--trainer.callbacks.signal", "SIGUSR1"]
+    assert command_line.main(["fit", *args]) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("locatdino fit:")] == [
+        f"locatdino fit: requeue signal at step 3: saved {last}; `scontrol requeue 4711` failed (scontrol: No such "
+        "file or directory): the job will not start again by itself"]
+    assert torch.load(last, weights_only=True)["global_step"] == 4
 
 
 @pytest.mark.slow

@@ -163,3 +163,10 @@ def test_a_misspelt_flag_names_the_option(tmp_path, capsys):
     status, err = _fit_error(capsys, [*tiny_overrides(tmp_path), "--model.lrr", "0.1"])
     assert status == 2 and err == ("locatdino fit: model.init_args.lrr: not an option of locatdino.ssl.DINOModule "
                                    "(locatdino fit --help lists the options)")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0.001", "0.001 s is below 5 s"), ("1e15", "1e+15 s is above")])
+def test_a_collective_timeout_out_of_range_is_refused_before_anything_is_built(tmp_path, capsys, value, expected):
+    status, err = _fit_error(capsys, [*dino_overrides(tmp_path), "--collective_timeout", value])
+    assert status == 1 and err.startswith(f"locatdino fit: collective_timeout: {expected}"), err
+    assert list(tmp_path.iterdir()) == []

@@ -11,7 +11,8 @@ How a run stays safe:
   temporary folder inside ``out_dir``; only when every chunk succeeded are the shards renamed to
   consecutive names and ``index.json`` written (atomically). A failed run leaves ``out_dir``
   as it was (a killed run's temporary folder is removed at the next start in the same
-  ``out_dir``). The output is the same for any number of workers.
+  ``out_dir``). The output is the same for any number of workers. The workers end with the run
+  (:func:`locatdino.processes.worker_pool`): a stopped or killed run leaves none behind.
 - an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
   the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
   are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
@@ -32,7 +33,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from locatdino.data.shards.sources import ShardSource
 from locatdino.data.transforms.decode import DecodeError
 from locatdino.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
                                     remove_stale_temporaries)
+from locatdino.processes import worker_pool
 from locatdino.progress import progress as progress_bar
 from locatdino.threads import available_cores
 
@@ -173,9 +175,8 @@ def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, 
             results.append(_write_chunk(i, chunk, tmp, maxcount, maxsize))
             bar.update(len(chunk))
         return results
-    ctx = mp.get_context("fork")
-    counter = ctx.Value("q", 0)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source, counter)) as pool:
+    counter = mp.get_context("fork").Value("q", 0)
+    with worker_pool(workers, initializer=_init_worker, initargs=(source, counter)) as pool:
         futures = [pool.submit(_write_chunk, i, c, tmp, maxcount, maxsize) for i, c in enumerate(chunks)]
         pending = set(futures)
         while pending:
