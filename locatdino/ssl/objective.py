@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
@@ -28,6 +29,7 @@ from locatdino.models.checkpoints.loading import EVALUATED_NETWORK_KEY
 from locatdino.ssl.fsdp import DINOFSDPStrategy
 
 _RUN_LENGTH_KEY = "run_length"
+_RECOMPILE_LIMIT = 32
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,10 @@ class PretrainingObjective(LightningModule):
             trained.set_grad_checkpointing(True)
             self._checkpointed = trained
         if h.compile:
+            # every backbone's compiled versions count against one limit (they share timm's forward
+            # code): one per backbone, crop size and grad mode, and each once more when GAug's
+            # patch-grid record first changes (its contents are guarded)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
             for backbone in (trained, *frozen):
                 backbone.compile(dynamic=False)
 
