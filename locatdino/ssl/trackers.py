@@ -16,7 +16,13 @@ import os
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import (
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
 
 CSV_LOGGER = "lightning.pytorch.loggers.CSVLogger"
 

@@ -28,7 +28,7 @@ def test_compiled_fit_matches_eager_and_resumes_across_both(tmp_path):
         whole, first, second, _ = resumed_losses(tmp_path / "a", _builder((False, True, False)), batch)
         saved = torch.load(tmp_path / "a" / "last.ckpt", weights_only=False)
         # and the other way: an eager checkpoint resumed compiled
-        whole_b, first_b, second_b, trainer = resumed_losses(tmp_path / "b", _builder((False, False, True)), batch)
+        whole_b, first_b, second_b, _ = resumed_losses(tmp_path / "b", _builder((False, False, True)), batch)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # of the last run (reset at its start)
         breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     finally:

@@ -28,7 +28,9 @@ def test_the_csv_logger_stays_beside_a_tracker():
 
 def _csv_metrics(run: Path) -> dict[str, dict[int, float]]:
     series: dict[str, dict[int, float]] = {}
-    for row in csv.DictReader(open(run / "logs" / "version_0" / "metrics.csv")):
+    with open(run / "logs" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
         for key, value in row.items():
             if key not in ("step", "epoch") and value:
                 series.setdefault(key, {})[int(row["step"])] = float(value)
@@ -61,7 +63,7 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
                 "init_args": {"offline": True, "project": "locatdino", "save_dir": str(tmp_path / "wandb")}}]
     mlflow = None
     try:
-        import mlflow  # noqa: F401  (optional: its own extra)
+        import mlflow
     except ImportError:
         pass
     if mlflow is not None:
@@ -101,7 +103,7 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
         assert len(list((tmp_path / "mlruns").glob("*/*/artifacts/curves.png"))) == 1
 
 
-DOCS_EXAMPLE = re.compile(r"^\s*(WANDB_MODE=offline locatdino fit .*)$", re.M)
+DOCS_EXAMPLE = re.compile(r"^\s*(WANDB_MODE=offline locatdino fit .*)$", re.MULTILINE)
 
 
 def test_the_docs_tracker_example_builds_a_wandb_logger_beside_the_csv_one(tmp_path, monkeypatch):
