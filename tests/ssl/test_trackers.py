@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from jsonargparse import Namespace
+from lightning.pytorch.loggers import CSVLogger
 from ssl_helpers import ROOT, tiny_overrides
 
 from locatdino.ssl import cli
@@ -110,7 +111,7 @@ def test_the_docs_tracker_example_builds_a_wandb_logger_beside_the_csv_one(tmp_p
     """docs/pretraining.md's W&B command, parsed and built (no run: nothing is logged)."""
     import shlex
 
-    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+    from lightning.pytorch.loggers import WandbLogger
 
     pytest.importorskip("wandb")
     (line,) = DOCS_EXAMPLE.findall((ROOT / "docs" / "pretraining.md").read_text())
@@ -120,3 +121,24 @@ def test_the_docs_tracker_example_builds_a_wandb_logger_beside_the_csv_one(tmp_p
     assert [type(one) for one in built.trainer.loggers] == [CSVLogger, WandbLogger]
     assert built.trainer.loggers[0].log_dir.endswith("logs/version_0")
     assert built.trainer.loggers[1]._offline
+
+
+def test_curves_reach_tensorboard_as_an_image(tmp_path):
+    """The TensorBoard branch of ``log_image``: the PNG's pixels in the event file, at its step."""
+    pytest.importorskip("tensorboard")
+    import numpy as np
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from locatdino.ssl.trackers import log_image
+
+    png = tmp_path / "curves.png"
+    Image.fromarray(np.arange(6 * 5 * 3, dtype=np.uint8).reshape(6, 5, 3)).save(png)
+    logger = TensorBoardLogger(tmp_path / "tb", name="run")
+    assert log_image(logger, "curves", png, step=7)
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    (image,) = events.Images("curves")
+    assert (image.step, image.width, image.height) == (7, 5, 6)
+    assert not log_image(CSVLogger(tmp_path), "curves", png, step=7)  # the file itself is the record
