@@ -121,13 +121,16 @@ def judge(got: list[torch.Tensor], truth: list[torch.Tensor], names: list[str],
 @contextlib.contextmanager
 def small_chunks(enabled: bool) -> Iterator[None]:
     """The chunked path in 16-row chunks on every device (so a check at small sizes runs many chunks)."""
-    saved = separable_module._CHUNK_BYTES, separable_module._CUDA_CHUNK_BYTES
+    names = ("_CHUNK_BYTES", "_EVAL_CHUNK_BYTES", "_CUDA_CHUNK_BYTES")
+    saved = {name: getattr(separable_module, name) for name in names}
     if enabled:
-        separable_module._CHUNK_BYTES = separable_module._CUDA_CHUNK_BYTES = 1
+        for name in names:
+            setattr(separable_module, name, 1)
     try:
         yield
     finally:
-        separable_module._CHUNK_BYTES, separable_module._CUDA_CHUNK_BYTES = saved
+        for name, value in saved.items():
+            setattr(separable_module, name, value)
 
 
 class Equivalence:

@@ -6,7 +6,8 @@
   to split the cost of the two add-ons) and LocAtViT-S, all ``num_classes=0``, same init seed.
 - Train step: forward + backward + AdamW on a DINO-like batch (8 crops at 224 px and 32 crops at
   96 px, one forward per resolution, as DINO's student does), loss on the pooled embedding.
-- Eval forward at 224 and 448 px (``torch.inference_mode``).
+- Eval forward at 224, 448 and 1024 px (``torch.inference_mode``; GAug's CPU path then writes its
+  bias in the larger chunks of a forward without gradients). The 1024 px case runs at most 3 reps.
 - Timings alternate the models rep by rep (ABCABC…) so load from other processes hits all alike.
   Each time is the process CPU time (``time.process_time``) of one call, minimum over the reps;
   ratios are over ViT-S. CPU time and 1 intra-op thread by default because the development
@@ -71,18 +72,19 @@ def bench_time(reps: int, clock) -> dict[str, dict[str, float]]:
     models = {label: build(label) for label in MODELS}
     opts = {label: torch.optim.AdamW(m.parameters(), lr=1e-4) for label, m in models.items()}
     crops = dino_batch()
-    x224, x448 = torch.randn(8, 3, 224, 224), torch.randn(4, 3, 448, 448)
+    x224, x448, x1024 = torch.randn(8, 3, 224, 224), torch.randn(4, 3, 448, 448), torch.randn(1, 3, 1024, 1024)
     cases = {
         "train step": lambda m, o: train_step(m.train(), o, crops),
         "eval 224 px (8 images)": lambda m, o: evaluate(m, x224),
         "eval 448 px (4 images)": lambda m, o: evaluate(m, x448),
+        "eval 1024 px (1 image)": lambda m, o: evaluate(m, x1024),
     }
     times: dict[str, dict[str, float]] = {}
     for case, fn in cases.items():
         for label in MODELS:  # warm-up
             fn(models[label], opts[label])
         runs: dict[str, list[float]] = {label: [] for label in MODELS}
-        for _ in range(reps):
+        for _ in range(min(reps, 3) if "1024" in case else reps):
             for label in MODELS:
                 start = clock()
                 fn(models[label], opts[label])
@@ -142,7 +144,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per model and case")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="process CPU time or wall clock")
-    parser.add_argument("--memory-reps", type=int, default=3, help="fresh-process memory runs per model")
+    parser.add_argument("--memory-reps", type=int, default=3, help="fresh-process memory runs per model (0: none)")
     parser.add_argument("--profile", action="store_true", help="print LocAtViT's top ops instead")
     parser.add_argument("--memory-child", metavar="MODEL", help=argparse.SUPPRESS)
     add_results_option(parser, "locatvit.json")
@@ -161,6 +163,8 @@ def main() -> None:
         base = t["ViT-S"]
         print(f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
               f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}")
+    if not args.memory_reps:
+        return write_results(args.results, "locatvit.json", {"seconds": times})
     memory = bench_memory(args.memory_reps, args.threads, ("ViT-S", "LocAtViT-S"))
     for key, label in (("peak_mib", "peak RSS, train step"), ("step_mib", "RSS rise during step")):
         m = memory[key]

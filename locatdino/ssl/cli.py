@@ -20,8 +20,9 @@ are config groups of their own, so a recipe changes one key without restating a 
 ``step_checkpoint`` (``last.ckpt`` every N steps), ``epoch_checkpoint`` (at epoch end),
 ``collapse_monitor`` and ``skipped_samples``. Everything a run writes goes under
 ``trainer.default_root_dir``: ``checkpoints/`` (fixed, so ``--ckpt_path last`` finds it) and
-``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start), and at
-the end ``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``). The
+``logs/version_N/`` (CSV metrics and the merged ``config.yaml``; a new version per start; a tracker
+given as ``trainer.logger`` logs beside it, ``locatdino.ssl.trackers``), and at the end
+``curves.png`` (the curves of all versions, stitched; see ``locatdino.ssl.curves``). The
 folder is locked for the run; SIGTERM saves ``last.ckpt`` and exits with status 143, SIGUSR1
 outside SLURM likewise with 138 (``locatdino.ssl.stop_checkpoint``).
 ``data.init_args.batch_size`` (per rank) feeds ``model.init_args.batch_size`` for the lr scaling rule.
@@ -73,6 +74,7 @@ from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
 from locatdino.ssl.rank_agreement import SameConfigOnEveryRank
 from locatdino.ssl.restarts import record_elastic_job, resume_after_restart
 from locatdino.ssl.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
+from locatdino.ssl.trackers import log_image, with_csv_logger
 
 
 DEFAULT_OBJECTIVE = "locatdino.ssl.DINOModule"
@@ -121,13 +123,10 @@ class FitCLI(LightningCLI):
         check_collective_timeout(config.collective_timeout)
 
     def before_instantiate_classes(self) -> None:
-        """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``."""
+        """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``; trackers
+        (``WandbLogger``, ``MLFlowLogger``, ...) get it beside them (:func:`with_csv_logger`)."""
         trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer  # run=False: flat
-        if trainer.logger is None:
-            trainer.logger = Namespace(
-                class_path="lightning.pytorch.loggers.CSVLogger",
-                init_args=Namespace(save_dir=trainer.default_root_dir or ".", name="logs"),
-            )
+        trainer.logger = with_csv_logger(trainer.logger, trainer.default_root_dir or ".")
 
     def instantiate_classes(self) -> None:
         """An objective's own error while being built (an unreadable ``backbone_checkpoint``) is
@@ -206,10 +205,16 @@ class FitCLI(LightningCLI):
                 raise LostRank(message) from None
 
     def after_fit(self) -> None:
-        """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``."""
-        logger = self.trainer.logger
-        if self.trainer.is_global_zero and isinstance(logger, CSVLogger):
-            write_curves(logger.root_dir, os.path.join(logger.save_dir, CURVES_NAME))
+        """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``,
+        also sent to every tracker of the run (:func:`log_image`)."""
+        loggers = self.trainer.loggers
+        csv = next((logger for logger in loggers if isinstance(logger, CSVLogger)), None)
+        if not self.trainer.is_global_zero or csv is None:
+            return
+        curves = write_curves(csv.root_dir, os.path.join(csv.save_dir, CURVES_NAME))
+        if curves is not None:
+            for logger in loggers:
+                log_image(logger, "curves", curves, self.trainer.global_step)
 
 
 def fp16_on_cpu(trainer: Namespace | dict[str, Any]) -> bool:

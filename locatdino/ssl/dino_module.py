@@ -105,6 +105,11 @@ class DINOModule(PretrainingObjective):
             reference; the last saved checkpoint stays the newest) or skips the step on every rank
             (``"skip"``: no weight, teacher or centre update; with gradient accumulation the whole
             optimizer step the micro-batch belongs to).
+        grad_checkpointing: the student backbone's blocks recompute their activations in the
+            backward instead of keeping them (less memory, about one more forward of compute;
+            timm's ``set_grad_checkpointing``, per block under FSDP).
+        compile: ``torch.compile`` the student and teacher backbones (in place: checkpoints keep
+            their keys and resume compiled or eager); the first step of each crop size compiles.
     """
 
     evaluated_network = "teacher"
@@ -140,6 +145,8 @@ class DINOModule(PretrainingObjective):
         clip_grad: float | None = 3.0,
         freeze_last_layer: float = 1.0,
         on_nonfinite: Literal["stop", "skip"] = "stop",
+        grad_checkpointing: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -157,6 +164,7 @@ class DINOModule(PretrainingObjective):
             branch.update(self.branch_extras(embed_dim))
         self.teacher.load_state_dict(self.student.state_dict())
         self.teacher.requires_grad_(False)
+        self.prepare_backbones(self.student["backbone"], self.teacher["backbone"])
         self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
         self._start_weights = load_start_weights(self, backbone_checkpoint) if backbone_checkpoint else None
         # Decided on the unwrapped shapes: FSDP flattens parameters to 1-D shards.

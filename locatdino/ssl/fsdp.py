@@ -31,6 +31,10 @@ from torch.nn.utils import parametrize
 from locatdino.ssl.head import DINOHead
 
 
+# every timm transformer block (ViT and LocAtViT: GAug attention lives inside the block)
+BLOCK_CHECKPOINTING = ModuleWrapPolicy({Block})
+
+
 def _is_fsdp_unit(module: nn.Module) -> bool:
     return isinstance(module, (Block, VisionTransformer, DINOHead)) or parametrize.is_parametrized(module)
 
@@ -44,14 +48,16 @@ class DINOWrapPolicy(CustomPolicy):
 
 
 class DINOFSDPStrategy(FSDPStrategy):
-    """``FSDPStrategy`` with :class:`DINOWrapPolicy`, optional activation checkpointing per block.
+    """``FSDPStrategy`` with :class:`DINOWrapPolicy`, optional activation checkpointing per block
+    (``activation_checkpointing`` here, or the objective's ``model.grad_checkpointing``).
 
     Args:
         sharding_strategy: ``FULL_SHARD`` (ZeRO-3), ``SHARD_GRAD_OP`` (ZeRO-2), ``HYBRID_SHARD``
             (shard within a node, replicate across nodes), ``NO_SHARD``.
         state_dict_type: ``full`` writes one checkpoint file (what ``locatdino export`` reads);
             ``sharded`` a folder with one shard per rank (faster for very large models).
-        activation_checkpointing: recompute each transformer block in backward (less memory).
+        activation_checkpointing: recompute each transformer block in backward (less memory); also on
+            when the objective's ``grad_checkpointing`` is.
         cpu_offload: keep parameters and gradients on the CPU between uses.
     """
 
@@ -65,7 +71,7 @@ class DINOFSDPStrategy(FSDPStrategy):
     ) -> None:
         super().__init__(
             auto_wrap_policy=DINOWrapPolicy(),
-            activation_checkpointing_policy=ModuleWrapPolicy({Block}) if activation_checkpointing else None,
+            activation_checkpointing_policy=BLOCK_CHECKPOINTING if activation_checkpointing else None,
             sharding_strategy=sharding_strategy,
             state_dict_type=state_dict_type,
             cpu_offload=cpu_offload,
@@ -74,7 +80,10 @@ class DINOFSDPStrategy(FSDPStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         """On CPU (gloo) wrap with ``device_id=cpu`` first: Lightning passes the device index,
-        ``None`` on CPU, and FSDP then refuses to run without an accelerator."""
+        ``None`` on CPU, and FSDP then refuses to run without an accelerator. An objective with
+        ``grad_checkpointing`` gets each block checkpointed (Lightning applies the policy after
+        wrapping; the objective has turned timm's own checkpointing off in its ``setup``)."""
+        self.follow_grad_checkpointing(model)
         if self.root_device.type == "cpu" and not isinstance(model, FullyShardedDataParallel):
             model = FullyShardedDataParallel(
                 module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
@@ -82,6 +91,12 @@ class DINOFSDPStrategy(FSDPStrategy):
             )
             self.kwargs.pop("auto_wrap_policy", None)  # applied; Lightning would warn that it is ignored
         return super()._setup_model(model)
+
+    def follow_grad_checkpointing(self, model: nn.Module) -> None:
+        """Checkpoint every block when the objective asks for ``grad_checkpointing`` (and no
+        activation checkpointing policy is set already)."""
+        if getattr(model, "hparams", {}).get("grad_checkpointing") and not self._activation_checkpointing_kwargs:
+            self._activation_checkpointing_kwargs = {"auto_wrap_policy": BLOCK_CHECKPOINTING}
 
     @property
     def mixed_precision_config(self):

@@ -8,7 +8,8 @@ prefix ``<evaluated_network>.backbone.``; the name is also written into every ch
 ``locatdino export`` and the checkpoint loaders find it without being told), and gets from here
 the plumbing both need: the run's length in optimizer steps for per-iteration schedules (checked
 again on resume), the one-time batch-size check of the lr scaling rule and the message of a
-non-finite loss.
+non-finite loss, and the two options that trade compute for memory or compile time for speed
+(``grad_checkpointing``, ``compile``; :meth:`PretrainingObjective.prepare_backbones`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from locatdino.errors import UserError
 from locatdino.models.checkpoints.loading import EVALUATED_NETWORK_KEY
+from locatdino.ssl.fsdp import DINOFSDPStrategy
 
 _RUN_LENGTH_KEY = "run_length"
+_RECOMPILE_LIMIT = 32
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,45 @@ class PretrainingObjective(LightningModule):
         super().__init__()
         self._run_length: RunLength | None = None  # what the schedules were built for (checked on resume)
         self._checked_batch_size = False
+        self._checkpointed: nn.Module | None = None  # the backbone timm checkpoints (grad_checkpointing)
+
+    def prepare_backbones(self, trained: nn.Module, *frozen: nn.Module) -> None:
+        """Apply the objective's ``grad_checkpointing`` and ``compile`` options to its backbones.
+
+        ``grad_checkpointing``: the ``trained`` backbone's blocks keep only their inputs and
+        recompute their activations in the backward (timm's ``set_grad_checkpointing``; GAug
+        attention runs inside the blocks, so it is recomputed too). A ``frozen`` backbone (the
+        teacher) runs without gradients and keeps no activations anyway. Under FSDP the strategy
+        wraps each block instead (:meth:`setup`). ``compile``: every backbone is compiled in place
+        (``nn.Module.compile``), so parameter names, checkpoints and exports keep their keys (no
+        ``_orig_mod.``) and a run resumes compiled or eager from either. Static shapes: each crop
+        resolution compiles once, the first time it is seen.
+        """
+        h = self.hparams
+        if h.grad_checkpointing:
+            if not hasattr(trained, "set_grad_checkpointing"):
+                raise UserError(f"model.grad_checkpointing: the backbone {h.backbone} ({type(trained).__name__}) "
+                                "has no set_grad_checkpointing")
+            trained.set_grad_checkpointing(True)
+            self._checkpointed = trained
+        if h.compile:
+            # every backbone's compiled versions count against one limit (they share timm's forward
+            # code): one per backbone, crop size and grad mode, and each once more when GAug's
+            # patch-grid record first changes (its contents are guarded)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
+            for backbone in (trained, *frozen):
+                backbone.compile(dynamic=False)
+
+    def setup(self, stage: str) -> None:
+        """Under FSDP, ``grad_checkpointing`` goes through the strategy's activation checkpointing of
+        each block (:class:`~locatdino.ssl.fsdp.DINOFSDPStrategy`): timm's own would recompute
+        FSDP units outside the hooks that gather their parameters."""
+        strategy = getattr(self._trainer, "strategy", None)
+        if self._checkpointed is not None and isinstance(strategy, FSDPStrategy):
+            if not isinstance(strategy, DINOFSDPStrategy):
+                raise UserError("model.grad_checkpointing under FSDP needs trainer.strategy dino_fsdp "
+                                "(locatdino.ssl.fsdp.DINOFSDPStrategy), which checkpoints each block")
+            self._checkpointed.set_grad_checkpointing(False)
 
     @property
     def eval_backbone(self) -> nn.Module:

@@ -85,6 +85,9 @@ class SupervisedModule(PretrainingObjective):
         label_smoothing: smoothing of the targets (inside Mixup's soft targets when it is on).
         bce_loss: binary cross-entropy per class (timm's ``--bce-loss``) instead of softmax CE.
         bce_target_thresh: binarise soft targets above this value for the BCE (``None``: keep soft).
+        grad_checkpointing: the backbone's blocks recompute their activations in the backward
+            instead of keeping them (less memory, about one more forward of compute).
+        compile: ``torch.compile`` the backbone (in place: checkpoints keep their keys).
     """
 
     evaluated_network = "classifier"
@@ -112,12 +115,15 @@ class SupervisedModule(PretrainingObjective):
         label_smoothing: float = 0.1,
         bce_loss: bool = False,
         bce_target_thresh: float | None = None,
+        grad_checkpointing: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.classifier = Classifier(create_backbone(backbone, backbone_checkpoint, pos_embed="timm",
                                                      drop_path_rate=drop_path_rate, **(backbone_kwargs or {})),
                                      num_classes)
+        self.prepare_backbones(self.classifier.backbone)
         self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
                            switch_prob=mixup_switch_prob, mode=mixup_mode, label_smoothing=label_smoothing,
                            num_classes=num_classes) if mixup_alpha > 0 or cutmix_alpha > 0 else None
@@ -142,6 +148,7 @@ class SupervisedModule(PretrainingObjective):
 
     def setup(self, stage: str) -> None:
         """The data's labels must fit the classifier and the loss (one-line errors naming the key)."""
+        super().setup(stage)
         data = self.trainer.datamodule if self.trainer is not None else None
         if data is None or not hasattr(data, "num_classes"):
             return

@@ -147,9 +147,13 @@ def _choice_key(q: torch.Tensor, props) -> str:
     return f"{str(q.dtype).removeprefix('torch.')}, head size {q.shape[-1]}, {where}"
 
 
+@torch.compiler.disable  # inside a compiled backbone: run eagerly, its failures caught as they are outside
 def _choose(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int,
             scale: float, variant: tuple) -> torch.Tensor:
-    """First call of a new variant: the first fitting option from the last winner on that works."""
+    """First call of a new variant: the first fitting option from the last winner on that works.
+
+    In a backbone compiled by ``torch.compile`` (``model.compile``) this call runs eagerly; once
+    the variant has its proven options, the backbone recompiles with the kernel traced inline."""
     global _failure
     q = tensors[0]
     props = device_properties(q.device)

@@ -15,7 +15,9 @@ has its own backward, and never holds an ``[B, H, N, N]`` tensor:
 
 Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES`` on the CPU (8 MiB,
 cache-sized; they live in reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers,
-no fresh page faults) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
+no fresh page faults), ``_EVAL_CHUNK_BYTES`` for a CPU forward that needs no gradient (up to
+64 MiB, :func:`eval_chunk_bytes`: an evaluation has no backward to keep in cache, and fewer, larger
+SDPA calls are faster at large inputs — one chunk per call at 448 px) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
 and at most a few percent of a ViT-S evaluation's peak memory at 1024 px). On CUDA this is the
 fallback where FlexAttention is unavailable and the whole mask would not fit one chunk
 (:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at one chunk per block instead
@@ -29,6 +31,9 @@ see one opaque node with known output shapes instead of tracing into the scratch
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -36,12 +41,47 @@ from torch import Tensor
 from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
 from locatdino.models.gaug.scratch import scratch
 
-_CHUNK_BYTES = 8 << 20  # CPU
+_CHUNK_BYTES = 8 << 20  # CPU, with gradients
 _CUDA_CHUNK_BYTES = 64 << 20
+_MAX_EVAL_CHUNK_BYTES = 64 << 20
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def _chunk_rows(batch_heads: int, seq_len: int, element_size: int, device_type: str) -> int:
-    budget = _CUDA_CHUNK_BYTES if device_type == "cuda" else _CHUNK_BYTES
+def process_memory_limit() -> int | None:
+    """Bytes of memory this process may use: the physical memory, or its cgroup's limit (a
+    container, a cluster job) when lower; ``None`` where the system does not say."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return None
+    for path in _CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            limit = min(limit, int(text))
+    return limit
+
+
+def eval_chunk_bytes(memory: int | None) -> int:
+    """The CPU chunk of a forward without gradients: 1/256 of the process's ``memory`` (a buffer per
+    thread that runs GAug, kept for reuse), between the training chunk and 64 MiB."""
+    if memory is None:
+        return _CHUNK_BYTES
+    return min(_MAX_EVAL_CHUNK_BYTES, max(_CHUNK_BYTES, memory // 256))
+
+
+_EVAL_CHUNK_BYTES = eval_chunk_bytes(process_memory_limit())
+
+
+def _budget(device_type: str, needs_grad: bool = True) -> int:
+    if device_type == "cuda":
+        return _CUDA_CHUNK_BYTES
+    return _CHUNK_BYTES if needs_grad else _EVAL_CHUNK_BYTES
+
+
+def _chunk_rows(batch_heads: int, seq_len: int, element_size: int, budget: int) -> int:
     return max(16, budget // (batch_heads * seq_len * element_size))
 
 
@@ -50,13 +90,14 @@ def mask_fits_one_chunk(q: Tensor) -> bool:
     this path on q's device: then the materialised mask costs no more memory, and SDPA's own
     backward needs no recomputation."""
     B, H, N, _ = q.shape
-    return _chunk_rows(B * H, N, q.element_size(), q.device.type) >= N
+    return _chunk_rows(B * H, N, q.element_size(), _budget(q.device.type)) >= N
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
-def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
+def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
+               chunk_bytes: int) -> Tensor:
     B, H, N, _ = q.shape
-    chunk = _chunk_rows(B * H, N, q.element_size(), q.device.type)
+    chunk = _chunk_rows(B * H, N, q.element_size(), chunk_bytes)
     out = _output_like(q)
     with torch.autocast(q.device.type, enabled=False):
         for start in range(0, N, chunk):
@@ -78,7 +119,8 @@ def _output_like(q: Tensor) -> Tensor:
 
 
 @_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
+def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
+      chunk_bytes: int) -> Tensor:
     return _output_like(q)
 
 
@@ -95,7 +137,7 @@ def _attention_backward(
         qf, kf, vf, do, rf, cf = map(flat, (q, k, v, grad_out, rows, cols))
         dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
         d_rows, d_cols = torch.zeros_like(rf), torch.zeros_like(cf)
-        chunk = _chunk_rows(B * H, N, q.element_size(), q.device.type)
+        chunk = _chunk_rows(B * H, N, q.element_size(), _budget(q.device.type))
         for start in range(0, N, chunk):
             stop = min(N, start + chunk)
             scores = scratch("scores", (B * H, stop - start, N), q.dtype, q.device)
@@ -126,14 +168,14 @@ def _(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tens
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
-    q, k, v, rows, cols, num_prefix, scale = inputs
+    q, k, v, rows, cols, num_prefix, scale, _ = inputs
     ctx.save_for_backward(q, k, v, output, rows, cols)
     ctx.num_prefix, ctx.scale = num_prefix, scale
 
 
 def _backward(ctx, grad_out: Tensor) -> tuple:
     grads = _attention_backward(grad_out, *ctx.saved_tensors, ctx.num_prefix, ctx.scale)
-    return *grads, None, None
+    return *grads, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -153,6 +195,9 @@ def separable_bias_attention(
 
     ``q, k, v [B, H, N, d]``; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]`` (fp32 fine under
     autocast: cast on write); ``scale`` defaults to ``d ** -0.5``. Differentiable in all five.
+    Without a gradient to compute (evaluation) the CPU chunks are larger (``_EVAL_CHUNK_BYTES``).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rows, cols))
+    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale,
+                                                        _budget(q.device.type, needs_grad))

@@ -44,3 +44,29 @@ def test_bf16_inputs_with_fp32_profiles():
     want = reference(*(t.detach().double() for t in (q, k, v, rows, cols)), 1)
     torch.testing.assert_close(out.double(), want, rtol=0.05, atol=0.05)
     assert rows.grad.dtype == torch.float32 and torch.isfinite(rows.grad).all()
+
+
+def test_a_forward_without_gradients_takes_larger_chunks_with_the_same_output(monkeypatch):
+    """Evaluation writes the bias in ``_EVAL_CHUNK_BYTES`` chunks (here one), training in 16-row
+    ones; each query row's attention is the same either way."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(sba.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    monkeypatch.setattr(sba, "_CHUNK_BYTES", 1)
+    monkeypatch.setattr(sba, "_EVAL_CHUNK_BYTES", 1 << 30)
+    torch.manual_seed(0)
+    h, w = 6, 7  # 43 tokens: 3 chunks of 16 rows
+    q, k, v = (torch.randn(2, 3, 1 + h * w, 8, dtype=torch.float64) for _ in range(3))
+    rows, cols = torch.rand(2, 3, h * w, h, dtype=torch.float64), torch.rand(2, 3, h * w, w, dtype=torch.float64)
+    with torch.no_grad():
+        one_chunk = sba.separable_bias_attention(q, k, v, rows, cols, 1)
+    assert len(calls) == 1
+    chunked = sba.separable_bias_attention(q.requires_grad_(), k, v, rows, cols, 1)
+    assert len(calls) == 1 + 3
+    torch.testing.assert_close(one_chunk, chunked.detach(), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(one_chunk, reference(q.detach(), k, v, rows, cols, 1))
+
+
+@pytest.mark.parametrize(("memory", "mib"), [(None, 8), (1 << 30, 8), (8 << 30, 32), (128 << 30, 64)])
+def test_the_evaluation_chunk_follows_the_memory_the_process_may_use(memory, mib):
+    assert sba.eval_chunk_bytes(memory) == mib << 20
