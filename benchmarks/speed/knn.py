@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.probes.knn import knn_classify
 
 KS = (10, 20, 100, 200)
@@ -95,6 +95,7 @@ def main() -> None:
     if args.only:
         print(json.dumps(measure(args.only, args)))
         return
+    results = results_file(args, "knn.json")  # before any measuring
     sizes = ["--train", str(args.train), "--queries", str(args.queries), "--dim", str(args.dim),
              "--classes", str(args.classes), "--memory-chunk", str(args.memory_chunk)]
     rows, rankings = [], {}
@@ -117,7 +118,7 @@ def main() -> None:
                                  for k in rankings["torch"]}
         print(f"| {row['search']} | {row['seconds']:.1f} | {row['peak_extra_mb']:.0f} | "
               f"{row['time_ratio_to_torch']:.2f} | {min(row['top1_agreement'].values()):.4f} |")
-    write_results(args.results, "knn.json", {"train": args.train, "queries": args.queries, "dim": args.dim,
+    write_results(results, "knn.json", {"train": args.train, "queries": args.queries, "dim": args.dim,
                                              "classes": args.classes, "ks": list(KS), "rows": rows})
 
 
