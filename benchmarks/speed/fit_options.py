@@ -33,7 +33,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from benchmarks.results_io import add_results_option, write_results
+from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.speed.locatvit import _status_kib
 from locatdino.ssl import DINOModule
 
@@ -116,6 +116,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.backbone, args.steps)))
         return
+    results = results_file(args, "fit_options.json")  # before any measuring
     print(f"torch {torch.__version__}, {args.backbone}, DINO step of 8 x 224 + 32 x 96 px crops, {args.threads} thread(s)")
     numbers: dict = {"backbone": args.backbone, "threads": args.threads}
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -128,7 +129,7 @@ def main() -> None:
                   f"({on['peak_mib'] / off['peak_mib']:.3f}x), step rise {off['step_rise_mib']:.0f} -> "
                   f"{on['step_rise_mib']:.0f} MiB, step CPU {off['step_cpu_s']:.2f} -> {on['step_cpu_s']:.2f} s "
                   f"({on['step_cpu_s'] / off['step_cpu_s']:.3f}x); losses {off['losses']} vs {on['losses']}", flush=True)
-            write_results(args.results, "fit_options.json", numbers)
+            write_results(results, "fit_options.json", numbers)
         if "compile" in args.parts:
             eager, compiled = (run_child(kind, args, cache_dir) for kind in ("fit-eager", "fit-compiled"))
             saved = eager["steady_step_s"] - compiled["steady_step_s"]
@@ -142,7 +143,7 @@ def main() -> None:
                   f"step {eager['steady_step_s']:.2f} -> {compiled['steady_step_s']:.2f} s "
                   f"({compiled['steady_step_s'] / eager['steady_step_s']:.3f}x); losses {eager['losses']} vs "
                   f"{compiled['losses']}", flush=True)
-            write_results(args.results, "fit_options.json", numbers)
+            write_results(results, "fit_options.json", numbers)
 
 
 if __name__ == "__main__":

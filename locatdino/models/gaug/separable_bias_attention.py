@@ -95,9 +95,9 @@ def mask_fits_one_chunk(q: Tensor) -> bool:
 
 @torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
 def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-               chunk_bytes: int) -> Tensor:
+               needs_grad: bool) -> Tensor:
     B, H, N, _ = q.shape
-    chunk = _chunk_rows(B * H, N, q.element_size(), chunk_bytes)
+    chunk = _chunk_rows(B * H, N, q.element_size(), _budget(q.device.type, needs_grad))
     out = _output_like(q)
     with torch.autocast(q.device.type, enabled=False):
         for start in range(0, N, chunk):
@@ -120,7 +120,7 @@ def _output_like(q: Tensor) -> Tensor:
 
 @_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-      chunk_bytes: int) -> Tensor:
+      needs_grad: bool) -> Tensor:
     return _output_like(q)
 
 
@@ -198,6 +198,8 @@ def separable_bias_attention(
     Without a gradient to compute (evaluation) the CPU chunks are larger (``_EVAL_CHUNK_BYTES``).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rows, cols))
-    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale,
-                                                        _budget(q.device.type, needs_grad))
+    # decided out here, where autograd still sees the inputs; the budget itself is read inside the
+    # operator, so TorchScript compiles no module global
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                              or rows.requires_grad or cols.requires_grad)
+    return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale, needs_grad)

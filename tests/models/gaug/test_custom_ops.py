@@ -21,7 +21,7 @@ def _cases():
     z = torch.randn(2, 2, 12, 3, dtype=torch.float64, requires_grad=True)
     d_rows, d_cols = (t.double() for t in build_distance_table(3, 4, -4.5, torch.device("cpu")))
     return {
-        "separable_bias_attention": (q, k, v, rows, cols, 1, 0.35, 8 << 20),
+        "separable_bias_attention": (q, k, v, rows, cols, 1, 0.35, True),
         "outer_product_mask": (rows, cols, 1, torch.float32),
         "gaussian_profiles": (z, d_rows, d_cols, 196.0, 5.3, 0.1),
     }
