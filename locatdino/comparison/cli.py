@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                         "num_train": len(train) if train is not None else len(probes.train_labels),
                         "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
             "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"}, "protocol": protocol_record(args),
-                       "memory_fractions": [str(f) for f in args.memory_fractions],
+                       "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
                        "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None},
             "probes": probe_info,
             "models": models,

@@ -59,17 +59,18 @@ def test_compiled_fast_mode_equals_eager():
 
 
 @pytest.mark.slow
-def test_inductor_compiled_train_and_eval_equal_eager(monkeypatch):
+def test_inductor_compiled_train_and_eval_equal_eager():
     """To fp32 rounding: inductor fuses and reorders the reductions (LayerNorm, softmax, sums);
     measured differences ≤ 4e-5 on outputs of size ~1. Compiled afresh: inductor's on-disk caches
     are not keyed on a custom operator's fake implementation, so a cached graph can outlive it."""
     model = _model()
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
-    compiled = torch.compile(model)  # inductor, C++ kernels
-    x = torch.randn(2, 3, 64, 48)
-    _assert_all_close(_output_and_grads(compiled.train(), x), _output_and_grads(model.train(), x), 1e-4, 1e-4)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled.eval()(x), model.eval()(x), rtol=1e-4, atol=1e-4)
+    # inductor's own patch context (a monkeypatch of its config module leaves the option hidden afterwards)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        compiled = torch.compile(model)  # inductor, C++ kernels
+        x = torch.randn(2, 3, 64, 48)
+        _assert_all_close(_output_and_grads(compiled.train(), x), _output_and_grads(model.train(), x), 1e-4, 1e-4)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled.eval()(x), model.eval()(x), rtol=1e-4, atol=1e-4)
 
 
 def test_export_static_shapes_equals_eager():
