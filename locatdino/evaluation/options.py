@@ -15,7 +15,6 @@ take is defined once, with one type, range and help (``locatdino.arguments.SHARE
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,15 +29,19 @@ from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
 
 
-def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS, helps: Mapping[str, str] | None = None) -> None:
-    """The labelled dataset (one of ``datasets``: the segmentation sets by default) and its memory
-    (training) / query splits (``g``: the data group); ``helps`` replaces the help of a dataset
-    option whose meaning differs for a command (``{"--data-dir": ...}``); the shared sizes
-    (``--num-train``, ``--num-val``) keep their one help."""
-    text = {"--dataset": "labelled dataset",
-            "--data-dir": "dataset root (shard URL pattern for 'shards'); not needed for the built-in scenes",
-            "--train-split": "memory split (VOC: trainaug as in the paper)",
-            "--val-split": "query split", **(helps or {})}
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
+    """The labelled dataset (one of ``datasets``: the segmentation sets by default, the
+    class-labelled sources for ``knn`` and ``lincls``) and its memory (training) / query splits
+    (``g``: the data group), with one help per option for every command."""
+    text = {"--dataset": "labelled dataset: a segmentation set, class-labelled images (imagefolder: "
+                         "ROOT/<split>/<class>/<image>), shards or the built-in scenes (the choices: what this "
+                         "command reads)",
+            "--data-dir": "dataset root (shards: a shard URL pattern for hbird, linprobe and compare; ROOT of "
+                          "ROOT/<split>/*.tar, locatdino shards of an image-folder tree, for knn and lincls); not "
+                          "needed for the built-in scenes",
+            "--train-split": "memory (training) split: the images Hummingbird retrieves from, a probe trains on, a "
+                             "k-NN votes with (VOC: trainaug as in the paper)",
+            "--val-split": "query split: the images that are scored"}
     g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
     g.add_argument("--data-dir", default=None, help=text["--data-dir"])
     g.add_argument("--train-split", default="train", help=text["--train-split"])
@@ -59,14 +62,22 @@ def add_feature_arguments(groups: OptionGroups, d: Any) -> None:
     protocol.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
                           help="apply the final norm to the features (the Hummingbird reference's default "
                           "wrapper does for timm models: it takes forward_features)")
-    protocol.add_argument("--prr", action="store_true", help="apply PRR to the features")
-    runtime.add_argument("--device", default="auto",
-                         help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    runtime.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                         help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 "
-                         "or AMX; int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), "
-                         "bf16 (autocast; several times slower where bf16 is emulated, AVX2-only CPUs), int8 "
-                         "(CPU only)")
+    add_prr_argument(protocol)
+    add_encoder_arguments(runtime, d.precision)
+
+
+def add_prr_argument(g: Any) -> None:
+    """``--prr``, one help for every command (``g``: the protocol group)."""
+    g.add_argument("--prr", action="store_true", help="apply PRR to the features")
+
+
+def add_encoder_arguments(g: Any, precision: str) -> None:
+    """The encoder's ``--device`` and ``--precision`` (default ``precision``; ``g``: the runtime group)."""
+    g.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    g.add_argument("--precision", choices=PRECISIONS, default=precision,
+                   help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 or AMX; "
+                   "int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), bf16 (autocast; "
+                   "several times slower where bf16 is emulated, AVX2-only CPUs), int8 (CPU only)")
 
 
 def add_loader_arguments(g: Any) -> None:

@@ -68,7 +68,7 @@ def _parser() -> ArgumentParser:
                         help="training budget in passes over the training images instead of --iters")
     protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
                           help="training batch of the head (paper: 32; at most the training images)")
-    protocol.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
+    add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
     protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,
                           help="training views of the head: reference (the paper's resize / crop / flip / "
@@ -79,10 +79,8 @@ def _parser() -> ArgumentParser:
     runtime.add_argument("--no-cache", action="store_true",
                          help="with --train-augment off, recompute the features every iteration (the cached path's "
                          "check)")
-    runtime.add_argument("--cache-dir", default=None,
-                         help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
-    runtime.add_argument("--cache-ram-mb", type=at_least(0), default=d.max_cache_ram_mb,
-                         help="largest feature cache kept in RAM; larger ones are memory-mapped files")
+    add_shared_option(runtime, "--cache-dir")
+    add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_shared_option(runtime, "--batch-size", d.eval_batch_size)
     add_loader_arguments(runtime)
     add_shared_option(groups.output, "--out", "linprobe_results")
