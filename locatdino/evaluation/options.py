@@ -15,6 +15,7 @@ take is defined once, with one type, range and help (``locatdino.arguments.SHARE
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -22,11 +23,14 @@ from torch import nn
 
 from locatdino.arguments import OptionGroups, add_shared_option, at_least, integer
 from locatdino.data.datasets.segmentation import DATASETS
+from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
+from locatdino.output_files import ensure_writable, remove_stale_temporaries
+from locatdino.output_folder import OutputFolder
 
 
 def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
@@ -73,7 +77,8 @@ def add_prr_argument(g: Any) -> None:
 
 def add_encoder_arguments(g: Any, precision: str) -> None:
     """The encoder's ``--device`` and ``--precision`` (default ``precision``; ``g``: the runtime group)."""
-    g.add_argument("--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    g.add_argument("--device", default="auto",
+                   help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
     g.add_argument("--precision", choices=PRECISIONS, default=precision,
                    help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 or AMX; "
                    "int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), bf16 (autocast; "
@@ -98,6 +103,23 @@ def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     check_usable(train, f"--train-split {args.train_split}")
     check_usable(val, f"--val-split {args.val_split}")
     return train, val
+
+
+def check_outputs(out: str, command: str, planned: Iterable[str], cache_dir: str | None,
+                  overwrite: bool) -> OutputFolder:
+    """``command``'s output folder ``--out``, checked before any work (it holds no earlier run's
+    output but with ``overwrite``, no file the command did not write among ``planned``, and can be
+    written: :meth:`~locatdino.output_folder.OutputFolder.check`), and ``--cache-dir``, when
+    given, writable and rid of killed runs' temporaries; each problem one line naming ``command``."""
+    folder = OutputFolder(out, command)
+    try:
+        folder.check(planned, overwrite)
+        if cache_dir is not None:
+            ensure_writable(cache_dir, "--cache-dir")
+            remove_stale_temporaries(cache_dir)
+    except (OSError, UserError) as err:
+        raise SystemExit(f"locatdino {command}: {err}") from None
+    return folder
 
 
 def encoder_device(name: str, command: str) -> torch.device:
