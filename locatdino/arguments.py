@@ -187,6 +187,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
                                  "memory and queries, the linear probe's queries, the class tokens of knn and lincls); a "
                                  "probe's training batch is --train-batch-size (linprobe, lincls) or "
                                  "--linprobe-batch-size (compare)"),
+    "--train-batch-size": SharedOption(at_least(1), "training batch of a probe's head: images per optimiser step "
+                                       "(at most the training images)"),
     "--num-train": SharedOption(at_least(1), "memory (training) images: a seeded random subset of the split; for the "
                                 "built-in scenes, how many to render"),
     "--num-val": SharedOption(at_least(1), "query images: a seeded random subset of the split; for the built-in "

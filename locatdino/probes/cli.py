@@ -65,8 +65,7 @@ def _parser() -> ArgumentParser:
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
     budget.add_argument("--epochs", type=positive_float, default=None,
                         help="training budget in passes over the training images instead of --iters")
-    protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
-                          help="training batch of the head (paper: 32; at most the training images)")
+    add_shared_option(protocol, "--train-batch-size", d.batch_size, note=f"{d.batch_size}, the paper's")
     add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
     protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,

@@ -86,7 +86,7 @@ def test_the_class_tokens_are_the_references(folder):
 
 
 def _run(argv, out):
-    assert cli.main(["knn", *argv, "--k", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
+    assert cli.main(["knn", *argv, "--neighbours", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
     return json.loads((out / "results.json").read_text())
 
 
@@ -165,8 +165,11 @@ BAD_INPUT = {
     "val class missing from train": ([], "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN "
                                          "can never predict it$"),
     "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
-    "k larger than the train set": (["--k", "20", "7"], r"^locatdino knn: --k 20: the train split 'train' holds 6 "
-                                                        r"images \(use k <= 6\)$"),
+    "k larger than the train set": (["--neighbours", "20", "7"], r"^locatdino knn: --neighbours 20: the train split "
+                                                                 r"'train' holds 6 images \(use k <= 6\)$"),
+    "a label naming the results": (["--model", "results.json=vit_tiny_patch16_224"],
+                                   r"^locatdino knn: --model label 'results.json' is the name of a file the command "
+                                   r"writes into its output folder: choose another label$"),
 }
 
 
@@ -189,14 +192,30 @@ def test_a_temperature_that_is_not_positive_is_refused_at_parse_time(tmp_path, c
     assert f"argument --temperature: must be a positive number, got {value}" in err
 
 
-def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path):
+def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, capsys):
+    """The one overwrite rule of every command (``locatdino.output_folder``): the files a run
+    wrote are recorded, a second run is refused in one line, ``--overwrite`` replaces them, and a
+    file no run recorded is refused with or without it."""
     out = tmp_path / "out"
-    argv = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
-            "--input-size", "32", "--k", "5", "--out", str(out), "--no-progress", "--workers", "0"]
+    common = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
+              "--input-size", "32", "--neighbours", "5", "--no-progress", "--workers", "0"]
+    argv = [*common, "--out", str(out)]
     assert cli.main(argv) == 0
+    assert json.loads((out / ".locatdino-output.json").read_text()) == {"command": "knn",
+                                                                       "files": ["results.json", "report.md"]}
     first = (out / "results.json").read_bytes()
-    with pytest.raises(SystemExit, match=f"--out {out} holds results of an earlier run .* pass --overwrite"):
+    with pytest.raises(SystemExit, match=f"^locatdino knn: --out {out} holds the output of an earlier run "
+                       r"\(results.json and 1 more\): pass --overwrite to replace it, or choose another --out$"):
         cli.main(argv)
     assert (out / "results.json").read_bytes() == first
     assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0
     assert json.loads((out / "results.json").read_text())["models"][0]["config"]["seed"] == 1
+    capsys.readouterr()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit, match=f"^locatdino knn: --out {mine} holds report.md, which locatdino knn "
+                           "did not write"):
+            cli.main([*common, "--out", str(mine), *extra])
+    assert (mine / "report.md").read_text() == "my notes" and "[knn]" not in capsys.readouterr().err

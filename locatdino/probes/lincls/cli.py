@@ -78,9 +78,8 @@ def _parser() -> ArgumentParser:
     protocol.add_argument("--epochs", type=at_least(1), default=None,
                           help=f"passes over the training images (default: {EPOCHS['full']} full, {EPOCHS['fast']} "
                           "fast, the references')")
-    protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
-                          help="training batch of the head (the reference's 8 GPUs x 128; at most the training "
-                          "images)")
+    add_shared_option(protocol, "--train-batch-size", d.batch_size,
+                      note=f"{d.batch_size}, the reference's 8 GPUs x 128; the lr scales with it")
     add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--lr-grid", type=positive_float, nargs="+", default=list(d.lr_grid), metavar="LR",
                           help="fast: base learning rates trained at once, each x batch / 256 (DINOv2's grid)")
