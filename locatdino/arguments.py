@@ -195,8 +195,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
                               "scenes, how many to render"),
     "--lr": SharedOption(positive_float, "learning rate of the probe's head (linprobe: the OneCycle schedule's "
                          "peak; lincls --protocol full: the base rate, x batch / 256, cosine to 0)"),
-    "--cache-dir": SharedOption(None, "folder for features too large for RAM (default: the system's temporary "
-                                "folder)"),
+    "--cache-dir": SharedOption(None, "folder for features too large for RAM; without it, the system's temporary "
+                                "folder", "DIR"),
     "--cache-ram-mb": SharedOption(at_least(0), "largest feature cache kept in RAM, in MB; larger ones are "
                                    "memory-mapped files in --cache-dir"),
     "--knn-backend": SharedOption(None, "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
