@@ -167,9 +167,6 @@ BAD_INPUT = {
     "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
     "k larger than the train set": (["--neighbours", "20", "7"], r"^locatdino knn: --neighbours 20: the train split "
                                                                  r"'train' holds 6 images \(use k <= 6\)$"),
-    "a label naming the results": (["--model", "results.json=vit_tiny_patch16_224"],
-                                   r"^locatdino knn: --model label 'results.json' is the name of a file the command "
-                                   r"writes into its output folder: choose another label$"),
 }
 
 
@@ -181,6 +178,16 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, case):
         cli.main(["knn", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(data),
                   "--out", str(out), *extra])
     assert not out.exists() and "[knn]" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("label", ["results.json", "Report.md", ".locatdino.lock"])
+def test_a_label_naming_a_file_of_the_output_folder_is_refused(tmp_path, capsys, label):
+    """A label names its run's table row and, as for every evaluation, may not be a file knn writes."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["knn", "--model", f"{label}=vit_tiny_patch16_224", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert f"locatdino knn: --model label {label!r} " in err
 
 
 @pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
