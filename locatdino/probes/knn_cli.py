@@ -75,7 +75,8 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino knn",
         description="DINO's weighted k-NN on frozen class tokens: each validation image is labelled by the "
-        "vote exp(cos / T) of its k most similar train images; top-1 and top-5 per k.",
+        "vote exp(cos / T) of its k most similar train images; top-1 and top-5 per k, written to OUT/results.json "
+        "and OUT/report.md.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)

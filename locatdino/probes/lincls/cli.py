@@ -63,7 +63,8 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino lincls",
         description="Linear classification on frozen class tokens (DINO's eval_linear; --protocol fast: DINOv2's "
-        "lr grid on cached features): top-1 / top-5 on the validation images. Not the dense linprobe.",
+        "lr grid on cached features): top-1 / top-5 on the validation images, written to OUT/results.json and "
+        "OUT/report.md. Not the dense linprobe.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)
