@@ -17,6 +17,7 @@ no train image cannot be predicted, so it is refused, as is an empty class folde
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,14 @@ def open_class_splits(args: Any) -> tuple[LabelledImages, LabelledImages]:
     val = open_class_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
                            option="--num-val", **common)
     return train, align_classes(train, val, args.val_split)
+
+
+def note_skipped(command: str, split: str, names: list[str]) -> None:
+    """Say on stderr how many ``split`` images did not decode, naming the first three (``results.json`` names all)."""
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        print(f"[{command}] skipped {len(names)} {split} image{'s' * (len(names) != 1)} that do not decode: {shown} "
+              "(all named in results.json)", file=sys.stderr, flush=True)
 
 
 def split_record(images: LabelledImages) -> dict[str, Any]:

@@ -36,8 +36,9 @@ from locatdino.evaluation.wilson import wilson_interval
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import DiskFullError
 from locatdino.output_folder import OutputFolder, add_overwrite_option
-from locatdino.probes.class_features import Embeddings, class_token_embeddings
-from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, open_class_splits, split_record
+from locatdino.probes.class_features import class_token_embeddings
+from locatdino.probes.class_splits import (CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits,
+                                           split_record)
 from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
 from locatdino.probes.knn_report import KNN_FILES, knn_report, knn_table
 
@@ -158,8 +159,8 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
     with class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory, \
             class_token_embeddings(model, val, cfg.input_size, desc="validation class tokens", **embed) as queries:
         timings["features"] = time.perf_counter() - start
-        _note_skipped(memory, "train")
-        _note_skipped(queries, "validation")
+        note_skipped("knn", "train", memory.skipped)
+        note_skipped("knn", "validation", queries.skipped)
         try:
             check_knn_settings(cfg.ks, cfg.temperature, len(memory.labels))
         except ValueError as err:
@@ -195,10 +196,3 @@ def _accuracy(name: str, hits: np.ndarray) -> dict[str, Any]:
     """``{name}`` in percent and ``{name}_interval``, its 95 % Wilson interval over the images."""
     low, high = wilson_interval(int(hits.sum()), len(hits))
     return {name: 100 * float(hits.mean()), f"{name}_interval": [100 * low, 100 * high]}
-
-
-def _note_skipped(embeddings: Embeddings, split: str) -> None:
-    if embeddings.skipped:
-        names = ", ".join(embeddings.skipped[:3]) + (", ..." if len(embeddings.skipped) > 3 else "")
-        print(f"[knn] skipped {len(embeddings.skipped)} {split} image{'s' * (len(embeddings.skipped) != 1)} that do "
-              f"not decode: {names} (all named in results.json)", file=sys.stderr, flush=True)

@@ -34,7 +34,7 @@ from locatdino.evaluation.options import (add_data_arguments, add_encoder_argume
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.output_files import DiskFullError
 from locatdino.output_folder import OutputFolder, add_overwrite_option
-from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, open_class_splits
+from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.protocol import EPOCHS, PROTOCOLS, LinclsConfig, linear_classification
 from locatdino.probes.lincls.report import LINCLS_FILES, lincls_report, lincls_table
@@ -138,10 +138,7 @@ def _evaluate_all(argv: list[str], args: argparse.Namespace, cfg: LinclsConfig, 
               f"{cfg.batch_size}", file=sys.stderr, flush=True)
         scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
         for split, names in scored.skipped.items():
-            if names:
-                print(f"[lincls] skipped {len(names)} {split} image{'s' * (len(names) != 1)} that do not decode: "
-                      f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''} (all named in results.json)",
-                      file=sys.stderr, flush=True)
+            note_skipped("lincls", split, names)
         results.append(record_run(scored.to_dict(), args, run, model))
         hits.append(scored.hits)
         model.cpu()
