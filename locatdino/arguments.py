@@ -167,6 +167,7 @@ class SharedOption:
     type: Callable[[str], Any] | None
     help: str
     metavar: str | None = None
+    choices: tuple[str, ...] | None = None
 
 
 # every option more than one command takes, defined once (tests/test_shared_options.py walks every
@@ -180,14 +181,27 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
                                  "the default is the protocol's: 224 for Hummingbird (hbird, compare: the LocAtViT "
                                  "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
                                  "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
-                                 "evaluation short side)", "S"),
+                                 "evaluation short side), 224 for the class-token protocols (knn, lincls: the "
+                                 "reference's centre crop; the short side is resized to S x 256 / 224 first)", "S"),
     "--batch-size": SharedOption(at_least(1), "images per encoder forward outside a training step (Hummingbird's "
-                                 "memory and queries, the linear probe's queries); a probe's training batch is "
-                                 "--train-batch-size (linprobe) or --linprobe-batch-size (compare)"),
+                                 "memory and queries, the linear probe's queries, the class tokens of knn and lincls); a "
+                                 "probe's training batch is --train-batch-size (linprobe, lincls) or "
+                                 "--linprobe-batch-size (compare)"),
+    "--train-batch-size": SharedOption(at_least(1), "training batch of a probe's head: images per optimiser step "
+                                       "(at most the training images)"),
     "--num-train": SharedOption(at_least(1), "memory (training) images: a seeded random subset of the split; for the "
                                 "built-in scenes, how many to render"),
     "--num-val": SharedOption(at_least(1), "query images: a seeded random subset of the split; for the built-in "
                               "scenes, how many to render"),
+    "--lr": SharedOption(positive_float, "learning rate of the probe's head (linprobe: the OneCycle schedule's "
+                         "peak; lincls --protocol full: the base rate, x batch / 256, cosine to 0)"),
+    "--cache-dir": SharedOption(None, "folder for features too large for RAM; without it, the system's temporary "
+                                "folder", "DIR"),
+    "--cache-ram-mb": SharedOption(at_least(0), "largest feature cache kept in RAM, in MB; larger ones are "
+                                   "memory-mapped files in --cache-dir"),
+    "--knn-backend": SharedOption(None, "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
+                                  "device) or auto (torch beside a GPU encoder, in hbird and compare only when "
+                                  "faiss has no GPU; faiss otherwise)", choices=("auto", "faiss", "torch")),
     "--out": SharedOption(None, "output folder: everything the command writes goes here (its description lists "
                           "what); one holding files the command did not write is refused", "DIR"),
 }
@@ -197,5 +211,5 @@ def add_shared_option(group: Any, option: str, default: Any = None, note: str | 
     """Add the :data:`SHARED_OPTIONS` entry ``option`` to ``group`` with this command's ``default``;
     ``note``, when the default needs words (``None``: the recipes'), is shown as ``(default: note)``."""
     spec = SHARED_OPTIONS[option]
-    group.add_argument(option, type=spec.type, default=default, metavar=spec.metavar,
+    group.add_argument(option, type=spec.type, default=default, metavar=spec.metavar, choices=spec.choices,
                        help=spec.help + (f" (default: {note})" if note else ""))

@@ -218,6 +218,29 @@ def reserved_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...])
     return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
 
 
+@contextlib.contextmanager
+def feature_rows(count: int, dim: int, cache_dir: str | os.PathLike | None, max_ram_bytes: int,
+                 name: str) -> Iterator[np.ndarray]:
+    """A zeroed float32 ``[count, dim]`` array for the block: in RAM when it fits ``max_ram_bytes``,
+    else a :func:`reserved_memmap` in a temporary folder ``name`` under ``cache_dir`` (the system's
+    temporary folder when None), deleted when the block ends; a killed run's folder is removed by
+    the next one made there. Features of a whole split (ImageNet's 1.28 M images) outgrow RAM."""
+    import tempfile
+
+    import numpy as np
+
+    if count * dim * 4 <= max_ram_bytes:
+        yield np.zeros((count, dim), np.float32)
+        return
+    parent = Path(cache_dir if cache_dir is not None else tempfile.gettempdir())
+    remove_stale_temporaries(parent)
+    folder = make_temporary_dir(parent / name)
+    try:
+        yield reserved_memmap(folder / "features.bin", np.float32, (count, dim))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _too_big(path: str | os.PathLike, nbytes: int, free: int, code: int) -> DiskFullError:
     return DiskFullError(code, f"{path}: {os.strerror(code)}: needs {nbytes / 1e9:.3g} GB, "
                                f"{free / 1e9:.3g} GB free")

@@ -70,6 +70,7 @@ PARSERS = {
     "hbird report": lambda: importlib.import_module("locatdino.retrieval.cli")._report_parser(),
     "linprobe": lambda: importlib.import_module("locatdino.probes.cli")._parser(),
     "knn": lambda: importlib.import_module("locatdino.probes.knn_cli")._parser(),
+    "lincls": lambda: importlib.import_module("locatdino.probes.lincls.cli")._parser(),
     "compare": lambda: importlib.import_module("locatdino.comparison.cli")._parser(),
     "demo": lambda: importlib.import_module("locatdino.demo")._parser(),
     "shards": lambda: importlib.import_module("locatdino.data.shards.cli").build_parser(),
@@ -120,7 +121,7 @@ def test_protocol_reference_sets_its_settings_and_options_beside_it_win():
 
 
 def _documented_commands() -> list[tuple[str, list[str]]]:
-    """``(page:line, argv)`` of every ``locatdino hbird|linprobe|knn|compare`` line of the shell blocks
+    """``(page:line, argv)`` of every ``locatdino hbird|linprobe|knn|lincls|compare`` line of the shell blocks
     of README.md and docs/ (continuation lines joined, comments dropped)."""
     import shlex
     from pathlib import Path
@@ -130,7 +131,7 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
     for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         lines = page.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines):
-            if not re.match(r"\s*locatdino (hbird|linprobe|knn|compare) (?!report)", line):
+            if not re.match(r"\s*locatdino (hbird|linprobe|knn|lincls|compare) (?!report)", line):
                 continue
             text, end = line, i
             while text.rstrip().endswith("\\"):  # the test's id names the command's first line
@@ -145,6 +146,6 @@ def test_documented_command_lines_use_the_current_grammar(where, argv):
     from locatdino.evaluation.model_runs import model_runs
 
     module = {"hbird": "locatdino.retrieval.cli", "linprobe": "locatdino.probes.cli", "knn": "locatdino.probes.knn_cli",
-              "compare": "locatdino.comparison.cli"}[argv[0]]
+              "lincls": "locatdino.probes.lincls.cli", "compare": "locatdino.comparison.cli"}[argv[0]]
     parser = importlib.import_module(module)._parser()
     assert model_runs(parser.parse_args(argv[1:]), parser)

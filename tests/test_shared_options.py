@@ -23,7 +23,13 @@ SUBCOMMANDS = {"hbird": ["report"]}
 NOT_ARGPARSE = {"fit"}
 # --overwrite of commands whose earlier output is not an output folder's record: export writes one
 # file (never its input checkpoint); shards' earlier output is the shard set its index.json describes
-OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite")}
+OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite"),
+               # lincls's protocols are DINO's and DINOv2's procedures (full, fast), not Hummingbird's named
+               # settings; it trains whole epochs (the reference's cosine steps once per epoch), linprobe a
+               # budget that may be a fraction of one
+               ("lincls", "--protocol"), ("lincls", "--epochs")}
+# options with one help whose choices are what each command can read (segmentation sets, class-labelled images)
+OWN_CHOICES = {"--dataset"}
 
 
 class _Parsed(Exception):
@@ -54,12 +60,14 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def _meaning(action: argparse.Action) -> tuple:
     help_text = re.sub(r" \(default: .*\)$", "", action.help or "")
+    choices = () if set(action.option_strings) & OWN_CHOICES else tuple(action.choices or ())
     return (action.dest, getattr(action.type, "__name__", action.type), type(action).__name__, action.nargs,
-            tuple(action.choices or ()), help_text)
+            choices, help_text)
 
 
 def test_every_command_is_walked(parsers):
-    assert set(parsers) >= {"demo", "export", "shards", "hbird", "hbird report", "linprobe", "compare"}
+    assert set(parsers) >= {"demo", "export", "shards", "hbird", "hbird report", "linprobe", "knn", "lincls",
+                            "compare"}
 
 
 def test_an_option_several_commands_take_means_one_thing(parsers):
@@ -73,7 +81,9 @@ def test_an_option_several_commands_take_means_one_thing(parsers):
                 if option.startswith("--") and option != "--help" and (command, option) not in OWN_MEANING:
                     takers[option][command] = action
     shared = {option: by for option, by in takers.items() if len(by) > 1}
-    assert {"--seed", "--workers", "--input-size", "--out", "--overwrite", "--batch-size"} <= set(shared)
+    assert {"--seed", "--workers", "--input-size", "--out", "--overwrite", "--batch-size", "--train-batch-size",
+            "--cache-dir", "--cache-ram-mb", "--lr", "--knn-backend", "--precision", "--prr"} <= set(shared)
+    assert set(takers["--batch-size"]) >= {"hbird", "linprobe", "knn", "lincls", "compare"}
     differing = {option: {command: _meaning(action) for command, action in by.items()}
                  for option, by in shared.items() if len({_meaning(action) for action in by.values()}) > 1}
     assert differing == {}
@@ -93,14 +103,17 @@ def test_every_number_is_range_checked(parsers):
 
 
 def test_the_help_says_why_the_input_size_defaults_differ(parsers):
-    defaults = {command: parsers[command].get_default("input_size") for command in ("hbird", "compare", "linprobe")}
-    assert defaults == {"hbird": 224, "compare": 224, "linprobe": 512}
+    defaults = {command: parsers[command].get_default("input_size")
+                for command in ("hbird", "compare", "linprobe", "knn", "lincls")}
+    assert defaults == {"hbird": 224, "compare": 224, "linprobe": 512, "knn": 224, "lincls": 224}
+    assert "224 for the class-token protocols" in SHARED_OPTIONS["--input-size"].help
     assert "224 for Hummingbird" in SHARED_OPTIONS["--input-size"].help
     assert "512 for the dense linear probe" in SHARED_OPTIONS["--input-size"].help
 
 
 @pytest.mark.parametrize("command, old", [("linprobe", "--eval-batch-size"), ("linprobe", "--augment"),
-                                          ("hbird report", "--out")])
+                                          ("hbird report", "--out"), ("lincls", "--eval-batch-size"),
+                                          ("knn", "--k")])
 def test_the_old_spellings_are_gone(parsers, capsys, command, old):
     """No aliases: the package has had no release."""
     assert not any(old in action.option_strings for action in parsers[command]._actions)

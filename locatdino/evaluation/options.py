@@ -15,7 +15,7 @@ take is defined once, with one type, range and help (``locatdino.arguments.SHARE
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -23,22 +23,29 @@ from torch import nn
 
 from locatdino.arguments import OptionGroups, add_shared_option, at_least, integer
 from locatdino.data.datasets.segmentation import DATASETS
+from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
+from locatdino.output_files import ensure_writable, remove_stale_temporaries
+from locatdino.output_folder import OutputFolder
 
 
-def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS, helps: Mapping[str, str] | None = None) -> None:
-    """The labelled dataset (one of ``datasets``: the segmentation sets by default) and its memory
-    (training) / query splits (``g``: the data group); ``helps`` replaces the help of a dataset
-    option whose meaning differs for a command (``{"--data-dir": ...}``); the shared sizes
-    (``--num-train``, ``--num-val``) keep their one help."""
-    text = {"--dataset": "labelled dataset",
-            "--data-dir": "dataset root (shard URL pattern for 'shards'); not needed for the built-in scenes",
-            "--train-split": "memory split (VOC: trainaug as in the paper)",
-            "--val-split": "query split", **(helps or {})}
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
+    """The labelled dataset (one of ``datasets``: the segmentation sets by default, the
+    class-labelled sources for ``knn`` and ``lincls``) and its memory (training) / query splits
+    (``g``: the data group), with one help per option for every command."""
+    text = {"--dataset": "labelled dataset: a segmentation set, class-labelled images (imagefolder: "
+                         "ROOT/<split>/<class>/<image>), shards or the built-in scenes (the choices: what this "
+                         "command reads)",
+            "--data-dir": "dataset root (shards: a shard URL pattern for hbird, linprobe and compare; ROOT of "
+                          "ROOT/<split>/*.tar, locatdino shards of an image-folder tree, for knn and lincls); not "
+                          "needed for the built-in scenes",
+            "--train-split": "memory (training) split: the images Hummingbird retrieves from, a probe trains on, a "
+                             "k-NN votes with (VOC: trainaug as in the paper)",
+            "--val-split": "query split: the images that are scored"}
     g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
     g.add_argument("--data-dir", default=None, help=text["--data-dir"])
     g.add_argument("--train-split", default="train", help=text["--train-split"])
@@ -59,14 +66,23 @@ def add_feature_arguments(groups: OptionGroups, d: Any) -> None:
     protocol.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
                           help="apply the final norm to the features (the Hummingbird reference's default "
                           "wrapper does for timm models: it takes forward_features)")
-    protocol.add_argument("--prr", action="store_true", help="apply PRR to the features")
-    runtime.add_argument("--device", default="auto",
-                         help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    runtime.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                         help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 "
-                         "or AMX; int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), "
-                         "bf16 (autocast; several times slower where bf16 is emulated, AVX2-only CPUs), int8 "
-                         "(CPU only)")
+    add_prr_argument(protocol)
+    add_encoder_arguments(runtime, d.precision)
+
+
+def add_prr_argument(g: Any) -> None:
+    """``--prr``, one help for every command (``g``: the protocol group)."""
+    g.add_argument("--prr", action="store_true", help="apply PRR to the features")
+
+
+def add_encoder_arguments(g: Any, precision: str) -> None:
+    """The encoder's ``--device`` and ``--precision`` (default ``precision``; ``g``: the runtime group)."""
+    g.add_argument("--device", default="auto",
+                   help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    g.add_argument("--precision", choices=PRECISIONS, default=precision,
+                   help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 or AMX; "
+                   "int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), bf16 (autocast; "
+                   "several times slower where bf16 is emulated, AVX2-only CPUs), int8 (CPU only)")
 
 
 def add_loader_arguments(g: Any) -> None:
@@ -87,6 +103,23 @@ def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     check_usable(train, f"--train-split {args.train_split}")
     check_usable(val, f"--val-split {args.val_split}")
     return train, val
+
+
+def check_outputs(out: str, command: str, planned: Iterable[str], cache_dir: str | None,
+                  overwrite: bool) -> OutputFolder:
+    """``command``'s output folder ``--out``, checked before any work (it holds no earlier run's
+    output but with ``overwrite``, no file the command did not write among ``planned``, and can be
+    written: :meth:`~locatdino.output_folder.OutputFolder.check`), and ``--cache-dir``, when
+    given, writable and rid of killed runs' temporaries; each problem one line naming ``command``."""
+    folder = OutputFolder(out, command)
+    try:
+        folder.check(planned, overwrite)
+        if cache_dir is not None:
+            ensure_writable(cache_dir, "--cache-dir")
+            remove_stale_temporaries(cache_dir)
+    except (OSError, UserError) as err:
+        raise SystemExit(f"locatdino {command}: {err}") from None
+    return folder
 
 
 def encoder_device(name: str, command: str) -> torch.device:

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +28,7 @@ from torch.utils.data import DataLoader
 from locatdino.data.transforms.classification import ClassificationTransform
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
-from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap
+from locatdino.output_files import feature_rows
 from locatdino.probes.class_splits import LabelledImages
 from locatdino.progress import progress
 
@@ -78,22 +75,6 @@ def _collate(batch: list[tuple[int, torch.Tensor | None]]) -> tuple[list[int], t
 
 
 @contextlib.contextmanager
-def _rows(count: int, dim: int, cache_dir: str | None, max_ram_bytes: int) -> Iterator[np.ndarray]:
-    """A float32 ``[count, dim]`` array: in RAM when it fits ``max_ram_bytes``, else a memory
-    map with its disk space claimed at once, removed when the block ends."""
-    if count * dim * 4 <= max_ram_bytes:
-        yield np.zeros((count, dim), np.float32)
-        return
-    parent = Path(cache_dir if cache_dir is not None else tempfile.gettempdir())
-    remove_stale_temporaries(parent)
-    folder = make_temporary_dir(parent / "knn-features")
-    try:
-        yield reserved_memmap(folder / "features.bin", np.float32, (count, dim))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
 def class_token_embeddings(model: nn.Module, images: LabelledImages, input_size: int, *, precision: str = "fp32",
                            batch_size: int = 64, workers: int | None = None, cache_dir: str | None = None,
                            max_ram_bytes: int = 4 << 30, desc: str = "embeddings",
@@ -106,7 +87,7 @@ def class_token_embeddings(model: nn.Module, images: LabelledImages, input_size:
         workers = 1 if device.type == "cpu" else min(8, os.cpu_count() or 1)
     loader = DataLoader(_Views(images, input_size), batch_size=batch_size, num_workers=workers, collate_fn=_collate)
     filled, failed = np.zeros(len(images), bool), []
-    with _rows(len(images), model.num_features, cache_dir, max_ram_bytes) as rows:
+    with feature_rows(len(images), model.num_features, cache_dir, max_ram_bytes, "knn-features") as rows:
         with eval_mode(encoder), torch.inference_mode(), autocast(precision, device):
             for index, batch, bad in progress(loader, desc=desc, unit="batch", disable=not show_progress):
                 failed += bad

@@ -1,4 +1,5 @@
-"""Image-labelled train / validation splits for classification on frozen class tokens (``locatdino knn``).
+"""Image-labelled train / validation splits for classification on frozen class tokens
+(``locatdino knn``, ``locatdino lincls``).
 
 Three sources, each ``ds[i] -> (PIL RGB image, class index)`` with every label known before any
 image is decoded (so a split that cannot be scored is refused before the long work):
@@ -16,6 +17,7 @@ no train image cannot be predicted, so it is refused, as is an empty class folde
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +123,26 @@ def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) ->
                          + ": a k-NN can never predict it")
     relabel = np.array([index.get(name, -1) for name in val.class_names], np.int64)
     return LabelledImages(relabel[val.labels], train.class_names, val.load, val.name)
+
+
+def open_class_splits(args: Any) -> tuple[LabelledImages, LabelledImages]:
+    """The train (``--train-split``) and validation (``--val-split``) splits of a command's data
+    options (``locatdino.evaluation.options.add_data_arguments``), validation labels numbered as
+    the train split's classes: ``knn`` and ``lincls`` read them alike."""
+    common = {"seed": args.seed, "scene_size": args.scene_size}
+    train = open_class_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300,
+                             option="--num-train", **common)
+    val = open_class_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
+                           option="--num-val", **common)
+    return train, align_classes(train, val, args.val_split)
+
+
+def note_skipped(command: str, split: str, names: list[str]) -> None:
+    """Say on stderr how many ``split`` images did not decode, naming the first three (``results.json`` names all)."""
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        print(f"[{command}] skipped {len(names)} {split} image{'s' * (len(names) != 1)} that do not decode: {shown} "
+              "(all named in results.json)", file=sys.stderr, flush=True)
 
 
 def split_record(images: LabelledImages) -> dict[str, Any]:

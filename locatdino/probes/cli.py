@@ -21,13 +21,12 @@ from torch import nn
 
 from locatdino.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
                                  option_groups, positive_float)
-from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                          encoder_device, open_splits, record_run)
+                                          check_outputs, encoder_device, open_splits, record_run)
 from locatdino.evaluation.splits import CachedSplit
 from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.output_files import DiskFullError
 from locatdino.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
@@ -66,9 +65,8 @@ def _parser() -> ArgumentParser:
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
     budget.add_argument("--epochs", type=positive_float, default=None,
                         help="training budget in passes over the training images instead of --iters")
-    protocol.add_argument("--train-batch-size", type=at_least(1), default=d.batch_size,
-                          help="training batch of the head (paper: 32; at most the training images)")
-    protocol.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate of the OneCycle schedule")
+    add_shared_option(protocol, "--train-batch-size", d.batch_size, note=f"{d.batch_size}, the paper's")
+    add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
     protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,
                           help="training views of the head: reference (the paper's resize / crop / flip / "
@@ -79,10 +77,8 @@ def _parser() -> ArgumentParser:
     runtime.add_argument("--no-cache", action="store_true",
                          help="with --train-augment off, recompute the features every iteration (the cached path's "
                          "check)")
-    runtime.add_argument("--cache-dir", default=None,
-                         help="folder for a feature cache too large for RAM (default: the system's temporary folder)")
-    runtime.add_argument("--cache-ram-mb", type=at_least(0), default=d.max_cache_ram_mb,
-                         help="largest feature cache kept in RAM; larger ones are memory-mapped files")
+    add_shared_option(runtime, "--cache-dir")
+    add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_shared_option(runtime, "--batch-size", d.eval_batch_size)
     add_loader_arguments(runtime)
     add_shared_option(groups.output, "--out", "linprobe_results")
@@ -95,21 +91,10 @@ def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
     return PROBE_TABLE.build(args)
 
 
-def _check_outputs(out: str, labels: list[str], cache_dir: str | None, overwrite: bool) -> OutputFolder:
-    """Fail before any training when an output folder cannot be written, or holds an earlier
-    run's output that only ``--overwrite`` may replace, or files linprobe did not write
-    (:mod:`locatdino.output_folder`)."""
-    folder = OutputFolder(out, "linprobe")
-    planned = PROBE_FILES if len(labels) == 1 else ["summary.md", *(f"{label}/{name}" for label in labels
-                                                                   for name in PROBE_FILES)]
-    try:
-        folder.check(planned, overwrite)
-        if cache_dir is not None:
-            ensure_writable(cache_dir, "--cache-dir")
-            remove_stale_temporaries(cache_dir)
-    except (OSError, UserError) as err:
-        raise SystemExit(f"locatdino linprobe: {err}") from None
-    return folder
+def _planned(labels: list[str]) -> list[str]:
+    """The files of a run of ``labels``: one model's in ``--out``, several models' per label plus the comparison."""
+    return PROBE_FILES if len(labels) == 1 else ["summary.md", *(f"{label}/{name}" for label in labels
+                                                               for name in PROBE_FILES)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
-    folder = _check_outputs(args.out, [run.label for run in runs], args.cache_dir, args.overwrite)
+    folder = check_outputs(args.out, "linprobe", _planned([run.label for run in runs]), args.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
 

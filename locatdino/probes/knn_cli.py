@@ -5,11 +5,11 @@
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are scored one after another
 on the same images, the first the reference of every Δ. Each model's train and validation class
-tokens are computed once (``locatdino.probes.class_features``) and every ``--k`` is read from one
-neighbour search (``locatdino.probes.knn``). ``OUT/results.json`` holds, per model and k, top-1 and
-top-5 with 95 % Wilson intervals over the validation images and the Δ to the first model with its
-paired-bootstrap interval; ``OUT/report.md`` the same as a table. Results already there are kept
-unless ``--overwrite`` (checked before any work).
+tokens are computed once (``locatdino.probes.class_features``) and every ``--neighbours`` k is
+read from one neighbour search (``locatdino.probes.knn``). ``OUT/results.json`` holds, per model
+and k, top-1 and top-5 with 95 % Wilson intervals over the validation images and the Δ to the first model with its
+paired-bootstrap interval; ``OUT/report.md`` the same as a table. An earlier run's output there
+is kept unless ``--overwrite`` (checked before any work; ``locatdino.output_folder``).
 """
 
 from __future__ import annotations
@@ -20,27 +20,26 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, ConfigTable, at_least, option_groups, positive_float
+from locatdino.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups, positive_float
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import add_data_arguments, add_loader_arguments, encoder_device, record_run
-from locatdino.evaluation.precision import PRECISIONS
+from locatdino.evaluation.options import (add_data_arguments, add_encoder_arguments, add_loader_arguments,
+                                          check_outputs, encoder_device, record_run)
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.wilson import wilson_interval
 from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, output_lock,
-                                    remove_stale_temporaries)
-from locatdino.probes.class_features import Embeddings, class_token_embeddings
-from locatdino.probes.class_splits import (CLASS_DATASETS, LabelledImages, align_classes, open_class_split,
+from locatdino.output_files import DiskFullError
+from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.probes.class_features import class_token_embeddings
+from locatdino.probes.class_splits import (CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits,
                                            split_record)
-from locatdino.probes.knn import BACKENDS, check_knn_settings, knn_classify, topk_hits
+from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
 from locatdino.probes.knn_report import KNN_FILES, knn_report, knn_table
 
 
@@ -63,9 +62,9 @@ class KnnConfig:
 
 KNN_TABLE = ConfigTable(
     KnnConfig,
-    options={"--k": "ks", "--temperature": "temperature", "--input-size": "input_size", "--batch-size": "batch_size",
-             "--knn-backend": "backend", "--precision": "precision", "--cache-dir": "cache_dir",
-             "--cache-ram-mb": "max_cache_ram_mb", "--workers": "num_workers", "--seed": "seed",
+    options={"--neighbours": "ks", "--temperature": "temperature", "--input-size": "input_size",
+             "--batch-size": "batch_size", "--knn-backend": "backend", "--precision": "precision",
+             "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--workers": "num_workers", "--seed": "seed",
              "--no-progress": "progress"},
     internal={},
     negated=frozenset({"--no-progress"}),
@@ -77,95 +76,56 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino knn",
         description="DINO's weighted k-NN on frozen class tokens: each validation image is labelled by the "
-        "vote exp(cos / T) of its k most similar train images; top-1 and top-5 per k.",
+        "vote exp(cos / T) of its k most similar train images; top-1 and top-5 per k, written to OUT/results.json "
+        "and OUT/report.md.",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)
     add_model_arguments(groups.model)
-    add_data_arguments(groups.data, CLASS_DATASETS, {
-        "--dataset": "imagefolder (ROOT/<split>/<class>/<image>), shards (ROOT/<split>/*.tar with a cls per "
-                     "sample, as locatdino shards writes an image-folder tree) or the built-in scenes",
-        "--data-dir": "dataset root ROOT; not needed for the built-in scenes",
-        "--train-split": "split whose images vote", "--val-split": "split that is scored"})
+    add_data_arguments(groups.data, CLASS_DATASETS)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--k", type=at_least(1), nargs="+", default=list(d.ks), metavar="K",
-                          help="neighbour counts, all from one search (the reference: 10 20 100 200; 20 headline)")
+    protocol.add_argument("--neighbours", type=at_least(1), nargs="+", default=list(d.ks), metavar="K",
+                          help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)")
     protocol.add_argument("--temperature", type=positive_float, default=d.temperature, metavar="T",
                           help="vote weight exp(cos / T)")
-    protocol.add_argument("--input-size", type=at_least(1), default=d.input_size, metavar="S",
-                          help="centre-crop side; images are first resized to S x 256 / 224 on their short side "
-                          "(the reference: 256 then 224)")
-    protocol.add_argument("--seed", type=int, default=d.seed, help="subsets (--num-train/--num-val), random init")
-    runtime.add_argument("--knn-backend", choices=("auto", *BACKENDS), default=d.backend,
-                         help="exact search: torch (in blocks, on the encoder's device), faiss (IndexFlatIP, CPU), "
-                         "or auto (faiss beside a CPU encoder, torch beside a GPU)")
-    runtime.add_argument("--device", default="auto",
-                         help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    runtime.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                         help="encoder precision (fp32: the reference's numbers; auto, bf16, int8: faster, "
-                         "see locatdino hbird --help)")
-    runtime.add_argument("--batch-size", type=at_least(1), default=d.batch_size, help="images per forward")
-    runtime.add_argument("--cache-dir", default=None,
-                         help="folder for class tokens too large for RAM (default: the system's temporary folder)")
-    runtime.add_argument("--cache-ram-mb", type=at_least(0), default=d.max_cache_ram_mb,
-                         help="largest split of class tokens kept in RAM; larger ones are memory-mapped files")
+    add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
+    add_shared_option(protocol, "--seed", d.seed)
+    add_shared_option(runtime, "--knn-backend", d.backend)
+    add_encoder_arguments(runtime, d.precision)
+    add_shared_option(runtime, "--batch-size", d.batch_size)
+    add_shared_option(runtime, "--cache-dir")
+    add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_loader_arguments(runtime)
-    groups.output.add_argument("--out", default="knn_results", metavar="DIR", help="results.json + report.md")
-    groups.output.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    add_shared_option(groups.output, "--out", "knn_results")
+    add_overwrite_option(groups.output)
     return p
-
-
-def _open_splits(args: argparse.Namespace) -> tuple[LabelledImages, LabelledImages]:
-    common = dict(seed=args.seed, scene_size=args.scene_size)
-    train = open_class_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300,
-                             option="--num-train", **common)
-    val = open_class_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
-                           option="--num-val", **common)
-    return train, align_classes(train, val, args.val_split)
-
-
-def _check_outputs(out: Path, cache_dir: str | None, overwrite: bool) -> None:
-    """Fail before any work when ``out`` cannot be written or holds an earlier run's results."""
-    earlier = [out / name for name in KNN_FILES if (out / name).exists()]
-    if earlier and not overwrite:
-        raise SystemExit(f"locatdino knn: --out {out} holds results of an earlier run ({earlier[0]}"
-                         f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): pass --overwrite to "
-                         "replace them, or another --out")
-    folders = [(out, "--out")] + ([(Path(cache_dir), "--cache-dir")] if cache_dir is not None else [])
-    try:
-        for folder, flag in folders:
-            ensure_writable(folder, flag)
-            remove_stale_temporaries(folder)
-    except OSError as err:
-        raise SystemExit(f"locatdino knn: {err}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    runs = model_runs(args, parser)
+    runs = model_runs(args, parser, KNN_FILES)
     device = encoder_device(args.device, "knn")
-    cfg = replace(KNN_TABLE.build(args), ks=tuple(sorted(set(args.k))))
+    cfg = replace(KNN_TABLE.build(args), ks=tuple(sorted(set(args.neighbours))))
     try:
-        train, val = _open_splits(args)
+        train, val = open_class_splits(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino knn: {err}") from None
     if max(cfg.ks) > len(train):
-        raise SystemExit(f"locatdino knn: --k {max(cfg.ks)}: the train split {args.train_split!r} holds "
+        raise SystemExit(f"locatdino knn: --neighbours {max(cfg.ks)}: the train split {args.train_split!r} holds "
                          f"{len(train)} images (use k <= {len(train)})")
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    out = Path(args.out)
-    _check_outputs(out, cfg.cache_dir, args.overwrite)
-    with output_lock(out, "--out"):  # a second run into --out is refused, not raced
-        return _score_all(argv, args, cfg, runs, models, train, val, device)
+    folder = check_outputs(args.out, "knn", KNN_FILES, cfg.cache_dir, args.overwrite)
+    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
+        return _score_all(argv, args, cfg, runs, models, train, val, device, folder)
 
 
 def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: list[ModelRun],
-               models: list[nn.Module], train: LabelledImages, val: LabelledImages, device: torch.device) -> int:
-    """Every model's k-NN with its Δ to the first; the reports are rewritten as each model
-    finishes, so a later model's failure keeps the earlier ones' results."""
-    out = Path(args.out)
+               models: list[nn.Module], train: LabelledImages, val: LabelledImages, device: torch.device,
+               folder: OutputFolder) -> int:
+    """Every model's k-NN with its Δ to the first; the reports are rewritten (and recorded) as
+    each model finishes, so a later model's failure keeps the earlier ones' results."""
     results, hits = [], []
     for run, model in zip(runs, models):
         print(f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)['classes']} "
@@ -181,12 +141,12 @@ def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: 
         hits.append(model_hits)
         report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
         try:
-            atomic_write_text(out / "results.json", json.dumps(report, indent=2) + "\n")
-            atomic_write_text(out / "report.md", knn_report(report))
+            folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
+            folder.write_text("report.md", knn_report(report))
         except DiskFullError as err:
             raise SystemExit(f"locatdino knn: {err}") from None
     print(knn_table(results))
-    print(f"[knn] results written to {out}", file=sys.stderr)
+    print(f"[knn] results written to {folder.path}", file=sys.stderr)
     return 0
 
 
@@ -199,8 +159,8 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
     with class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory, \
             class_token_embeddings(model, val, cfg.input_size, desc="validation class tokens", **embed) as queries:
         timings["features"] = time.perf_counter() - start
-        _note_skipped(memory, "train")
-        _note_skipped(queries, "validation")
+        note_skipped("knn", "train", memory.skipped)
+        note_skipped("knn", "validation", queries.skipped)
         try:
             check_knn_settings(cfg.ks, cfg.temperature, len(memory.labels))
         except ValueError as err:
@@ -236,10 +196,3 @@ def _accuracy(name: str, hits: np.ndarray) -> dict[str, Any]:
     """``{name}`` in percent and ``{name}_interval``, its 95 % Wilson interval over the images."""
     low, high = wilson_interval(int(hits.sum()), len(hits))
     return {name: 100 * float(hits.mean()), f"{name}_interval": [100 * low, 100 * high]}
-
-
-def _note_skipped(embeddings: Embeddings, split: str) -> None:
-    if embeddings.skipped:
-        names = ", ".join(embeddings.skipped[:3]) + (", ..." if len(embeddings.skipped) > 3 else "")
-        print(f"[knn] skipped {len(embeddings.skipped)} {split} image{'s' * (len(embeddings.skipped) != 1)} that do "
-              f"not decode: {names} (all named in results.json)", file=sys.stderr, flush=True)

@@ -85,8 +85,7 @@ def add_protocol_arguments(groups: OptionGroups) -> None:
     add_shared_option(p, "--seed", d.seed)
     runtime.add_argument("--index-device", choices=("auto", "cpu", "gpu"), default=d.index_device,
                          help="auto: a GPU index when faiss-gpu sees a GPU")
-    runtime.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default=d.knn_backend,
-                         help="auto: exact search (Flat) with torch on the encoder's GPU when faiss-gpu is absent")
+    add_shared_option(runtime, "--knn-backend", d.knn_backend)
     add_shared_option(runtime, "--batch-size", d.batch_size)
     add_loader_arguments(runtime)
 

@@ -86,7 +86,7 @@ def test_the_class_tokens_are_the_references(folder):
 
 
 def _run(argv, out):
-    assert cli.main(["knn", *argv, "--k", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
+    assert cli.main(["knn", *argv, "--neighbours", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
     return json.loads((out / "results.json").read_text())
 
 
@@ -165,8 +165,8 @@ BAD_INPUT = {
     "val class missing from train": ([], "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN "
                                          "can never predict it$"),
     "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
-    "k larger than the train set": (["--k", "20", "7"], r"^locatdino knn: --k 20: the train split 'train' holds 6 "
-                                                        r"images \(use k <= 6\)$"),
+    "k larger than the train set": (["--neighbours", "20", "7"], r"^locatdino knn: --neighbours 20: the train split "
+                                                                 r"'train' holds 6 images \(use k <= 6\)$"),
 }
 
 
@@ -180,6 +180,16 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, case):
     assert not out.exists() and "[knn]" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("label", ["results.json", "Report.md", ".locatdino.lock"])
+def test_a_label_naming_a_file_of_the_output_folder_is_refused(tmp_path, capsys, label):
+    """A label names its run's table row and, as for every evaluation, may not be a file knn writes."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["knn", "--model", f"{label}=vit_tiny_patch16_224", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert f"locatdino knn: --model label {label!r} " in err
+
+
 @pytest.mark.parametrize("value", ["0", "-0.1", "nan"])
 def test_a_temperature_that_is_not_positive_is_refused_at_parse_time(tmp_path, capsys, value):
     with pytest.raises(SystemExit) as done:
@@ -189,14 +199,30 @@ def test_a_temperature_that_is_not_positive_is_refused_at_parse_time(tmp_path, c
     assert f"argument --temperature: must be a positive number, got {value}" in err
 
 
-def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path):
+def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, capsys):
+    """The one overwrite rule of every command (``locatdino.output_folder``): the files a run
+    wrote are recorded, a second run is refused in one line, ``--overwrite`` replaces them, and a
+    file no run recorded is refused with or without it."""
     out = tmp_path / "out"
-    argv = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
-            "--input-size", "32", "--k", "5", "--out", str(out), "--no-progress", "--workers", "0"]
+    common = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
+              "--input-size", "32", "--neighbours", "5", "--no-progress", "--workers", "0"]
+    argv = [*common, "--out", str(out)]
     assert cli.main(argv) == 0
+    assert json.loads((out / ".locatdino-output.json").read_text()) == {"command": "knn",
+                                                                       "files": ["results.json", "report.md"]}
     first = (out / "results.json").read_bytes()
-    with pytest.raises(SystemExit, match=f"--out {out} holds results of an earlier run .* pass --overwrite"):
+    with pytest.raises(SystemExit, match=f"^locatdino knn: --out {out} holds the output of an earlier run "
+                       r"\(results.json and 1 more\): pass --overwrite to replace it, or choose another --out$"):
         cli.main(argv)
     assert (out / "results.json").read_bytes() == first
     assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0
     assert json.loads((out / "results.json").read_text())["models"][0]["config"]["seed"] == 1
+    capsys.readouterr()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit, match=f"^locatdino knn: --out {mine} holds report.md, which locatdino knn "
+                           "did not write"):
+            cli.main([*common, "--out", str(mine), *extra])
+    assert (mine / "report.md").read_text() == "my notes" and "[knn]" not in capsys.readouterr().err

@@ -7,7 +7,7 @@ import pytest
 from locatdino import cli
 from tests.probes.test_lincls import toy_folder
 
-SMALL = ["--input-size", "32", "--batch-size", "6", "--precision", "fp32", "--workers", "0", "--no-progress"]
+SMALL = ["--input-size", "32", "--train-batch-size", "6", "--precision", "fp32", "--workers", "0", "--no-progress"]
 
 
 def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(tmp_path, capsys):
@@ -45,7 +45,10 @@ def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
 
 
 ERRORS = {
-    "batch over the training images": (["--batch-size", "19"], "--batch-size 19 is more than the 18 training images"),
+    "batch over the training images": (["--train-batch-size", "19"], "--train-batch-size 19 is more than the 18 "
+                                       "training images"),
+    "a label naming the report": (["--model", "Report.md=vit_tiny_patch16_224"], "--model label 'Report.md' is the "
+                                  "name of a file the command writes into its output folder"),
     "more blocks than the model": (["--last-blocks", "13"], "--model vit_tiny_patch16_224: --last-blocks 13: the "
                                    "model has 12 blocks"),
     "holdout of everything": (["--holdout", "1"], "argument --holdout: must lie in (0, 1), got 1"),
@@ -81,7 +84,7 @@ def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, pr
     out = tmp_path / "out"
     assert cli.main(["lincls", "--protocol", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
                      "--data-dir", str(root), "--epochs", "1", "--holdout", "0.2", "--out", str(out), *SMALL,
-                     "--batch-size", "4"]) == 1
+                     "--train-batch-size", "4"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("[lincls] vit_tiny_patch16_224: 18 train") and len(err) == 2
     assert err[1] == (f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
@@ -106,3 +109,28 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
     folder, shards = results
     assert shards["num_train"] == folder["num_train"] == 18 and shards["num_val"] == folder["num_val"] == 6
     assert shards["lr_table"] == folder["lr_table"] and shards["top1"] == folder["top1"]
+
+
+def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tmp_path):
+    """The one overwrite rule (``locatdino.output_folder``): refused without ``--overwrite``, the
+    earlier run's recorded files replaced with it, a file no run recorded refused with or without."""
+    root = toy_folder(tmp_path / "data")
+    out = tmp_path / "out"
+    argv = ["lincls", "--protocol", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "--holdout",
+            "0.25", "--epochs", "1", "--dataset", "imagefolder", "--data-dir", str(root), *SMALL]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    assert json.loads((out / ".locatdino-output.json").read_text())["files"] == ["results.json", "report.md"]
+    first = (out / "results.json").read_text()
+    with pytest.raises(SystemExit, match=f"^locatdino lincls: --out {out} holds the output of an earlier run "
+                       r"\(results.json and 1 more\): pass --overwrite"):
+        cli.main([*argv, "--out", str(out)])
+    assert (out / "results.json").read_text() == first
+    assert cli.main([*argv, "--out", str(out), "--overwrite", "--seed", "3"]) == 0
+    assert json.loads((out / "results.json").read_text())["models"][0]["config"]["seed"] == 3
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text("{}")
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit, match="holds results.json, which locatdino lincls did not write"):
+            cli.main([*argv, "--out", str(mine), *extra])
+    assert (mine / "results.json").read_text() == "{}"

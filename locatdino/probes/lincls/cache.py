@@ -9,33 +9,23 @@ the disk space claimed before the first image is encoded and the folder deleted 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import contextlib
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap
+from locatdino.output_files import feature_rows
 
 
 class ClassFeatures:
     """``features [N, D]``, ``labels [N]`` and ``filled [N]`` of ``N`` images, filled by :meth:`put`."""
 
     def __init__(self, count: int, dim: int, directory: str | Path | None = None, max_ram_bytes: int = 4 << 30):
-        self.folder: Path | None = None
-        if count * dim * 4 <= max_ram_bytes:
-            self.features = np.zeros((count, dim), np.float32)
-        else:
-            parent = Path(directory if directory is not None else tempfile.gettempdir())
-            remove_stale_temporaries(parent)
-            self.folder = make_temporary_dir(parent / "lincls-features")
-            try:
-                self.features = reserved_memmap(self.folder / "features.bin", np.float32, (count, dim))
-            except BaseException:
-                self.close()
-                raise
+        self._rows = contextlib.ExitStack()
+        self.features = self._rows.enter_context(feature_rows(count, dim, directory, max_ram_bytes,
+                                                              "lincls-features"))
         self.labels = np.full(count, -1, np.int64)
         self.filled = np.zeros(count, bool)
 
@@ -56,6 +46,4 @@ class ClassFeatures:
 
     def close(self) -> None:
         self.features = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+        self._rows.close()

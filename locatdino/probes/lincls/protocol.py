@@ -92,8 +92,8 @@ class LinclsConfig:
         the batch the user asked for, not the one the data allows)."""
         usable = num_train - self.holdout_count(num_train) if self.protocol == "fast" else num_train
         if self.batch_size > usable:
-            raise ValueError(f"--batch-size {self.batch_size} is more than the {usable} training images"
-                             f"{' left after --holdout' if self.protocol == 'fast' else ''}: pass --batch-size "
+            raise ValueError(f"--train-batch-size {self.batch_size} is more than the {usable} training images"
+                             f"{' left after --holdout' if self.protocol == 'fast' else ''}: pass --train-batch-size "
                              f"{usable} or less (the lr is scaled by batch / 256)")
 
     def holdout_count(self, num_train: int) -> int:
