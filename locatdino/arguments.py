@@ -202,6 +202,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     "--knn-backend": SharedOption(None, "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
                                   "device) or auto (torch beside a GPU encoder, in hbird and compare only when "
                                   "faiss has no GPU; faiss otherwise)", choices=("auto", "faiss", "torch")),
+    "--epochs": SharedOption(positive_float, "training budget in passes over the training images"),
     "--out": SharedOption(None, "output folder: everything the command writes goes here (its description lists "
                           "what); one holding files the command did not write is refused", "DIR"),
 }

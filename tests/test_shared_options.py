@@ -23,11 +23,7 @@ SUBCOMMANDS = {"hbird": ["report"]}
 NOT_ARGPARSE = {"fit"}
 # --overwrite of commands whose earlier output is not an output folder's record: export writes one
 # file (never its input checkpoint); shards' earlier output is the shard set its index.json describes
-OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite"),
-               # lincls's protocols are DINO's and DINOv2's procedures (full, fast), not Hummingbird's named
-               # settings; it trains whole epochs (the reference's cosine steps once per epoch), linprobe a
-               # budget that may be a fraction of one
-               ("lincls", "--protocol"), ("lincls", "--epochs")}
+OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite")}
 # options with one help whose choices are what each command can read (segmentation sets, class-labelled images)
 OWN_CHOICES = {"--dataset"}
 

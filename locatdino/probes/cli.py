@@ -63,8 +63,7 @@ def _parser() -> ArgumentParser:
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument("--iters", type=at_least(MIN_STEPS), default=d.iterations,
                         help=f"training iterations (default {d.iterations:,}, the paper's)")
-    budget.add_argument("--epochs", type=positive_float, default=None,
-                        help="training budget in passes over the training images instead of --iters")
+    add_shared_option(budget, "--epochs", note="--iters instead")
     add_shared_option(protocol, "--train-batch-size", d.batch_size, note=f"{d.batch_size}, the paper's")
     add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")

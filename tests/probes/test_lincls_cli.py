@@ -35,7 +35,7 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
 def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"
-    argv = ["lincls", "--protocol", "fast", "--model", "locatvit_tiny", "--prr", "--lr-grid", "0.01", "10",
+    argv = ["lincls", "--variant", "fast", "--model", "locatvit_tiny", "--prr", "--lr-grid", "0.01", "10",
             "--holdout", "0.25", "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]
     assert cli.main(argv) == 0
     (result,) = json.loads((out / "results.json").read_text())["models"]
@@ -53,6 +53,8 @@ ERRORS = {
                                    "model has 12 blocks"),
     "holdout of everything": (["--holdout", "1"], "argument --holdout: must lie in (0, 1), got 1"),
     "no lr": (["--lr-grid"], "argument --lr-grid: expected at least one argument"),
+    "a fraction of an epoch": (["--epochs", "2.5"], "--epochs 2.5: lincls trains whole passes (the reference's cosine "
+                               "steps once per epoch)"),
 }
 
 
@@ -82,7 +84,7 @@ def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, pr
     for path in (root / "train").rglob("*.png"):
         path.write_bytes(b"not an image")
     out = tmp_path / "out"
-    assert cli.main(["lincls", "--protocol", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
+    assert cli.main(["lincls", "--variant", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
                      "--data-dir", str(root), "--epochs", "1", "--holdout", "0.2", "--out", str(out), *SMALL,
                      "--train-batch-size", "4"]) == 1
     err = capsys.readouterr().err.splitlines()
@@ -99,7 +101,7 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
     root = toy_folder(tmp_path / "data")
     for split in ("train", "val"):
         write_shards(build_source(str(root / split)), tmp_path / "shards" / split, workers=1, progress=False)
-    common = ["lincls", "--protocol", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "1", "--holdout",
+    common = ["lincls", "--variant", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "1", "--holdout",
               "0.25", *SMALL]
     results = []
     for dataset, data_dir in (("imagefolder", root), ("shards", tmp_path / "shards")):
@@ -116,7 +118,7 @@ def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tm
     earlier run's recorded files replaced with it, a file no run recorded refused with or without."""
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"
-    argv = ["lincls", "--protocol", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "--holdout",
+    argv = ["lincls", "--variant", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "--holdout",
             "0.25", "--epochs", "1", "--dataset", "imagefolder", "--data-dir", str(root), *SMALL]
     assert cli.main([*argv, "--out", str(out)]) == 0
     assert json.loads((out / ".locatdino-output.json").read_text())["files"] == ["results.json", "report.md"]

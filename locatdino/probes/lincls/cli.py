@@ -2,9 +2,9 @@
 
     locatdino lincls --model vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
         --dataset imagefolder --data-dir data/imagenet --out runs/lincls-in1k
-    locatdino lincls --protocol fast --model ... --out runs/lincls-fast
+    locatdino lincls --variant fast --model ... --out runs/lincls-fast
 
-``--protocol full`` is DINO's ``eval_linear`` (augmented views through the backbone every epoch);
+``--variant full`` is DINO's ``eval_linear`` (augmented views through the backbone every epoch);
 ``fast`` DINOv2's grid of learning rates on cached features (``locatdino.probes.lincls.protocol``).
 Not the dense ``linprobe``, which trains a segmentation head on patch tokens. Several
 ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) run one after another on the same
@@ -41,7 +41,7 @@ from locatdino.probes.lincls.report import LINCLS_FILES, lincls_report, lincls_t
 
 LINCLS_TABLE = ConfigTable(
     LinclsConfig,
-    options={"--protocol": "protocol", "--input-size": "input_size", "--epochs": "epochs",
+    options={"--variant": "protocol", "--input-size": "input_size", "--epochs": "epochs",
              "--train-batch-size": "batch_size", "--lr": "lr", "--lr-grid": "lr_grid", "--holdout": "holdout",
              "--last-blocks": "last_blocks", "--avgpool": "avgpool", "--prr": "prr", "--precision": "precision",
              "--batch-size": "eval_batch_size", "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb",
@@ -62,7 +62,7 @@ def _parser() -> ArgumentParser:
     d = LinclsConfig()
     p = ArgumentParser(
         prog="locatdino lincls",
-        description="Linear classification on frozen class tokens (DINO's eval_linear; --protocol fast: DINOv2's "
+        description="Linear classification on frozen class tokens (DINO's eval_linear; --variant fast: DINOv2's "
         "lr grid on cached features): top-1 / top-5 on the validation images, written to OUT/results.json and "
         "OUT/report.md. Not the dense linprobe.",
         formatter_class=DefaultsOnceHelpFormatter,
@@ -71,14 +71,13 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data, CLASS_DATASETS)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--protocol", choices=PROTOCOLS, default=d.protocol,
+    protocol.add_argument("--variant", choices=PROTOCOLS, default=d.protocol,
                           help="full: DINO's eval_linear (RandomResizedCrop + flip views through the backbone every "
                           "epoch); fast: DINOv2's grid of learning rates trained at once on cached centre-crop "
                           "features, the best picked on --holdout")
     add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
-    protocol.add_argument("--epochs", type=at_least(1), default=None,
-                          help=f"passes over the training images (default: {EPOCHS['full']} full, {EPOCHS['fast']} "
-                          "fast, the references')")
+    add_shared_option(protocol, "--epochs", note=f"{EPOCHS['full']} full, {EPOCHS['fast']} fast, the references'; "
+                      "whole passes: the reference's cosine steps once per epoch")
     add_shared_option(protocol, "--train-batch-size", d.batch_size,
                       note=f"{d.batch_size}, the reference's 8 GPUs x 128; the lr scales with it")
     add_shared_option(protocol, "--lr", d.lr)
@@ -134,7 +133,7 @@ def _evaluate_all(argv: list[str], args: argparse.Namespace, cfg: LinclsConfig, 
     results, hits = [], []
     for run, model in zip(runs, models):
         print(f"[lincls] {run.label}: {len(train)} train / {len(val)} validation images, {len(train.class_names)} "
-              f"classes, {cfg.input_size} px, protocol {cfg.protocol}, {cfg.total_epochs} epochs x batch "
+              f"classes, {cfg.input_size} px, variant {cfg.protocol}, {cfg.total_epochs} epochs x batch "
               f"{cfg.batch_size}", file=sys.stderr, flush=True)
         scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
         for split, names in scored.skipped.items():

@@ -55,7 +55,7 @@ class LinclsConfig:
 
     protocol: str = "full"
     input_size: int = 224
-    epochs: int | None = None  # None: EPOCHS[protocol]
+    epochs: float | None = None  # whole passes (the shared --epochs type is a float); None: EPOCHS[protocol]
     batch_size: int = 1024  # the reference's global batch (8 GPUs × 128)
     lr: float = 1e-3  # full: base lr, × batch / 256
     lr_grid: tuple[float, ...] = LR_GRID  # fast: base lrs, each × batch / 256
@@ -73,7 +73,10 @@ class LinclsConfig:
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
-            raise ValueError(f"--protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+            raise ValueError(f"--variant must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.epochs is not None and self.epochs != int(self.epochs):
+            raise ValueError(f"--epochs {self.epochs:g}: lincls trains whole passes (the reference's cosine steps "
+                             "once per epoch)")
         if not self.lr_grid:
             raise ValueError("--lr-grid needs at least one learning rate")
         if not 0 < self.holdout < 1:
@@ -81,7 +84,7 @@ class LinclsConfig:
 
     @property
     def total_epochs(self) -> int:
-        return EPOCHS[self.protocol] if self.epochs is None else self.epochs
+        return EPOCHS[self.protocol] if self.epochs is None else int(self.epochs)
 
     def scaled(self, lr: float) -> float:
         """The reference's linear scaling rule: ``lr × batch / 256``."""
