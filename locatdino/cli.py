@@ -27,7 +27,7 @@ from locatdino.threads import choose_threads, pop_threads, set_threads
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
-    "fit": ("locatdino.ssl.cli", "pretraining (DINO, or supervised) from a YAML config (LightningCLI)"),
+    "fit": ("locatdino.ssl.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
     "export": ("locatdino.ssl.export", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),

@@ -18,6 +18,8 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for name in cli.COMMANDS:
         assert f"  {name}" in out
+    fit_line = next(line for line in out.splitlines() if line.startswith("  fit "))
+    assert all(objective in fit_line for objective in ("DINO", "iBOT", "supervised")), fit_line
 
 
 def test_unknown_command_exits_2(capsys):
