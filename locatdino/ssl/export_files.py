@@ -36,10 +36,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models._hub import save_config_for_hf  # timm exports only push_to_hf_hub, which uploads
 from torch import nn
 
+from locatdino.models.checkpoints.loading import EXPORT_KEY, WRITTEN_BY
 from locatdino.output_files import atomic_write, atomic_write_text
 
-EXPORT_KEY = "locatdino_export"
-WRITTEN_BY = "locatdino export"
 FORMATS = ("pth", "safetensors", "hf-hub")
 HUB_WEIGHTS, HUB_CONFIG, HUB_CARD = "model.safetensors", "config.json", "README.md"
 

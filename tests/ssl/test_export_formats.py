@@ -199,3 +199,22 @@ def test_the_docs_round_trip_runs_as_written(tmp_path, monkeypatch):
     x = torch.randn(1, 3, 64, 64)
     assert torch.equal(scope["model"].forward_features(x), teacher.forward_features(x))
     assert torch.equal(scope["same"].forward_features(x), teacher.forward_features(x))
+
+
+def test_an_export_keeps_the_position_embedding_rule_it_ran_with(tmp_path):
+    """``--pos-embed auto`` reads the rule an export recorded: a ``fit`` run's vanilla ViT keeps
+    timm's in every format, where the same weights as a bare state dict (a release's format) get
+    the reference DINO rule."""
+    ckpt, teacher = fit_checkpoint(tmp_path / "run", "vit_tiny_patch16_224")
+    outs = [tmp_path / "teacher.pth", tmp_path / "teacher.safetensors", tmp_path / "hub"]
+    for out in outs:
+        assert export.main([str(ckpt), str(out), *(["--format", "hf-hub"] if out.name == "hub" else [])]) == 0
+    bare = tmp_path / "bare.pth"
+    torch.save(dict(teacher.state_dict()), bare)
+    kwargs = TINY_MODEL["backbone_kwargs"]
+    rules = [create_backbone("vit_tiny_patch16_224", str(path), **kwargs).pos_embed_rule for path in (*outs, bare)]
+    assert rules == ["timm", "timm", "timm", "dino"]
+    big = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(2))  # another grid: the rules differ
+    exported, released = (create_backbone("vit_tiny_patch16_224", str(p), **kwargs).eval() for p in (outs[1], bare))
+    assert torch.equal(exported.forward_features(big), teacher.eval().forward_features(big))
+    assert not torch.allclose(released.forward_features(big), exported.forward_features(big))

@@ -43,10 +43,15 @@ from locatdino.models.checkpoints.hugging_face import (config_disagreement, from
                                                        weights_in_folder)
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
-from locatdino.models.checkpoints.safetensors_file import TORCH_MAGIC, is_safetensors, load_safetensors
+from locatdino.models.checkpoints.safetensors_file import (TORCH_MAGIC, is_safetensors, load_safetensors,
+                                                          safetensors_metadata)
 from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
+# what `locatdino export` writes into every file it makes (a .pth's state-dict `_metadata`, a
+# safetensors header), so that it is known by its contents, never by its shape
+EXPORT_KEY = "locatdino_export"
+WRITTEN_BY = "locatdino export"
 # Where a Lightning checkpoint of locatdino.ssl names the network its objective evaluates.
 EVALUATED_NETWORK_KEY = "evaluated_network"
 
@@ -281,6 +286,22 @@ def _refuse_pretrained_tag(name: str) -> None:
     )
 
 
+def exported_pos_embed_rule(source: str, checkpoint: object) -> str | None:
+    """The position-embedding rule ``locatdino export`` recorded in ``source`` (the rule the
+    exported backbone ran with: an export of a ``fit`` run keeps timm's, an export of a release
+    its own), or None for a file export did not write."""
+    if os.path.isdir(source):
+        source = weights_in_folder(source)
+    if is_safetensors(source):
+        found: object = safetensors_metadata(source)
+    else:
+        found = (getattr(checkpoint, "_metadata", None) or {}).get(EXPORT_KEY)
+    if not isinstance(found, Mapping) or found.get("written_by") != WRITTEN_BY:
+        return None
+    rule = found.get("pos_embed_rule")
+    return rule if rule in POS_EMBED_RULES else None
+
+
 def _default_pos_embed_rule(checkpoint: object, state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> str:
     """``auto``: the release's own rule for the formats released DINO models come in — a full DINO
     training checkpoint (the reference DINO rule), or a plain state dict (a release file, a
@@ -366,7 +387,10 @@ def create_backbone(
         _check_registers(raw, model, name)
         if config is not None and (disagreement := heads_disagreement(config[1], model)):
             raise ValueError(f"{config[0]}: {disagreement}")
-        rule = _default_pos_embed_rule(loaded, raw, model) if pos_embed == "auto" else pos_embed
+        if pos_embed == "auto":
+            rule = exported_pos_embed_rule(source, loaded) or _default_pos_embed_rule(loaded, raw, model)
+        else:
+            rule = pos_embed
         state_dict = convert_state_dict(raw, model, rule)
     except ValueError as err:
         if str(err).startswith(source) or (config is not None and str(err).startswith(config[0])):

@@ -13,7 +13,7 @@ import os
 import struct
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 SUFFIX = ".safetensors"
@@ -30,6 +30,12 @@ def is_safetensors(path: str) -> bool:
     if head[_LENGTH:] == b"{":
         return True
     return path.endswith(SUFFIX) and not head.startswith(TORCH_MAGIC)
+
+
+def safetensors_metadata(path: str) -> dict[str, str]:
+    """The string metadata of a safetensors file's header (``{}`` when it has none)."""
+    with safe_open(path, framework="pt") as f:
+        return dict(f.metadata() or {})
 
 
 def load_safetensors(path: str) -> dict[str, torch.Tensor]:
