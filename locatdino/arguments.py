@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
+from locatdino.help_format import EmptyGroupsHidden
+
 # the groups of every command's --help, in this order: title -> what its options choose
 GROUPS = {
     "model": "which backbones, with which weights",
@@ -33,7 +35,14 @@ GROUPS = {
 
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors are one line naming the option (exit status 2),
-    and whose ``--help`` leaves out option groups that hold no option."""
+    and whose ``--help`` leaves out option groups that hold no option (:class:`EmptyGroupsHidden`,
+    mixed into the ``formatter_class`` given)."""
+
+    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = EmptyGroupsHidden,
+                 **kwargs: Any) -> None:
+        if not issubclass(formatter_class, EmptyGroupsHidden):
+            formatter_class = type(formatter_class.__name__, (EmptyGroupsHidden, formatter_class), {})
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} ({self.prog} --help lists the options)\n")
@@ -41,14 +50,6 @@ class ArgumentParser(argparse.ArgumentParser):
     def refuse(self, message: str) -> NoReturn:
         """A usage error whose message already says what to write instead: one line, exit status 2."""
         self.exit(2, f"{self.prog}: {message}\n")
-
-    def format_help(self) -> str:
-        groups = self._action_groups
-        self._action_groups = [g for g in groups if g._group_actions]
-        try:
-            return super().format_help()
-        finally:
-            self._action_groups = groups
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,11 @@ from locatdino.ssl.collective_timeout import (
     MAX_COLLECTIVE_TIMEOUT_S,
     MIN_COLLECTIVE_TIMEOUT_S,
     LostRank,
-    apply_collective_timeout,
     check_collective_timeout,
     lost_rank_message,
     nccl_environment,
+    strategy_with_timeout,
+    takes_timeout,
 )
 from locatdino.ssl.config_files import config_paths, read_config
 from locatdino.ssl.curves import CURVES_NAME, write_curves
@@ -88,7 +89,42 @@ class MissingDefaultConfigError(FileNotFoundError):
 
 
 class FitCLI(LightningCLI):
-    """``LightningCLI`` for a :class:`PretrainingObjective` with the run's callbacks as config groups."""
+    """``LightningCLI`` for a :class:`PretrainingObjective` with the run's callbacks as config groups.
+
+    ``before_fit``, the training and ``after_fit`` run with the run folder locked by rank 0 (a
+    second ``fit`` into it is refused, not raced: :attr:`run_folder` holds the lock from
+    ``before_fit`` to the end); a stop signal (while training or before it) ends it as
+    :class:`StoppedBySignal`, a collective failed by another rank as :class:`LostRank`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.run_folder = contextlib.ExitStack()
+        self.fitting = False  # set by before_fit: only then is a stop or a lost rank the run's to report
+        with self.run_folder:
+            try:
+                super().__init__(*args, **kwargs)
+            except (SIGTERMException, Terminated, Exception) as err:
+                reported = self.stop_report(err) if self.fitting else None
+                if reported is None:
+                    raise
+                raise reported from None
+
+    def stop_report(self, err: BaseException) -> StoppedBySignal | LostRank | None:
+        """What ends a run stopped by ``err``: :class:`StoppedBySignal` naming the signal, the step
+        and the checkpoint saved, :class:`LostRank` for a collective another rank failed, or
+        ``None`` for anything else."""
+        trainer = self.trainer
+        if isinstance(err, (SIGTERMException, Terminated)):
+            stoppers = [cb for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint)]
+            signum = err.signum if isinstance(err, Terminated) else next(  # Lightning's own stop: SIGTERM
+                (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM)
+            saved = [cb.saved for cb in stoppers if cb.saved]
+            return StoppedBySignal(f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: " + (
+                f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"), signum)
+        checkpoints = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
+        message = lost_rank_message(err, rank=trainer.global_rank, step=trainer.global_step,
+                                    collective_timeout=self.config.fit.collective_timeout,
+                                    checkpoint=checkpoints[-1] if checkpoints else None)
+        return None if message is None else LostRank(message)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key, title in CHECKPOINT_GROUPS.items():
@@ -124,27 +160,38 @@ class FitCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``; trackers
-        (``WandbLogger``, ``MLFlowLogger``, ...) get it beside them (:func:`with_csv_logger`)."""
-        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer  # run=False: flat
+        (``WandbLogger``, ``MLFlowLogger``, ...) get it beside them (:func:`with_csv_logger`). A
+        strategy given as ``class_path`` gets ``--collective_timeout`` as its ``timeout``."""
+        config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: flat
+        trainer = config.trainer
         trainer.logger = with_csv_logger(trainer.logger, trainer.default_root_dir or ".")
+        if isinstance(trainer.strategy, Namespace):
+            trainer.strategy = strategy_with_timeout(trainer.strategy, config.collective_timeout)
 
     def instantiate_classes(self) -> None:
         """An objective's own error while being built (an unreadable ``backbone_checkpoint``) is
-        raised as itself: in subclass mode jsonargparse wraps it in a union-validation error."""
+        raised as itself: in subclass mode jsonargparse wraps it in union-validation errors, each
+        raised by jsonargparse ``from`` the one below (:func:`raised_by`)."""
         try:
             super().instantiate_classes()
         except ValueError as err:
             cause: BaseException = err
-            while isinstance(cause, ValueError) and cause.__cause__ is not None and str(cause).startswith(
-                    ("Does not validate against any of the Union subtypes", "Problem with given class_path")):
+            while cause.__cause__ is not None and raised_by(cause, "jsonargparse"):
                 cause = cause.__cause__
             raise cause from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer, with plain progress lines instead of Lightning's bar when stdout is not a
-        terminal (a job's log file; :mod:`locatdino.ssl.log_progress`), and ``trainer.precision
-        16-mixed`` on the CPU training in fp16 as asked (:func:`fp16_on_cpu`)."""
-        trainer_config = self._get(self.config_init, "trainer", default={}) or {}
+        terminal (a job's log file; :mod:`locatdino.ssl.log_progress`), ``trainer.precision
+        16-mixed`` on the CPU training in fp16 as asked (:func:`fp16_on_cpu`), and a strategy named
+        by a string built with ``--collective_timeout`` (:func:`strategy_with_timeout`)."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init  # run=False: flat
+        trainer_config = config.get("trainer") or {}
+        strategy = trainer_config.get("strategy", "auto")
+        if isinstance(strategy, str):
+            kwargs["strategy"] = strategy_with_timeout(
+                strategy, config.collective_timeout, num_nodes=trainer_config.get("num_nodes") or 1,
+                devices=trainer_config.get("devices", "auto"), accelerator=trainer_config.get("accelerator", "auto"))
         if wants_line_progress({**trainer_config, **kwargs}):
             callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
             kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), LineProgressBar()]
@@ -160,7 +207,12 @@ class FitCLI(LightningCLI):
         (with ``--overwrite`` on a fresh run, the earlier run's checkpoints, logs and curves too,
         by rank 0, before the other ranks start); an elastic job's rendezvous id is recorded
         (:func:`record_elastic_job`); the ranks will compare their configs before the first step
-        (:class:`SameConfigOnEveryRank`); a SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`)."""
+        (:class:`SameConfigOnEveryRank`); a SIGTERM will save ``last.ckpt`` (:class:`SigtermCheckpoint`).
+        Rank 0 locks the run folder first (:attr:`run_folder`: until the run ends)."""
+        self.fitting = True
+        trainer = self.trainer
+        if trainer.is_global_zero and "://" not in str(trainer.default_root_dir):  # not s3:// and the like
+            self.run_folder.enter_context(output_lock(trainer.default_root_dir, "trainer.default_root_dir"))
         problem = missing_launcher(self.trainer, os.environ)
         if problem is not None:
             raise UserError(problem)
@@ -173,36 +225,8 @@ class FitCLI(LightningCLI):
             remove_stale_temporaries(config[key].dirpath)
         self.trainer.callbacks.append(SameConfigOnEveryRank(config))
         self.trainer.callbacks.append(SigtermCheckpoint(self.config.fit.step_checkpoint.dirpath))
-        if apply_collective_timeout(self.trainer.strategy, config.collective_timeout):
+        if takes_timeout(type(self.trainer.strategy)):
             os.environ.update(nccl_environment(config.collective_timeout, os.environ))
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        """``before_fit``, ``fit``, ``after_fit`` (LightningCLI's one method around all three) with
-        the run folder locked by rank 0 (a second ``fit`` into it is refused, not raced) and a
-        stop signal (while training or before it) turned into :class:`StoppedBySignal`."""
-        trainer = self.trainer
-        local = trainer.is_global_zero and "://" not in str(trainer.default_root_dir)  # not s3:// and the like
-        lock = output_lock(trainer.default_root_dir, "trainer.default_root_dir") if local else contextlib.nullcontext()
-        with lock:
-            try:
-                super()._run_subcommand(subcommand)
-            except (SIGTERMException, Terminated) as stop:
-                stoppers = [cb for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint)]
-                signum = stop.signum if isinstance(stop, Terminated) else next(  # Lightning's own stop: SIGTERM
-                    (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM)
-                saved = [cb.saved for cb in stoppers if cb.saved]
-                raise StoppedBySignal(f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: " + (
-                    f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"),
-                    signum) from None
-            except Exception as err:
-                saved = [cb.last_model_path for cb in trainer.checkpoint_callbacks
-                         if getattr(cb, "last_model_path", "")]
-                message = lost_rank_message(err, rank=trainer.global_rank, step=trainer.global_step,
-                                            collective_timeout=self.config.fit.collective_timeout,
-                                            checkpoint=saved[-1] if saved else None)
-                if message is None:
-                    raise
-                raise LostRank(message) from None
 
     def after_fit(self) -> None:
         """The run's curves, stitched over its log versions, as ``<default_root_dir>/curves.png``,
@@ -232,6 +256,14 @@ def fp16_on_cpu(trainer: Namespace | dict[str, Any]) -> bool:
     if accelerator == "auto":
         return not (CUDAAccelerator.is_available() or MPSAccelerator.is_available())
     return accelerator == "cpu" or isinstance(accelerator, CPUAccelerator)
+
+
+def raised_by(error: BaseException, package: str) -> bool:
+    """Whether ``error`` was raised in ``package``'s code (the innermost frame of its traceback)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").partition(".")[0] == package
 
 
 def remove_earlier_run(default_root_dir: str | None) -> None:

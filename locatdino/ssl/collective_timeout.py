@@ -6,7 +6,8 @@ within seconds. When a rank hangs instead (a frozen node, a stuck file system or
 faulty GPU), nothing closes: its peers wait in the next collective until the process group's
 timeout (Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL
 alike), while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
-sets that timeout on the strategy, so a hung rank costs ``S`` seconds.
+builds the strategy with that timeout (:func:`strategy_with_timeout`, through the strategies'
+public ``timeout=``), so a hung rank costs ``S`` seconds.
 
 ``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
 The measured ones (benchmarks/RESULTS.md, "How long does a multi-node job wait for a failed node?"): writing
@@ -25,6 +26,8 @@ sets it to the collective timeout unless the user set it, so that failure costs 
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -32,6 +35,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from jsonargparse import Namespace
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.strategies import StrategyRegistry
 
 from locatdino.errors import UserError
 
@@ -73,15 +79,53 @@ def check_collective_timeout(seconds: Any) -> float:
     return float(seconds)
 
 
-def apply_collective_timeout(strategy: Any, seconds: float) -> bool:
-    """Give ``strategy`` (Lightning's DDP, FSDP, DeepSpeed, model-parallel: each keeps the
-    process-group timeout it was built with in ``_timeout``, read when the group is created in
-    ``setup_environment``) the timeout ``seconds``; ``False`` for a strategy without a process
-    group (one device)."""
-    if not hasattr(strategy, "_timeout"):
-        return False
-    strategy._timeout = timedelta(seconds=seconds)
-    return True
+def takes_timeout(strategy_class: type) -> bool:
+    """Whether ``strategy_class`` is built with a process-group ``timeout=`` (Lightning's DDP, FSDP,
+    DeepSpeed, model-parallel and their subclasses, such as ``dino_fsdp``, which pass it on)."""
+    return any("timeout" in inspect.signature(cls.__init__).parameters
+               for cls in strategy_class.__mro__ if "__init__" in vars(cls))
+
+
+def strategy_with_timeout(strategy: Any, seconds: float, *, num_nodes: int = 1, devices: Any = "auto",
+                          accelerator: Any = "auto") -> Any:
+    """``trainer.strategy`` as given, or, where it names a strategy with a process group, that
+    strategy built with ``timeout=seconds`` (the group reads it when it is created):
+
+    - a name of Lightning's ``StrategyRegistry`` (``ddp``, ``fsdp``, ``dino_fsdp``, ...): its class
+      with the registered arguments and the timeout;
+    - ``auto`` where it means several processes (several nodes, several devices): ``ddp``,
+      Lightning's own choice there outside a notebook;
+    - a ``class_path`` / ``init_args`` mapping (a recipe's ``strategy:`` block): ``init_args.timeout``
+      set, the class still built by the CLI.
+
+    Anything else (a single device, an instance) stays as it is."""
+    timeout = timedelta(seconds=seconds)
+    if strategy == "auto" and (num_nodes > 1 or _device_count(devices, accelerator) > 1):
+        strategy = "ddp"
+    if isinstance(strategy, str) and strategy in StrategyRegistry:
+        entry = StrategyRegistry[strategy]
+        if takes_timeout(entry["strategy"]):
+            return entry["strategy"](**{**entry["init_params"], "timeout": timeout})
+    elif isinstance(strategy, Namespace) and isinstance(strategy.get("class_path"), str):
+        module, _, name = strategy.class_path.rpartition(".")  # the parser has made it a full path
+        if takes_timeout(getattr(importlib.import_module(module), name)):
+            strategy = strategy.clone()
+            strategy.init_args = strategy.get("init_args") or Namespace()
+            strategy.init_args.timeout = timeout
+    return strategy
+
+
+def _device_count(devices: Any, accelerator: Any) -> int:
+    """The number of devices ``trainer.devices`` names: an int, a digit string, a list of indices,
+    or for ``auto`` / ``-1`` every GPU where the accelerator may be CUDA (one device elsewhere)."""
+    if devices in ("auto", -1, "-1"):
+        cuda = accelerator in ("auto", "gpu", "cuda") or isinstance(accelerator, CUDAAccelerator)
+        return CUDAAccelerator.auto_device_count() if cuda and CUDAAccelerator.is_available() else 1
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().isdigit():
+        return int(devices)
+    return devices if isinstance(devices, int) and not isinstance(devices, bool) else 1
 
 
 def nccl_environment(seconds: float, environ: Mapping[str, str]) -> dict[str, str]:

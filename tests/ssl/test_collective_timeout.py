@@ -1,4 +1,5 @@
-"""The collective timeout's logic on the CPU: the option's check, the strategies it reaches, the
+"""The collective timeout's logic on the CPU: the option's check, the strategies it reaches
+(built with Lightning's public ``timeout=``; the tests read it back from the strategy), the
 NCCL variables it sets (NCCL itself needs GPUs), and which errors become the one-line stop
 (the texts gloo and c10d raise; the end-to-end stops are in tests/multinode)."""
 
@@ -8,7 +9,9 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from ssl_helpers import tiny_overrides
 
 from locatdino.errors import UserError
 from locatdino.ssl import DINOFSDPStrategy
@@ -16,11 +19,13 @@ from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     MAX_COLLECTIVE_TIMEOUT_S,
     MIN_COLLECTIVE_TIMEOUT_S,
-    apply_collective_timeout,
     check_collective_timeout,
     lost_rank_message,
     nccl_environment,
+    strategy_with_timeout,
+    takes_timeout,
 )
+from locatdino.ssl.cli import build_cli
 
 # what gloo raised in this project's runs: a frozen peer (timeout 5 s), a killed one
 GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
@@ -79,15 +84,54 @@ def test_the_ceiling_is_a_timeout_the_process_group_takes_and_far_above_it_one_f
     assert run(1e14) == "OverflowError"
 
 
-@pytest.mark.parametrize("strategy", [DDPStrategy(), FSDPStrategy(), DINOFSDPStrategy()], ids=type)
-def test_the_timeout_reaches_every_strategy_with_a_process_group(strategy):
-    assert strategy._timeout == timedelta(minutes=30)  # torch's default, what a frozen node used to cost
-    assert apply_collective_timeout(strategy, 7.5)
-    assert strategy._timeout == timedelta(seconds=7.5)
+def process_group_timeout(strategy) -> timedelta:
+    """The timeout ``strategy`` will create its process group with (Lightning keeps the ``timeout=``
+    it was built with in ``_timeout``; only tests read it)."""
+    return strategy._timeout
+
+
+@pytest.mark.parametrize("name, kind", [("ddp", DDPStrategy), ("ddp_find_unused_parameters_true", DDPStrategy),
+                                        ("fsdp", FSDPStrategy), ("dino_fsdp", DINOFSDPStrategy)])
+def test_a_named_strategy_with_a_process_group_is_built_with_the_timeout(name, kind):
+    assert process_group_timeout(kind()) == timedelta(minutes=30)  # torch's default, what a frozen node used to cost
+    strategy = strategy_with_timeout(name, 7.5)
+    assert type(strategy) is kind and process_group_timeout(strategy) == timedelta(seconds=7.5)
+
+
+@pytest.mark.parametrize("devices, num_nodes, accelerator, several", [
+    (2, 1, "cpu", True), ("3", 1, "cpu", True), ([0, 1], 1, "cpu", True), (1, 2, "cpu", True),
+    (1, 1, "cpu", False), ("1", 1, "auto", False), ("auto", 1, "cpu", False), (-1, 1, "cpu", False)])
+def test_auto_gets_the_timeout_where_it_means_several_processes(devices, num_nodes, accelerator, several):
+    strategy = strategy_with_timeout("auto", 9, devices=devices, num_nodes=num_nodes, accelerator=accelerator)
+    if several:
+        assert type(strategy) is DDPStrategy and process_group_timeout(strategy) == timedelta(seconds=9)
+    else:
+        assert strategy == "auto"
+
+
+def test_a_class_path_strategy_gets_the_timeout_among_its_init_args():
+    given = Namespace(class_path="locatdino.ssl.fsdp.DINOFSDPStrategy", init_args=Namespace(cpu_offload=True))
+    changed = strategy_with_timeout(given, 12)
+    assert changed.init_args == Namespace(cpu_offload=True, timeout=timedelta(seconds=12))
+    assert "timeout" not in given.init_args  # the parsed config is not changed in place
+    single = Namespace(class_path="lightning.pytorch.strategies.SingleDeviceStrategy", init_args=Namespace())
+    assert strategy_with_timeout(single, 12) == single
 
 
 def test_one_device_has_no_timeout_to_set():
-    assert not apply_collective_timeout(SingleDeviceStrategy("cpu"), 7.5)
+    assert not takes_timeout(SingleDeviceStrategy)
+    assert takes_timeout(DINOFSDPStrategy) and takes_timeout(DDPStrategy)
+    assert strategy_with_timeout("single_device", 7.5) == "single_device"
+    instance = SingleDeviceStrategy("cpu")
+    assert strategy_with_timeout(instance, 7.5) is instance
+
+
+@pytest.mark.parametrize("strategy", ["ddp", '{"class_path": "locatdino.ssl.fsdp.DINOFSDPStrategy"}'])
+def test_fit_builds_its_trainer_s_strategy_with_the_timeout(tmp_path, strategy):
+    built = build_cli([*tiny_overrides(tmp_path), "--trainer.strategy", strategy, "--trainer.devices", "2",
+                       "--collective_timeout", "7.5"], run=False)
+    assert takes_timeout(type(built.trainer.strategy))
+    assert process_group_timeout(built.trainer.strategy) == timedelta(seconds=7.5)
 
 
 def test_nccl_heartbeat_follows_the_timeout_unless_the_user_set_it():
