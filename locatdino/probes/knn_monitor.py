@@ -26,7 +26,6 @@ kept in RAM; the global RNG and the model's train/eval mode are left as they wer
 
 from __future__ import annotations
 
-import time
 
 import lightning.pytorch as pl
 import numpy as np
@@ -34,6 +33,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from locatdino.evaluation.monitor import PeriodicMonitor
 from locatdino.probes.class_features import class_token_embeddings
 from locatdino.probes.class_splits import LabelledImages, align_classes, open_class_split
 from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
@@ -51,7 +51,7 @@ def _in_ram(images: LabelledImages) -> LabelledImages:
     return LabelledImages(images.labels, images.class_names, decoded.__getitem__, images.name)
 
 
-class KnnMonitor(pl.Callback):
+class KnnMonitor(PeriodicMonitor):
     """DINO's k-NN top-1 of the evaluated backbone's class token every ``every_n_steps`` steps.
 
     Args:
@@ -66,6 +66,8 @@ class KnnMonitor(pl.Callback):
         precision: encoder precision; fp32 by default, so the curve does not depend on the CPU.
         batch_size: images per forward.
     """
+
+    metric = "monitor/knn_top1"
 
     def __init__(
         self,
@@ -83,15 +85,12 @@ class KnnMonitor(pl.Callback):
         batch_size: int = 32,
         seed: int = 0,
     ):
-        if every_n_steps < 1:
-            raise ValueError(f"KnnMonitor: every_n_steps must be >= 1, got {every_n_steps}")
+        super().__init__(every_n_steps)
         check_knn_settings([k], temperature, num_train)
-        self.every_n_steps, self.k, self.temperature = every_n_steps, k, temperature
+        self.k, self.temperature = k, temperature
         self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
         self.input_size, self.precision, self.batch_size = input_size, precision, batch_size
         self._splits: tuple[LabelledImages, LabelledImages] | None = None
-        self._last_step = -1
-        self.history: list[tuple[int, float]] = []
 
     def splits(self) -> tuple[LabelledImages, LabelledImages]:
         """The train and validation sets (labels of the train split's classes), decoded once."""
@@ -120,21 +119,8 @@ class KnnMonitor(pl.Callback):
             hits = topk_hits(rankings[self.k], torch.from_numpy(queries.labels), 1)
         return 100 * float(hits.float().mean())
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
-                           batch_idx) -> None:
-        step = trainer.global_step
-        if step == 0 or step % self.every_n_steps or step == self._last_step:
-            return
-        self._last_step = step
-        backbone = getattr(pl_module, "eval_backbone", None)
-        if backbone is None:
-            raise AttributeError(f"KnnMonitor needs {type(pl_module).__name__}.eval_backbone (see PretrainingObjective)")
-        start = time.perf_counter()
-        top1 = self.evaluate(backbone)
-        seconds = time.perf_counter() - start
-        self.history.append((step, top1))
-        pl_module.log("monitor/knn_top1", top1, on_step=True, on_epoch=False)
+    def report(self, pl_module: pl.LightningModule, step: int, value: float, seconds: float) -> None:
         pl_module.log("monitor/knn_seconds", seconds, on_step=True, on_epoch=False)
         train, val = self.splits()
-        rank_zero_info(f"[knn monitor] step {step}: top-1 {top1:.2f} % (k {self.k}, {len(train)} train / {len(val)} "
+        rank_zero_info(f"[knn monitor] step {step}: top-1 {value:.2f} % (k {self.k}, {len(train)} train / {len(val)} "
                        f"validation images, {self.input_size} px) in {seconds:.1f} s")

@@ -22,14 +22,14 @@ tested here, no multi-GPU machine; DDP is, with 2 CPU ranks.)
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import torch
 
+from locatdino.evaluation.monitor import PeriodicMonitor
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 
 
-class HummingbirdMonitor(pl.Callback):
+class HummingbirdMonitor(PeriodicMonitor):
     """Hummingbird mIoU of the evaluated backbone every ``every_n_steps`` optimizer steps.
 
     Args:
@@ -43,6 +43,8 @@ class HummingbirdMonitor(pl.Callback):
             not depend on the CPU it was measured on.
         batch_size: images per forward.
     """
+
+    metric = "hbird/mIoU"
 
     def __init__(
         self,
@@ -61,9 +63,7 @@ class HummingbirdMonitor(pl.Callback):
         batch_size: int = 16,
         seed: int = 0,
     ):
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
+        super().__init__(every_n_steps)
         self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
         self.config = HummingbirdConfig(
             input_size=input_size, memory_size=memory_size, aug_epochs=aug_epochs, k=k,
@@ -71,8 +71,6 @@ class HummingbirdMonitor(pl.Callback):
             num_workers=0,  # the sets are small and decoded once (CachedSplit): no worker processes
         )
         self._splits = None
-        self._last_step = -1
-        self.history: list[tuple[int, float]] = []
 
     def splits(self) -> tuple[CachedSplit, CachedSplit]:
         """The memory and query sets, decoded once and kept in RAM."""
@@ -90,19 +88,3 @@ class HummingbirdMonitor(pl.Callback):
         train_set, val_set = self.splits()
         with torch.random.fork_rng(devices=[]):  # DataLoader draws a base seed from the global RNG
             return hummingbird(backbone, train_set, val_set, self.config).miou
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx
-    ) -> None:
-        step = trainer.global_step
-        if step == 0 or step % self.every_n_steps or step == self._last_step:
-            return
-        self._last_step = step
-        backbone = getattr(pl_module, "eval_backbone", None)
-        if backbone is None:
-            raise AttributeError(
-                f"HummingbirdMonitor needs {type(pl_module).__name__}.eval_backbone (see PretrainingObjective)"
-            )
-        miou = self.evaluate(backbone)
-        self.history.append((step, miou))
-        pl_module.log("hbird/mIoU", miou, on_step=True, on_epoch=False)
