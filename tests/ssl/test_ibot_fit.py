@@ -44,7 +44,7 @@ def test_fit_resume_and_export_of_the_tiny_recipe(tmp_path):
 
     out = tmp_path / "teacher.pth"
     assert export.main([str(last), str(out)]) == 0
-    model = timm.create_model("locatvit_tiny", num_classes=0, **TINY_IBOT["backbone_kwargs"])
+    model = timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **TINY_IBOT["backbone_kwargs"])
     model.load_state_dict(torch.load(out, weights_only=True), strict=True)  # no mask token, no head
 
 
