@@ -62,6 +62,7 @@ def _cfg(description: str) -> dict:
         "license": "apache-2.0",
         "description": description,
         "paper_name": "Locality-Attending Vision Transformer",
+        "paper_ids": "arXiv:2603.04892",
         "notes": ("no pretrained weights are released: train with locatdino fit",),
     }
 

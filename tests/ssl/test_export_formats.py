@@ -201,13 +201,13 @@ def test_a_named_release_file_exports_through_the_loader(tmp_path, capsys):
 
 def test_the_docs_round_trip_runs_as_written(tmp_path, monkeypatch):
     """docs/checkpoints.md's export commands and Python, run as a user pastes them, on a
-    dino_tiny_vit run (ViT-T/8 at 64 px) made here."""
+    dino_tiny_cpu run (ViT-T/8 at 64 px) made here."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
     section = text.split("## Export: files timm loads without this package", 1)[1].split("\n## ", 1)[0]
     (commands,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
     monkeypatch.chdir(tmp_path)
-    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_vit", "vit_tiny_patch16_224",
+    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_cpu", "vit_tiny_patch16_224",
                                 kwargs={"img_size": 64, "patch_size": 8})
     lines = commands.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("locatdino export ") for line in lines)
