@@ -98,7 +98,7 @@ def test_a_run_recorded_under_an_earlier_model_name_still_exports_and_loads(tmp_
     exported = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
                                  **config["model_args"]).eval()
     with pytest.warns(UserWarning, match=deprecated):
-        by_old_name = create_backbone("locatvit_tiny", str(ckpt)).eval()
+        by_old_name = create_backbone("locatvit_tiny", str(ckpt), **TINY_MODEL["backbone_kwargs"]).eval()
     tokens = teacher.forward_features(IMAGES)
     assert all(torch.equal(m.forward_features(IMAGES), tokens) for m in (exported, by_old_name))
 
