@@ -1,6 +1,6 @@
 #!/bin/bash
 # locatdino fit under torchrun with a static rendezvous, on every node (docs/multinode.md):
-#   NNODES=4 NODE_RANK=<0..3> MASTER_ADDR=<node 0> bash launch/torchrun.sh --config configs/dino_vits16.yaml
+#   NNODES=4 NODE_RANK=<0..3> MASTER_ADDR=<node 0> bash launch/torchrun.sh --config configs/dino_small_ddp.yaml
 # GPUS_PER_NODE (default 8) and MASTER_PORT (default 29500) may be set too.
 # The test suite runs this file as it is, with 2 simulated nodes on one machine (tests/multinode).
 set -euo pipefail

@@ -2,7 +2,7 @@
 # locatdino fit under torchrun with the c10d rendezvous: when a worker fails, every node's agent
 # restarts its workers (up to MAX_RESTARTS times) and fit resumes from the run's last.ckpt
 # (docs/multinode.md). The same command on every node:
-#   NNODES=4 MASTER_ADDR=<a host all nodes reach> JOB_ID=dino-1 bash launch/torchrun_elastic.sh --config configs/dino_vits16.yaml
+#   NNODES=4 MASTER_ADDR=<a host all nodes reach> JOB_ID=dino-1 bash launch/torchrun_elastic.sh --config configs/dino_small_ddp.yaml
 # GPUS_PER_NODE (default 8), MASTER_PORT (default 29500), MAX_RESTARTS (default 3) and JOIN_TIMEOUT may be
 # set too. JOIN_TIMEOUT (default 60 s; torchrun's own is 600): how long a rendezvous waits for every node,
 # at the first start and after a failure: a frozen node, which never rejoins, costs it on top of

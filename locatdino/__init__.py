@@ -1,7 +1,7 @@
 """locatdino: DINO pretraining with LocAtViT backbones and Hummingbird in-context segmentation.
 
 Importing the package registers the LocAtViT variants in timm's model registry, so
-``timm.create_model("locatvit_small")`` works after ``import locatdino``.
+``timm.create_model("locatvit_small_patch16_224")`` works after ``import locatdino``.
 """
 
 __version__ = "0.1.0"

@@ -3,10 +3,11 @@
 The question the project exists to answer, at CPU scale: does LocAtViT give better frozen
 features than a ViT under the same DINO pretraining? The demo
 
-1. ``locatdino fit`` — DINO-pretrains the tiny ViT and the tiny LocAtViT of
-   ``configs/dino_tiny_vit.yaml`` / ``configs/dino_tiny_locatvit.yaml`` (backbone, kwargs and budget are
-   read from the recipes) with the same seed and the same shards (the first fit writes the
-   built-in scenes as WebDataset shards, the second reads them in the same order);
+1. ``locatdino fit`` — DINO-pretrains the tiny ViT and the tiny LocAtViT with one recipe,
+   ``configs/dino_tiny_cpu.yaml``, run twice: the same command but for ``--model.backbone``
+   (``vit_tiny_patch16_224``, ``locatvit_tiny_patch8_224``; kwargs and budget are the recipe's) and the
+   run folder, so with the same seed and the same shards (the first fit writes the built-in scenes
+   as WebDataset shards, the second reads them in the same order);
 2. ``locatdino export`` — each run's EMA teacher as a plain timm state dict, and each backbone at
    random initialisation, built the same way (the recipe's kwargs and seed);
 3. ``locatdino compare --baselines`` — the two teachers and the two random inits on held-out
@@ -16,13 +17,12 @@ features than a ViT under the same DINO pretraining? The demo
 then prints the headline table and a conclusion computed from the measured numbers: each
 difference with its 95 % paired-bootstrap interval, "no measurable difference" when it holds 0. It prints
 every command it runs, so it doubles as a worked example. ``--quick`` (what the tests run) only
-shortens the step budget and the evaluation; everything else is the recipes'. Every option is
+shortens the step budget and the evaluation; everything else is the recipe's. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
 
 ``--recipe supervised`` runs the same comparison with the paper's own pretraining (docs/pretraining.md):
-both backbones trained to classify the scenes (``configs/sup_tiny_vit.yaml`` /
-``sup_tiny_locatvit.yaml``: image-level labels, timm's recipe lightened for a minute), exported and compared the
-same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
+both backbones trained to classify the scenes (``configs/sup_tiny_cpu.yaml``: image-level labels,
+timm's recipe lightened for a minute), exported and compared the same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from locatdino import cli
 from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
 from locatdino.comparison.cli import REPORT_FILES
 from locatdino.comparison.intervals import difference_text, model_differences
-from locatdino.configs import CONFIG_DIR, resolve_recipe
+from locatdino.configs import CONFIG_DIR
 from locatdino.help_format import DefaultsOnceHelpFormatter
 from locatdino.errors import UserError
 from locatdino.models import create_backbone
@@ -50,16 +49,14 @@ from locatdino.models.token_grid import fitting_sizes, patch_size
 from locatdino.output_files import atomic_write
 from locatdino.output_folder import OutputFolder, add_overwrite_option
 
-# --recipe -> (the recipes of the vanilla and the LocAtViT backbone, the trained models' name suffix)
-RECIPE_SETS = {
-    "dino": ((CONFIG_DIR / "dino_tiny_vit.yaml", CONFIG_DIR / "dino_tiny_locatvit.yaml"), "dino"),
-    "supervised": ((CONFIG_DIR / "sup_tiny_vit.yaml", CONFIG_DIR / "sup_tiny_locatvit.yaml"), "sup"),
+# --recipe -> (the one recipe both backbones train with, the trained models' name suffix)
+RECIPES = {
+    "dino": (CONFIG_DIR / "dino_tiny_cpu.yaml", "dino"),
+    "supervised": (CONFIG_DIR / "sup_tiny_cpu.yaml", "sup"),
 }
-DEFAULT_RECIPES = RECIPE_SETS["dino"][0]
-# what may differ between the two recipes of a like-for-like comparison
-_BACKBONE_KEYS = {"model.backbone", "model.backbone_kwargs", "model.init_args.backbone",
-                  "model.init_args.backbone_kwargs", "trainer.default_root_dir"}
 LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
+# the two --model.backbone values of the comparison (the tiny recipes' vanilla ViT and its LocAtViT)
+BACKBONES = ("vit_tiny_patch16_224", "locatvit_tiny_patch8_224")
 # --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
 _QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3,
           "linprobe_iters": 40}
@@ -71,17 +68,17 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino demo",
         description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
-        "--recipe supervised), then compare both trained backbones and both random inits on held-out built-in "
+        "--recipe supervised; one recipe, two backbones), then compare both trained backbones and both random inits on held-out built-in "
         "scenes (no download).",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)
     model, protocol = groups.model, groups.protocol
-    model.add_argument("--recipe", choices=sorted(RECIPE_SETS), default="dino",
-                       help="how both backbones are pretrained: DINO (configs/dino_tiny_*.yaml) or supervised on the "
-                       "scenes' image-level labels (configs/sup_tiny_*.yaml, the paper's recipe)")
-    model.add_argument("--recipes", nargs=2, default=None, metavar=("VIT", "LOCATVIT"),
-                       help="locatdino fit configs of the vanilla and the LocAtViT backbone (default: --recipe's)")
+    model.add_argument("--recipe", choices=sorted(RECIPES), default="dino",
+                       help="how both backbones are pretrained: DINO (configs/dino_tiny_cpu.yaml) or supervised on the "
+                       "scenes' image-level labels (configs/sup_tiny_cpu.yaml, the paper's recipe)")
+    model.add_argument("--backbones", nargs=2, default=list(BACKBONES), metavar=("VIT", "LOCATVIT"),
+                       help="the --model.backbone of the vanilla and of the LocAtViT run of the recipe (timm names)")
     model.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
     add_shared_option(model, "--seed", note="the recipes'; it seeds the pretraining and random inits of both "
                       "backbones, the held-out scenes and memory views stay the same")
@@ -102,33 +99,17 @@ def _run(argv: list[str]) -> int:
     return cli.main(argv)
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def recipe_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Keys (dotted) where two recipes differ in anything but the backbone and the run folder."""
-    fa, fb = _flatten(a), _flatten(b)
-    return sorted(k for k in fa.keys() | fb.keys()
-                  if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in _BACKBONE_KEYS))
-
-
 def model_args(recipe: dict[str, Any]) -> dict[str, Any]:
     """The objective's arguments of a recipe: ``model.init_args`` when it names a class, else ``model``."""
     model = recipe.get("model") or {}
     return (model.get("init_args") or {}) if "class_path" in model else model
 
 
-def _save_random_init(recipe: dict[str, Any], path: Path) -> None:
-    """The recipe's backbone at random initialisation (its seed), as a plain state dict (atomically)."""
+def _save_random_init(recipe: dict[str, Any], backbone: str, path: Path) -> None:
+    """``backbone`` built with the recipe's kwargs at random initialisation (its seed), as a plain state
+    dict (atomically)."""
     torch.manual_seed(recipe.get("seed_everything") or 0)
-    model = create_backbone(model_args(recipe)["backbone"], **(model_args(recipe).get("backbone_kwargs") or {}))
+    model = create_backbone(backbone, **(model_args(recipe).get("backbone_kwargs") or {}))
     atomic_write(path, lambda f: torch.save(model.state_dict(), f))
 
 
@@ -138,19 +119,18 @@ def backbone_files(out: Path, tag: str) -> dict[str, tuple[Path, Path]]:
     return {label: (out / f"{label}_{trained}.pth", out / f"{label}_random_init.pth") for label in LABELS}
 
 
-def check_options(recipes: list[dict[str, Any]], input_size: int, out: Path, overwrite: bool = False,
+def check_options(recipe: dict[str, Any], backbones: list[str], input_size: int, out: Path, overwrite: bool = False,
                   tag: str = "dino") -> OutputFolder:
     """What would fail after the pretraining, checked before it: the evaluation input size
-    against each recipe's patch size (backbones built on the meta device), and ``--out`` (writable,
+    against each backbone's patch size with the recipe's kwargs (built on the meta device), and ``--out`` (writable,
     not holding an earlier demo's output, its runs' or report's included, unless ``overwrite``, nor
     files the demo did not write where it writes: :mod:`locatdino.output_folder`)."""
-    for label, recipe in zip(LABELS, recipes):
-        name = model_args(recipe)["backbone"]
+    for label, name in zip(LABELS, backbones):
         with torch.device("meta"):
             patch = patch_size(create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})))[0]
         if input_size % patch:
             raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
-                            f"recipe's {name}: use {fitting_sizes(input_size, patch)}")
+                            f"backbone {name}: use {fitting_sizes(input_size, patch)}")
     folder, report = OutputFolder(out, "demo"), OutputFolder(out / "compare", "compare")
     fits = sorted(str(p.relative_to(out)) for p in out.glob("fit-*/checkpoints/*.ckpt"))  # fit's own rule, up front
     earlier = [*folder.earlier(), *(f"compare/{name}" for name in report.earlier()), *fits]
@@ -220,41 +200,36 @@ def main(argv: list[str]) -> int:
              "input_size": args.input_size}  # the budget's entries an option may set
     budget = {**(_QUICK if args.quick else _FULL), **{k: v for k, v in given.items() if v is not None}}
     out = Path(args.out)
-    defaults, tag = RECIPE_SETS[args.recipe]
-    args.recipes = [resolve_recipe(str(path), "--recipes") for path in args.recipes or defaults]  # a name or a file
-    recipes = [yaml.safe_load(Path(path).read_text()) for path in args.recipes]
-    differences = recipe_differences(*recipes)
-    if differences:
-        print(f"locatdino demo: note: the recipes differ in {', '.join(differences)}: not a like-for-like comparison",
-              file=sys.stderr)
-    folder = check_options(recipes, budget["input_size"], out, args.overwrite, tag)
+    path, tag = RECIPES[args.recipe]
+    recipe = yaml.safe_load(path.read_text())
+    folder = check_options(recipe, args.backbones, budget["input_size"], out, args.overwrite, tag)
     with folder.writing(args.overwrite):  # a second demo into --out is refused, not raced
-        return _pretrain_and_compare(args, budget, recipes, folder, tag)
+        return _pretrain_and_compare(args, budget, path, recipe, folder, tag)
 
 
-def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], recipes: list[dict[str, Any]],
+def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], path: Path, recipe: dict[str, Any],
                           folder: OutputFolder, tag: str) -> int:
     """Steps 1-3 of the module docstring, then the conclusion; the exit status of ``compare``."""
     out = folder.path
     started = time.perf_counter()
     specs: dict[str, str] = {}
-    for label, path, recipe in zip(LABELS, args.recipes, recipes):
-        fit = ["fit", "--config", path, "--trainer.default_root_dir", str(out / f"fit-{label}"), *_data_args(recipe, out),
-               *(["--overwrite"] if args.overwrite else [])]
+    if args.seed is not None:
+        recipe = {**recipe, "seed_everything": args.seed}
+    for label, backbone in zip(LABELS, args.backbones):
+        fit = ["fit", "--config", str(path), "--model.backbone", backbone, "--trainer.default_root_dir",
+               str(out / f"fit-{label}"), *_data_args(recipe, out), *(["--overwrite"] if args.overwrite else [])]
         if budget["max_steps"] is not None:
             fit += ["--trainer.max_steps", str(budget["max_steps"])]
         if args.seed is not None:
             fit += ["--seed_everything", str(args.seed)]
-            recipe = {**recipe, "seed_everything": args.seed}
         if _run(fit):
-            raise SystemExit(f"locatdino demo: pretraining {label} ({path}) failed")
+            raise SystemExit(f"locatdino demo: pretraining {label} ({path.name}, {backbone}) failed")
         trained, random_init = backbone_files(out, tag)[label]
         if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained),
                  *(["--overwrite"] if args.overwrite else [])]):
             raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
-        _save_random_init(recipe, random_init)
+        _save_random_init(recipe, backbone, random_init)
         folder.wrote(trained, random_init)
-        backbone = model_args(recipe)["backbone"]
         specs[f"{label}-{tag}"] = f"{label}-{tag}={backbone}:{trained}"
         specs[f"{label}-random"] = f"{label}-random={backbone}:{random_init}"
     order = [f"vit-{tag}", f"locatvit-{tag}", "vit-random", "locatvit-random"]  # the vanilla ViT: the reference

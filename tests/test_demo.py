@@ -31,9 +31,7 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
     assert re.search(r"the layout alone .* scores \d+\.\d\d Hummingbird mIoU and \d+\.\d\d linear probe", printed)
     report = json.loads((out / "compare" / "report.json").read_text())
     assert [m["spec"]["name"] for m in report["models"]] == NAMES + BASELINES and not report["failed"]
-    recipes = [yaml.safe_load(p.read_text()) for p in demo.DEFAULT_RECIPES]
-    assert [m["spec"]["model"] for m in report["models"]] == [recipes[0]["model"]["backbone"],
-                                                             recipes[1]["model"]["backbone"]] * 2 + BASELINES
+    assert [m["spec"]["model"] for m in report["models"]] == [*demo.BACKBONES] * 2 + BASELINES
     md = (out / "compare" / "report.md").read_text()
     for m in report["models"]:
         assert 0 <= m["hbird"]["miou"] <= 100 and (m["probes"] is None) == (m["spec"]["name"] in BASELINES)
@@ -51,20 +49,36 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
         assert not torch.equal(teacher["blocks.0.attn.qkv.weight"], random_init["blocks.0.attn.qkv.weight"])
 
 
-def test_recipe_differences_ignore_only_the_backbone():
-    a = {"model": {"backbone": "vit_tiny_patch16_224", "lr": 0.002}, "trainer": {"default_root_dir": "a"}}
-    b = {"model": {"backbone": "locatvit_tiny", "backbone_kwargs": {"img_size": 64}, "lr": 0.002},
-         "trainer": {"default_root_dir": "b"}}
-    assert demo.recipe_differences(a, b) == []
-    b["model"]["lr"] = 0.001
-    b["seed_everything"] = 1
-    assert demo.recipe_differences(a, b) == ["model.lr", "seed_everything"]
-    assert demo.recipe_differences(*[yaml.safe_load(p.read_text()) for p in demo.DEFAULT_RECIPES]) == []
+@pytest.mark.parametrize("recipe, name", [("dino", "dino_tiny_cpu.yaml"), ("supervised", "sup_tiny_cpu.yaml")])
+def test_both_backbones_train_with_one_recipe(tmp_path, monkeypatch, recipe, name):
+    """The two fit commands are the same but for --model.backbone and the run folder."""
+    ran = []
+
+    def run(argv):
+        if argv[0] == "compare":
+            raise StopIteration
+        ran.append(argv)
+        return 0
+
+    monkeypatch.setattr(demo, "_run", run)
+    monkeypatch.setattr(demo, "_save_random_init", lambda *args: None)
+    with pytest.raises(StopIteration):
+        demo.main(["--quick", "--recipe", recipe, "--out", str(tmp_path / "out")])
+    fits = [argv for argv in ran if argv[0] == "fit"]
+    assert len(fits) == 2 and fits[0][fits[0].index("--config") + 1].endswith(f"/configs/{name}")
+    backbones = [argv[argv.index("--model.backbone") + 1] for argv in fits]
+    roots = [argv[argv.index("--trainer.default_root_dir") + 1] for argv in fits]
+    assert backbones == ["vit_tiny_patch16_224", "locatvit_tiny_patch8_224"]
+    assert roots == [str(tmp_path / "out" / "fit-vit"), str(tmp_path / "out" / "fit-locatvit")]
+    same = [[a for a in argv if a not in (backbone, root)] for argv, backbone, root in zip(fits, backbones, roots)]
+    assert same[0] == same[1]
+    recipe_file = yaml.safe_load((demo.CONFIG_DIR / name).read_text())
+    assert demo.model_args(recipe_file)["backbone"] == backbones[0]  # the recipe's own backbone is the ViT's
 
 
 @pytest.mark.parametrize("argv, expected", [
     (["--input-size", "60"], "locatdino demo: --input-size 60 is not a multiple of the patch size 8 of the vit "
-                             "recipe's vit_tiny_patch16_224: use 56 or 64"),
+                             "backbone vit_tiny_patch16_224: use 56 or 64"),
     (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs cannot be created: {file} is a file"),
 ])
 def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_path, capsys, monkeypatch, argv,
@@ -100,10 +114,7 @@ def test_an_earlier_demo_is_kept_unless_overwrite(tmp_path, capsys, monkeypatch)
     assert ran[0][0] == "fit" and "--overwrite" in ran[0]
 
 
-def test_supervised_recipes_are_like_for_like_and_named_sup(tmp_path):
-    recipes = [yaml.safe_load(p.read_text()) for p in demo.RECIPE_SETS["supervised"][0]]
-    assert demo.recipe_differences(*recipes) == []
-    assert [demo.model_args(r)["backbone"] for r in recipes] == ["vit_tiny_patch16_224", "locatvit_tiny"]
+def test_supervised_models_are_named_sup(tmp_path):
     report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
               "models": [{"spec": {"name": n}, "hbird": {"miou": v}} for n, v in
                          (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))]}
@@ -136,14 +147,6 @@ def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_p
     assert capsys.readouterr().err.startswith(f"locatdino demo: --out {other} is in use by another run (pid {os.getpid()}")
     assert sorted(p.name for p in out.iterdir()) == ["locatvit_random_init.pth", "notes.txt"]
     recipe = {"model": {"backbone": "vit_tiny_patch16_224", "backbone_kwargs": {"depth": 1}}, "seed_everything": 3}
-    demo._save_random_init(recipe, other / "locatvit_random_init.pth")
+    demo._save_random_init(recipe, "vit_tiny_patch16_224", other / "locatvit_random_init.pth")
     state = torch.load(other / "locatvit_random_init.pth", weights_only=True)
     assert "blocks.0.attn.qkv.weight" in state and "blocks.1.attn.qkv.weight" not in state
-
-
-def test_an_earlier_recipe_name_is_refused_before_any_work(tmp_path, capsys):
-    from locatdino import cli
-
-    assert cli.main(["demo", "--recipes", "tiny_vit", "dino_tiny_locatvit", "--out", str(tmp_path / "d")]) == 2
-    assert capsys.readouterr().err == "locatdino demo: --recipes tiny_vit was renamed dino_tiny_vit\n"
-    assert not (tmp_path / "d").exists()

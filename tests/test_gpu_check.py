@@ -145,8 +145,9 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
     assert all(status == "PASS" for section in ("equivalence", "e2e", "report") for _, status in by_section[section])
     assert by_section["kernels"][0] == ("options the chooser takes (bf16)", "PASS")
     assert {case for case, _ in by_section["e2e"]} >= {
-        "locatdino fit dino_tiny_vit, 2 steps, strategy ddp", "locatdino fit dino_tiny_locatvit, 2 steps, strategy auto",
-        "locatdino hbird locatvit_tiny 32 px", "locatdino hbird vit_tiny_patch16_224 32 px"}
+        "locatdino fit dino_tiny_cpu vit_tiny_patch16_224, 2 steps, strategy ddp",
+        "locatdino fit dino_tiny_cpu locatvit_tiny_patch8_224, 2 steps, strategy auto",
+        "locatdino hbird locatvit_tiny_patch8_224 32 px", "locatdino hbird vit_tiny_patch16_224 32 px"}
     results = json.loads((out / "results.json").read_text())
     assert len(results["rows"]) == len(rows) and results["exit_status"] == 0
     assert set(results["sections"]) == set(counts) - {"report"} and results["environment"]["machine"]["software"]["torch"] == torch.__version__.split("+")[0]
@@ -156,7 +157,7 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
     assert (out / "table.md").read_text().startswith("\n".join(proc.stdout.splitlines()[:1]))
     log = (out / "equivalence.log").read_text()
     assert "@@done flex-bf16-224-cls" in log and "INFO locatdino.models.gaug.flex_bias_attention: FlexAttention for" in log
-    for run in ("fit-dino_tiny_vit", "fit-dino_tiny_locatvit"):
+    for run in ("fit-vit_tiny_patch16_224", "fit-locatvit_tiny_patch8_224"):
         assert len(json.loads((out / "e2e" / run / "step_times.json").read_text())["step_end_s"]) == 2
         assert (out / "e2e" / run / "logs" / "version_0" / "metrics.csv").is_file()
         assert "fit" in (out / "e2e" / f"{run}.log").read_text()

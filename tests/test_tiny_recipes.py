@@ -1,6 +1,7 @@
-"""The CPU recipes (configs/dino_tiny_*.yaml) are what their headers claim: the token grid per global
-and local crop, measured by running the recipe's backbone on the recipe's own crops, and one
-recipe for both backbones (only the backbone and the output folder differ)."""
+"""The CPU recipe (configs/dino_tiny_cpu.yaml) is what its header claims: the token grid per global
+and local crop, measured by running each of its two backbones (its own ViT and the
+``--model.backbone`` switch to LocAtViT) on the recipe's own crops; and the switch changes only the
+attention (GAug) and the pooling (PRR), never a shape the recipe's kwargs set."""
 
 import re
 
@@ -15,7 +16,9 @@ from locatdino.models import create_backbone
 
 from tests.ssl.ssl_helpers import ROOT
 
-RECIPES = ["dino_tiny_vit.yaml", "dino_tiny_locatvit.yaml"]
+RECIPE = "dino_tiny_cpu.yaml"
+TINY_RECIPES = ["dino_tiny_cpu.yaml", "ibot_tiny_cpu.yaml", "sup_tiny_cpu.yaml"]
+LOCATVIT = "locatvit_tiny_patch8_224"  # the switch the recipes' headers show
 # e.g. "8 x 8 tokens per 64 px global crop, 4 x 4 per 32 px local crop"
 CLAIM = re.compile(r"(\d+) x (\d+) tokens per (\d+) px global crop, (\d+) x (\d+) per (\d+) px local crop")
 
@@ -25,14 +28,18 @@ def load(name: str) -> tuple[dict, str]:
     return yaml.safe_load(text), text
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_token_grid_is_what_its_header_claims(name):
-    recipe, text = load(name)
+def model_args(recipe: dict) -> dict:
+    return recipe["model"].get("init_args", recipe["model"])
+
+
+@pytest.mark.parametrize("backbone", [None, LOCATVIT])
+def test_recipe_token_grid_is_what_its_header_claims(backbone):
+    recipe, text = load(RECIPE)
     claim = CLAIM.search(text)
-    assert claim, f"{name}: the header states no token grid"
+    assert claim, f"{RECIPE}: the header states no token grid"
     gh, gw, g_px, lh, lw, l_px = map(int, claim.groups())
     crops = MultiCropTransform(**recipe["data"]["init_args"]["multicrop"])
-    model = create_backbone(recipe["model"]["backbone"], **recipe["model"]["backbone_kwargs"]).eval()
+    model = create_backbone(backbone or recipe["model"]["backbone"], **recipe["model"]["backbone_kwargs"]).eval()
     torch.manual_seed(0)
     views = crops(render_scene(np.random.default_rng(0), recipe["data"]["init_args"]["synthetic_size"])[0])
     n_global = crops.num_global_crops
@@ -47,10 +54,19 @@ def test_recipe_token_grid_is_what_its_header_claims(name):
     assert grid.shape[1] - model.num_prefix_tokens == gh * gw
 
 
-def test_both_backbones_share_one_recipe():
-    (vit, vit_text), (loc, loc_text) = load(RECIPES[0]), load(RECIPES[1])
-    assert vit["model"].pop("backbone") == "vit_tiny_patch16_224"
-    assert loc["model"].pop("backbone") == "locatvit_tiny"
-    assert vit["trainer"].pop("default_root_dir") != loc["trainer"].pop("default_root_dir")
-    assert vit == loc
-    assert CLAIM.search(vit_text).group(0) == CLAIM.search(loc_text).group(0)
+@pytest.mark.parametrize("name", TINY_RECIPES)
+def test_the_locatvit_switch_adds_only_gaug_to_the_recipes_vit(name):
+    """``--model.backbone locatvit_tiny_patch8_224`` on the recipe's kwargs: every parameter of the
+    recipe's ViT-T/8 with the same shape, plus GAug's; PRR pooling; the header shows the switch."""
+    recipe, text = load(name)
+    args = model_args(recipe)
+    assert f"--config configs/{name} --model.backbone {LOCATVIT}" in text
+    with torch.device("meta"):
+        vit = create_backbone(args["backbone"], **args["backbone_kwargs"])
+        locat = create_backbone(LOCATVIT, **args["backbone_kwargs"])
+    shapes = {k: p.shape for k, p in vit.named_parameters()}
+    extra = {k: p.shape for k, p in locat.named_parameters() if k not in shapes}
+    assert {k: p.shape for k, p in locat.named_parameters() if k in shapes} == shapes
+    assert extra and all(".attn.gaug." in k for k in extra)
+    assert locat.global_pool == "prr" and vit.global_pool != "prr"
+    assert vit.patch_embed.patch_size == locat.patch_embed.patch_size == (8, 8)

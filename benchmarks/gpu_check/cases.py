@@ -59,7 +59,7 @@ TINY, TINY_FACTOR, TINY_FLOOR = 8, 4.0, 2e-2  # ... and for tensors of at most T
 def equivalence_model(sizes: Sizes, reg_tokens: int) -> torch.nn.Module:
     """A LocAtViT-S (2 blocks at full size) with GAug weights drawn large so the bias matters."""
     torch.manual_seed(0)
-    model = timm.create_model("locatvit_small", num_classes=0, reg_tokens=reg_tokens, **sizes.equiv_model)
+    model = timm.create_model("locatvit_small_patch16_224", num_classes=0, reg_tokens=reg_tokens, **sizes.equiv_model)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for module in model.modules():

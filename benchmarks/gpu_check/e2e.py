@@ -1,7 +1,7 @@
 """The ``e2e`` section of ``benchmarks/gpu_check/``: the ``locatdino`` commands end to end.
 
-``locatdino fit`` of configs/dino_vits16.yaml (``--trainer.strategy ddp --trainer.devices 1``:
-NCCL initialises) and configs/dino_locatvits16.yaml for 30 steps on built-in scenes (bf16-mixed);
+``locatdino fit`` of configs/dino_small_ddp.yaml with its ViT-S/16 (``--trainer.strategy ddp --trainer.devices 1``:
+NCCL initialises) and with ``--model.backbone locatvit_small_patch16_224`` for 30 steps on built-in scenes (bf16-mixed);
 images/s from the steps after the fifth. Then ``locatdino hbird`` of both teachers at 224 px
 (64 memory / 32 query images, full batches of 16: one compile per model) on the GPU (bf16; torch
 k-NN without faiss-gpu), and the same run on the CPU in fp32 with FAISS (same seed: same memory
@@ -38,18 +38,18 @@ FIT_SKIP_STEPS = 5  # steps left out of the fit throughput (compilation, loader 
 class E2E:
     """The end-to-end runs' sizes (GPU run or dry run)."""
 
-    fit_configs: tuple[str, str]  # ViT (run with DDP), LocAtViT
+    fit_config: str  # the recipe both backbones train with
     fit_steps: int
     fit_batch: int
-    hbird_models: tuple[str, str]  # the backbones of those recipes
+    hbird_models: tuple[str, str]  # its --model.backbone: ViT (run with DDP), LocAtViT
     fit_args: list[str] = field(default_factory=list)
     hbird_args: list[str] = field(default_factory=list)
     hbird_device_args: list[str] = field(default_factory=list)  # the run compared with the CPU fp32 one
 
 
 FULL_E2E = E2E(
-    fit_configs=("configs/dino_vits16.yaml", "configs/dino_locatvits16.yaml"), fit_steps=30, fit_batch=64,
-    hbird_models=("vit_small_patch16_224", "locatvit_small"),
+    fit_config="configs/dino_small_ddp.yaml", fit_steps=30, fit_batch=64,
+    hbird_models=("vit_small_patch16_224", "locatvit_small_patch16_224"),
     fit_args=["--trainer.devices", "1", "--trainer.precision", "bf16-mixed",
               "--data.init_args.synthetic", "256", "--data.init_args.synthetic_size", "256",
               "--data.init_args.batches_per_epoch", "30", "--data.init_args.num_workers", "12"],
@@ -58,8 +58,8 @@ FULL_E2E = E2E(
     hbird_device_args=["--device", "cuda", "--precision", "bf16"],
 )
 DRY_E2E = E2E(
-    fit_configs=("configs/dino_tiny_vit.yaml", "configs/dino_tiny_locatvit.yaml"), fit_steps=2, fit_batch=2,
-    hbird_models=("vit_tiny_patch16_224", "locatvit_tiny"),
+    fit_config="configs/dino_tiny_cpu.yaml", fit_steps=2, fit_batch=2,
+    hbird_models=("vit_tiny_patch16_224", "locatvit_tiny_patch8_224"),
     fit_args=["--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed",
               "--model.backbone_kwargs", json.dumps(dict(img_size=32)),
               "--model.out_dim", "64", "--model.hidden_dim", "32", "--model.bottleneck_dim", "16",
@@ -103,13 +103,14 @@ def command_failed(section: str, case: str, code: int | None, log: Path) -> Row:
     return Row(section, case, f"exit {code}; see e2e/{log.name}", "exit 0", "FAIL", log_tail(log))
 
 
-def fit(sizes: E2E, config: str, strategy: str, out: Path, scratch: Path, until: float,
+def fit(sizes: E2E, backbone: str, strategy: str, out: Path, scratch: Path, until: float,
         dry: bool) -> tuple[Row, Path | None]:
-    """One ``locatdino fit`` run in ``scratch``; its row and its checkpoint's path."""
-    name, steps = Path(config).stem, sizes.fit_steps
-    run_dir, case = scratch / f"fit-{name}", f"locatdino fit {name}, {steps} steps, strategy {strategy}"
-    log = out / f"fit-{name}.log"
-    cmd = [sys.executable, "-m", "locatdino", "--debug", "fit", "--config", str(ROOT / config), *sizes.fit_args,
+    """One ``locatdino fit`` run of the recipe with ``backbone`` in ``scratch``; its row and its checkpoint's path."""
+    name, steps = f"{Path(sizes.fit_config).stem} {backbone}", sizes.fit_steps
+    run_dir, case = scratch / f"fit-{backbone}", f"locatdino fit {name}, {steps} steps, strategy {strategy}"
+    log = out / f"fit-{backbone}.log"
+    cmd = [sys.executable, "-m", "locatdino", "--debug", "fit", "--config", str(ROOT / sizes.fit_config),
+           "--model.backbone", backbone, *sizes.fit_args,
            "--trainer.strategy", strategy, "--trainer.max_steps", str(steps),
            "--data.init_args.batch_size", str(sizes.fit_batch), "--data.init_args.train_urls", str(scratch / "scenes"),
            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
@@ -118,7 +119,7 @@ def fit(sizes: E2E, config: str, strategy: str, out: Path, scratch: Path, until:
     start = time.monotonic()
     code = run_logged(cmd, log, until, child_env(dry))
     wall = time.monotonic() - start
-    keep_small_files(run_dir, out / f"fit-{name}")
+    keep_small_files(run_dir, out / f"fit-{backbone}")
     if code != 0:
         return command_failed("e2e", case, code, log), None
     loss = last_loss(run_dir)
@@ -135,8 +136,8 @@ def e2e(sizes: E2E, out: Path, until: float, dry: bool) -> Iterator[Row]:
     scratch = Path(tempfile.mkdtemp(prefix="gpu_check-e2e-"))
     try:
         ckpts = []
-        for config, strategy in zip(sizes.fit_configs, ("ddp", "auto")):
-            row, ckpt = fit(sizes, config, strategy, out, scratch, until, dry)
+        for backbone, strategy in zip(sizes.hbird_models, ("ddp", "auto")):
+            row, ckpt = fit(sizes, backbone, strategy, out, scratch, until, dry)
             yield row
             if ckpt is not None:
                 ckpts.append(str(ckpt))

@@ -36,9 +36,9 @@ from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher
 
 SPEED_MODELS = {  # label: (timm name, GAug path)
     "ViT-S": ("vit_small_patch16_224", "auto"),
-    "LocAtViT-S": ("locatvit_small", "auto"),
-    "LocAtViT-S, chunked bias": ("locatvit_small", "separable"),
-    "LocAtViT-S, materialised bias": ("locatvit_small", "mask"),
+    "LocAtViT-S": ("locatvit_small_patch16_224", "auto"),
+    "LocAtViT-S, chunked bias": ("locatvit_small_patch16_224", "separable"),
+    "LocAtViT-S, materialised bias": ("locatvit_small_patch16_224", "mask"),
 }
 TARGETS = {"dino-step": 1.10, "eval-448": 1.2, "eval-1024": 1.3}
 MEMORY_TARGET = 1.10

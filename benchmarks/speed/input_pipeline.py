@@ -1,7 +1,7 @@
 """Does the input keep up? The CPU and GPU multi-crop paths against the bare DINO step.
 
-For each recipe (``tiny``: configs/dino_tiny_locatvit.yaml, LocAtViT-T/8 at 64 px; ``vits``:
-configs/dino_vits16.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``locatdino fit`` builds it
+For each recipe (``tiny``: configs/dino_tiny_cpu.yaml with LocAtViT-T/8 at 64 px; ``vits``:
+configs/dino_small_ddp.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``locatdino fit`` builds it
 (``build_cli``) with the batch, worker count and ``augment_on`` of the run:
 
 - **bare step**: the recipe's DINO step on an in-memory batch, no loader, no Lightning
@@ -44,9 +44,9 @@ from locatdino.ssl.cli import build_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
-RECIPES = {  # name: (recipe, JPEG side, (batch, workers) on CUDA, (batch, workers) on the CPU)
-    "tiny": ("dino_tiny_locatvit", 96, (256, 12), (32, 1)),
-    "vits": ("dino_vits16", 448, (64, 12), (8, 1)),
+RECIPES = {  # name: (recipe and its --model.backbone, JPEG side, (batch, workers) on CUDA, (batch, workers) on the CPU)
+    "tiny": (("dino_tiny_cpu", "locatvit_tiny_patch8_224"), 96, (256, 12), (32, 1)),
+    "vits": (("dino_small_ddp", "vit_small_patch16_224"), 448, (64, 12), (8, 1)),
 }
 FIT_SKIP_STEPS = 5
 DISTINCT_IMAGES = 64
@@ -68,10 +68,12 @@ def write_jpeg_shards(folder: Path, n: int, px: int) -> Path:
     return shards
 
 
-def recipe_args(recipe: str, shards: Path, batch: int, workers: int, path: str, device: torch.device) -> list[str]:
-    """``locatdino fit`` arguments: the recipe, these shards, one epoch longer than any run."""
+def recipe_args(recipe: tuple[str, str], shards: Path, batch: int, workers: int, path: str,
+                device: torch.device) -> list[str]:
+    """``locatdino fit`` arguments: the recipe and its backbone, these shards, one epoch longer than any run."""
     precision = ["--trainer.precision", "bf16-mixed"] if device.type == "cuda" else []
-    return ["--config", recipe, "--data.init_args.train_urls", str(shards), "--data.init_args.synthetic", "0",
+    return ["--config", recipe[0], "--model.backbone", recipe[1],
+            "--data.init_args.train_urls", str(shards), "--data.init_args.synthetic", "0",
             "--data.init_args.batch_size", str(batch), "--data.init_args.num_workers", str(workers),
             "--data.init_args.augment_on", path, "--data.init_args.batches_per_epoch", "100000",
             "--trainer.accelerator", "gpu" if device.type == "cuda" else "cpu", "--trainer.devices", "1",

@@ -29,7 +29,7 @@ from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="locatvit_tiny")
+    p.add_argument("--model", default="locatvit_tiny_patch16_224")
     p.add_argument("--img-size", type=int, default=64, help="build resolution (the tiny recipes' 64 px)")
     p.add_argument("--patch-size", type=int, default=8, help="patch of the timed backbone (the demo's recipes)")
     p.add_argument("--input-size", type=int, default=128)

@@ -43,7 +43,7 @@ from benchmarks.results_io import add_results_option, results_file, write_result
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher
 
 aten = torch.ops.aten
-MODELS = {"ViT-S": "vit_small_patch16_224", "LocAtViT-S": "locatvit_small"}
+MODELS = {"ViT-S": "vit_small_patch16_224", "LocAtViT-S": "locatvit_small_patch16_224"}
 LADDER = ("eager", "+ fused AdamW", "+ compile", "+ bf16 weights")
 FULL = dict(backbone_kwargs={}, head=dict(out_dim=65536), crops=(224, 96, 8))
 TOY = dict(backbone_kwargs=dict(img_size=32, depth=2, embed_dim=64, num_heads=2),

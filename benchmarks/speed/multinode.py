@@ -13,7 +13,7 @@ and the time until node 0's torchrun exits is measured::
     JOIN_TIMEOUT=600 python -m benchmarks.speed.multinode stop --how frozen --launch elastic   # torchrun's default
 
 ``waits``: what one rank may legitimately wait for another, measured here: writing the DINO ViT-S/16
-checkpoint (``configs/dino_vits16.yaml``'s model, AdamW moments included; rank 0 writes, the others
+checkpoint (``configs/dino_small_ddp.yaml``'s model, AdamW moments included; rank 0 writes, the others
 wait at the barrier after it) and the online Hummingbird monitor at its defaults (ViT-S/16,
 224 px, 32 memory / 8 query scenes); the ViT-L/16 checkpoint's size is counted on the meta
 device. Results are appended to ``--out`` (JSON: ``results``, one object per measurement).
@@ -88,11 +88,11 @@ def checkpoint_write(folder: str) -> list[dict]:
         start = time.monotonic()
         atomic_torch_save(state, path)  # temporary file, fsync, rename: what AtomicCheckpointIO does
         times.append(time.monotonic() - start)
-    out.append({"measure": "checkpoint write", "model": "DINO ViT-S/16 (dino_vits16)",
+    out.append({"measure": "checkpoint write", "model": "DINO ViT-S/16 (dino_small_ddp)",
                 "gb": round(size(state) / 1e9, 2), "seconds": round(min(times), 2), "folder": folder})
     with torch.device("meta"):
         large = checkpoint(DINOModule(backbone="vit_large_patch16_224"))
-    out.append({"measure": "checkpoint size", "model": "DINO ViT-L/16 (fsdp_vitl16)",
+    out.append({"measure": "checkpoint size", "model": "DINO ViT-L/16 (dino_large_fsdp)",
                 "gb": round(size(large) / 1e9, 2)})
     return out
 

@@ -4,8 +4,8 @@ At CPU scale, DINO and supervised runs on the scenes score no better than the ne
 from (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"); one possible cause
 is that DINO's loss sits on the class token only. iBOT adds a loss on the masked patch tokens
 (docs/pretraining.md). This trains tiny ViT and LocAtViT (patch 8, 64 px) with
-``configs/dino_tiny_*.yaml`` (DINO) and ``configs/ibot_tiny_*.yaml`` (the same recipe plus the patch
-loss) for the same number of optimizer steps and seeds, exports each teacher
+``configs/dino_tiny_cpu.yaml`` (DINO) and ``configs/ibot_tiny_cpu.yaml`` (the same recipe plus the patch
+loss), each backbone switched in with ``--model.backbone`` for the same number of optimizer steps and seeds, exports each teacher
 (``<out>/<backbone>/<objective>/seed<S>/backbone.pth``) and scores it frozen, as
 ``supervised.py`` does: Hummingbird mIoU (100 memory / 50 query held-out scenes at 128 px,
 fp32, exact search) and the cached dense linear probe, each against the same network at random
@@ -44,18 +44,17 @@ from locatdino.ssl import cli as fit_cli
 from locatdino.ssl.export import export_backbone
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKBONES = ("vit", "locatvit")
+BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone
 OBJECTIVES = ("dino", "ibot")
-RECIPES = {("vit", "dino"): "dino_tiny_vit", ("locatvit", "dino"): "dino_tiny_locatvit",
-           ("vit", "ibot"): "ibot_tiny_vit", ("locatvit", "ibot"): "ibot_tiny_locatvit"}
+RECIPES = {"dino": "dino_tiny_cpu", "ibot": "ibot_tiny_cpu"}
 
 
 def recipe_model(backbone: str, objective: str) -> tuple[Path, str, dict]:
     """Recipe file, backbone name and backbone kwargs of a (backbone, objective) pair."""
-    path = ROOT / "configs" / f"{RECIPES[(backbone, objective)]}.yaml"
+    path = ROOT / "configs" / f"{RECIPES[objective]}.yaml"
     model = yaml.safe_load(path.read_text())["model"]
-    model = model.get("init_args", model)  # the iBOT recipes name their class
-    return path, model["backbone"], dict(model.get("backbone_kwargs") or {})
+    model = model.get("init_args", model)  # the iBOT recipe names its class
+    return path, BACKBONES[backbone], dict(model.get("backbone_kwargs") or {})
 
 
 def _rows(out: Path) -> list[dict]:
@@ -70,9 +69,9 @@ def _append(out: Path, row: dict) -> None:
 
 
 def train(backbone: str, objective: str, seed: int, steps: int, out: Path, extra: list[str]) -> tuple[Path, float]:
-    recipe, _, _ = recipe_model(backbone, objective)
+    recipe, name, _ = recipe_model(backbone, objective)
     run = out / backbone / objective / f"seed{seed}"
-    argv = ["--config", str(recipe), "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
+    argv = ["--config", str(recipe), "--model.backbone", name, "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
             "--data.init_args.train_urls", str(out / "scenes_shards"), "--trainer.enable_progress_bar", "false",
             "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *extra]
     start = time.perf_counter()

@@ -2,14 +2,14 @@
 student's) Hummingbird mIoU against the same network at random initialisation, class-token k-NN
 on an image-level scene label, and the online monitor's curve.
 
-Each run is ``locatdino fit --config <recipe> <setting's flags> --seed_everything <seed>`` in this
-process; the random-init baseline is the recipe's backbone built with the same seed (the network
+Each run is ``locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone <backbone> <setting's flags>
+--seed_everything <seed>`` in this process; the random-init baseline is the recipe's backbone built with the same seed (the network
 the run starts from). Every run appends one JSON line to ``<out>/results.jsonl`` (the log the
 RESULTS table is made from) and the table rows are printed as they finish. Settings are flags on
 top of the recipe, so they stay reproducible after the recipe changes: ``p16`` is the 64 px /
 patch 16 recipe the project had before (4 × 4 tokens per global crop).
 
-    python -m benchmarks.studies.pretraining --setting recipe --backbone locatvit_tiny \\
+    python -m benchmarks.studies.pretraining --setting recipe --backbone locatvit_tiny_patch8_224 \\
         --seeds 3 --out runs/bench_pretraining
 
 Runs are compared in optimizer steps; ``--throughput`` converts steps to wall time: the recipe's
@@ -17,7 +17,7 @@ DINO step (Lightning, one fixed batch of the recipe's crops, no data loading) ti
 listed setting, rounds alternating between settings so load from other jobs hits all alike::
 
     python -m benchmarks.studies.pretraining \\
-        --throughput p16 p8 --backbone locatvit_tiny
+        --throughput p16 p8 --backbone locatvit_tiny_patch8_224
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from locatdino.ssl import DINOModule
 from locatdino.ssl import cli as fit_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = {"vit_tiny_patch16_224": ROOT / "configs" / "dino_tiny_vit.yaml",
-           "locatvit_tiny": ROOT / "configs" / "dino_tiny_locatvit.yaml"}
+RECIPE = ROOT / "configs" / "dino_tiny_cpu.yaml"
+BACKBONES = ("vit_tiny_patch16_224", "locatvit_tiny_patch8_224")  # the recipe's ViT and its LocAtViT switch
 
 # setting -> flags on top of the recipe (see the module docstring)
 SETTINGS: dict[str, list[str]] = {
@@ -125,7 +125,7 @@ class ClassTokenKNN:
 
 def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int = 4) -> dict[str, float]:
     """Median seconds per DINO step of each setting's backbone kwargs on the recipe's batch."""
-    recipe = yaml.safe_load(RECIPES[backbone].read_text())
+    recipe = yaml.safe_load(RECIPE.read_text())
     data = recipe["data"]["init_args"]
     crops = MultiCropTransform(**data["multicrop"])
     scenes = ScenesSegmentation(data["batch_size"], size=data["synthetic_size"])
@@ -202,7 +202,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setting", choices=sorted(SETTINGS))
     p.add_argument("--throughput", nargs="+", choices=sorted(SETTINGS), help="time these settings' steps instead")
-    p.add_argument("--backbone", default="locatvit_tiny", choices=sorted(RECIPES))
+    p.add_argument("--backbone", default="locatvit_tiny_patch8_224", choices=BACKBONES)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="trainer.max_steps, lifting the recipe's max_epochs (default: the recipe's epochs)")
@@ -233,8 +233,7 @@ def main() -> None:
 
     if args.plain_scenes:
         plain_scenes()
-    recipe_path = RECIPES[args.backbone]
-    recipe = yaml.safe_load(recipe_path.read_text())
+    recipe = yaml.safe_load(RECIPE.read_text())
     flags = SETTINGS[args.setting] + args.extra
     kwargs = backbone_kwargs(recipe, flags)
     out = Path(args.out)
@@ -254,7 +253,7 @@ def main() -> None:
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         fit_dir = out / args.backbone / name / f"seed{seed}"
-        argv = ["--config", str(recipe_path), *flags, "--seed_everything", str(seed),
+        argv = ["--config", str(RECIPE), "--model.backbone", args.backbone, *flags, "--seed_everything", str(seed),
                 "--trainer.default_root_dir", str(fit_dir), "--data.init_args.train_urls",
                 str(out / ("scenes_shards" + "_plain" * args.plain_scenes)), "--trainer.enable_progress_bar", "false"]
         if args.steps:

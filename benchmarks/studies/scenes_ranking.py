@@ -54,7 +54,7 @@ def supervised(name: str, img_size: int, steps: int, images: int, seed: int) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="locatvit_tiny")
+    p.add_argument("--model", default="locatvit_tiny_patch16_224")
     p.add_argument("--img-size", type=int, default=64, help="build resolution (the tiny recipes' 64 px)")
     p.add_argument("--input-size", type=int, default=128, help="Hummingbird eval resolution")
     p.add_argument("--num-train", type=int, default=100)

@@ -2,7 +2,7 @@
 
 LocAtViT's headline result (docs/locatvit.md, docs/pretraining.md) is for ViTs trained supervised and evaluated frozen
 for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
-the same recipe and budget (``configs/sup_tiny_*.yaml``: timm's recipe lightened for a minute,
+the same recipe and budget (``configs/sup_tiny_cpu.yaml``, backbone switched with ``--model.backbone``: timm's recipe lightened for a minute,
 image-level scene labels, the same number of optimizer steps and scenes) for each seed, exports
 each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino
 hbird``/``compare`` without retraining), and scores it frozen:
@@ -52,12 +52,13 @@ from locatdino.ssl.curves import stitched_metrics
 from locatdino.ssl.export import export_backbone
 
 ROOT = Path(__file__).resolve().parents[2]
-# variant -> (recipe, backbone_kwargs added to the recipe's)
+RECIPE = "sup_tiny_cpu"
+# variant -> (the recipe's --model.backbone, backbone_kwargs added to the recipe's)
 VARIANTS: dict[str, tuple[str, dict]] = {
-    "vit": ("sup_tiny_vit", {}),
-    "locatvit": ("sup_tiny_locatvit", {}),
-    "gaug_only": ("sup_tiny_locatvit", {"global_pool": "token"}),
-    "prr_only": ("sup_tiny_vit", {"global_pool": "prr"}),
+    "vit": ("vit_tiny_patch16_224", {}),
+    "locatvit": ("locatvit_tiny_patch8_224", {}),
+    "gaug_only": ("locatvit_tiny_patch8_224", {"global_pool": "token"}),
+    "prr_only": ("vit_tiny_patch16_224", {"global_pool": "prr"}),
 }
 # label setting -> flags on top of the recipe
 LABELS: dict[str, list[str]] = {
@@ -70,16 +71,16 @@ LABELS: dict[str, list[str]] = {
 def recipe_of(variant: str, more: dict | None = None) -> tuple[Path, str, dict]:
     """The recipe file, backbone name and backbone kwargs of a variant (``more`` on top)."""
     name, extra = VARIANTS[variant]
-    path = ROOT / "configs" / f"{name}.yaml"
+    path = ROOT / "configs" / f"{RECIPE}.yaml"
     model = yaml.safe_load(path.read_text())["model"]["init_args"]
-    return path, model["backbone"], {**model["backbone_kwargs"], **extra, **(more or {})}
+    return path, name, {**model["backbone_kwargs"], **extra, **(more or {})}
 
 
 def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: list[str], more: dict,
           every: int | None) -> tuple[Path, float]:
     """One supervised run; its folder and wall seconds. The shards are shared by every run.
     ``every``: also keep a checkpoint every that many steps (``<run>/checkpoints/s<step>.ckpt``)."""
-    recipe, _, kwargs = recipe_of(variant, more)
+    recipe, name, kwargs = recipe_of(variant, more)
     setting = labels + "".join("+" + a.lstrip("-").split(".")[-1] for a in extra[::2])
     setting += "".join(f"+{k}={v}" for k, v in more.items())
     run = out / setting / variant / f"seed{seed}"
@@ -89,7 +90,8 @@ def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: li
     argv = ["--config", str(recipe), "--seed_everything", str(seed), "--trainer.default_root_dir", str(run),
             "--data.init_args.train_urls", str(out / "scenes" / "train"),
             "--data.init_args.val_urls", str(out / "scenes" / "val"),
-            "--model.init_args.backbone_kwargs", json.dumps(kwargs), "--trainer.enable_progress_bar", "false",
+            "--model.init_args.backbone", name, "--model.init_args.backbone_kwargs", json.dumps(kwargs),
+            "--trainer.enable_progress_bar", "false",
             "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels], *extra]
     from locatdino.ssl import cli as fit_cli  # here: gpu_study.py imports score() where jsonargparse is missing
 

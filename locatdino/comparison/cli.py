@@ -1,7 +1,7 @@
 """``locatdino compare``: several models side by side — one report with figures and probes.
 
     locatdino compare --model vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
-        --model locat=locatvit_small:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+        --model locat=locatvit_small_patch16_224:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
 
 Writes into ``--out``: ``report.md``, ``report.json``, ``figures/*.png`` (per-class IoU, mIoU vs
 memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality) and

@@ -76,7 +76,7 @@ def add_model_arguments(group: Any, positional_hint: bool = False) -> None:
 def _retired_forms(args: argparse.Namespace, parser: ArgumentParser) -> None:
     """Refuse, in one line with the new form, what earlier versions took for ``--model``."""
     if args.checkpoint:
-        written = "--model NAME:CHECKPOINT (e.g. --model locatvit_tiny:path/to.pth)"
+        written = "--model NAME:CHECKPOINT (e.g. --model locatvit_tiny_patch16_224:path/to.pth)"
         if len(args.checkpoint) == len(args.model):
             written = " ".join(f"--model {name}:{path}" for name, path in zip(args.model, args.checkpoint))
         parser.refuse(f"--checkpoint is gone: write {written}")

@@ -2,8 +2,8 @@
 GAug (``gaug/``), checkpoints (``checkpoints/``: loading, mismatch messages, position embeddings)
 and dense features (``dense_features``). PRR is timm's own ``global_pool='prr'``.
 
-Importing this package registers ``locatvit_{tiny,small,base}_patch16_224`` (and the aliases
-``locatvit_{tiny,small,base}``) in timm's model registry.
+Importing this package registers ``locatvit_{tiny,small,base}_patch16_224`` and ``locatvit_tiny_patch8_224``
+in timm's model registry (and the earlier names ``locatvit_{tiny,small,base}`` as timm deprecations).
 """
 
 from locatdino.models import locatvit  # noqa: F401  (registers the timm entries)

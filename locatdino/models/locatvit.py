@@ -1,4 +1,9 @@
-"""timm registry entries for LocAtViT: ``locatvit_{tiny,small,base}_patch16_224`` (+ short aliases).
+"""timm registry entries for LocAtViT: ``locatvit_tiny_patch{16,8}_224``, ``locatvit_{small,base}_patch16_224``.
+
+One entry per architecture, named as timm names its ViTs (``vit_small_patch8_224`` and the like). The
+earlier short names ``locatvit_{tiny,small,base}`` are timm deprecations of the patch-16 entries: they
+still create the model (a checkpoint or export that recorded one still loads) with timm's warning,
+and ``timm.list_models`` leaves them out.
 
 A LocAtViT is timm's ``VisionTransformer`` with ``attn_layer=GAugAttention`` and
 ``global_pool='prr'`` (docs/locatvit.md); ``dynamic_img_size`` is on by default because DINO feeds 224 px
@@ -9,7 +14,12 @@ and 96 px crops to the same model. No pretrained weights are hosted: load checkp
 from __future__ import annotations
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import (
+    build_model_with_cfg,
+    generate_default_cfgs,
+    register_model,
+    register_model_deprecations,
+)
 from timm.models.vision_transformer import VisionTransformer
 
 from locatdino.models.gaug.attention import GAugAttention
@@ -24,7 +34,7 @@ def _create_locatvit(variant: str, pretrained: bool = False, **kwargs) -> Vision
         VisionTransformer,
         variant,
         pretrained,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
         attn_layer=GAugAttention,
         **kwargs,
     )
@@ -35,9 +45,10 @@ def _create_locatvit(variant: str, pretrained: bool = False, **kwargs) -> Vision
     return model
 
 
-def _cfg(**kwargs) -> dict:
+def _cfg(description: str) -> dict:
+    """The pretrained cfg of an entry without released weights (no ``url``): what the model is, and
+    the ImageNet input it is built for (what ``timm.data.resolve_data_config`` reads)."""
     return {
-        "url": "",
         "num_classes": 1000,
         "input_size": (3, 224, 224),
         "pool_size": None,
@@ -49,54 +60,57 @@ def _cfg(**kwargs) -> dict:
         "first_conv": "patch_embed.proj",
         "classifier": "head",
         "license": "apache-2.0",
-        **kwargs,
+        "description": description,
+        "paper_name": "Locality-Attending Vision Transformer",
+        "paper_ids": "arXiv:2603.04892",
+        "notes": ("no pretrained weights are released: train with locatdino fit",),
     }
+
+
+def _describe(vit: str) -> str:
+    return f"LocAtViT: {vit} with GAug attention in every block and PRR pooling, randomly initialised"
 
 
 default_cfgs = generate_default_cfgs(
     {
-        "locatvit_tiny_patch16_224": _cfg(),
-        "locatvit_small_patch16_224": _cfg(),
-        "locatvit_base_patch16_224": _cfg(),
+        "locatvit_tiny_patch16_224": _cfg(_describe("ViT-Ti/16")),
+        "locatvit_tiny_patch8_224": _cfg(_describe("ViT-Ti/8")),
+        "locatvit_small_patch16_224": _cfg(_describe("ViT-S/16")),
+        "locatvit_base_patch16_224": _cfg(_describe("ViT-B/16")),
     }
 )
 
-_TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-_SMALL = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-_BASE = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
+_TINY = {"embed_dim": 192, "depth": 12, "num_heads": 3}
+_SMALL = {"embed_dim": 384, "depth": 12, "num_heads": 6}
+_BASE = {"embed_dim": 768, "depth": 12, "num_heads": 12}
 
 
 @register_model
 def locatvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """LocAtViT-Tiny/16: ViT-Ti/16 with GAug attention and PRR pooling."""
-    return _create_locatvit("locatvit_tiny_patch16_224", pretrained, **dict(_TINY, **kwargs))
+    return _create_locatvit("locatvit_tiny_patch16_224", pretrained, **{**_TINY, "patch_size": 16, **kwargs})
+
+
+@register_model
+def locatvit_tiny_patch8_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """LocAtViT-Tiny/8: ViT-Ti/8 with GAug attention and PRR pooling (the CPU recipes' LocAtViT)."""
+    return _create_locatvit("locatvit_tiny_patch8_224", pretrained, **{**_TINY, "patch_size": 8, **kwargs})
 
 
 @register_model
 def locatvit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """LocAtViT-Small/16: ViT-S/16 with GAug attention and PRR pooling."""
-    return _create_locatvit("locatvit_small_patch16_224", pretrained, **dict(_SMALL, **kwargs))
+    return _create_locatvit("locatvit_small_patch16_224", pretrained, **{**_SMALL, "patch_size": 16, **kwargs})
 
 
 @register_model
 def locatvit_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """LocAtViT-Base/16: ViT-B/16 with GAug attention and PRR pooling."""
-    return _create_locatvit("locatvit_base_patch16_224", pretrained, **dict(_BASE, **kwargs))
+    return _create_locatvit("locatvit_base_patch16_224", pretrained, **{**_BASE, "patch_size": 16, **kwargs})
 
 
-@register_model
-def locatvit_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """Alias of ``locatvit_tiny_patch16_224``."""
-    return locatvit_tiny_patch16_224(pretrained, **kwargs)
-
-
-@register_model
-def locatvit_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """Alias of ``locatvit_small_patch16_224``."""
-    return locatvit_small_patch16_224(pretrained, **kwargs)
-
-
-@register_model
-def locatvit_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """Alias of ``locatvit_base_patch16_224``."""
-    return locatvit_base_patch16_224(pretrained, **kwargs)
+register_model_deprecations(__name__, {
+    "locatvit_tiny": "locatvit_tiny_patch16_224",
+    "locatvit_small": "locatvit_small_patch16_224",
+    "locatvit_base": "locatvit_base_patch16_224",
+})

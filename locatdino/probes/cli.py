@@ -1,6 +1,6 @@
 """``locatdino linprobe``: the paper's dense linear probe from the command line (docs/evaluation.md).
 
-    locatdino linprobe --model locatvit_small:last.ckpt --dataset ade20k \\
+    locatdino linprobe --model locatvit_small_patch16_224:last.ckpt --dataset ade20k \\
         --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are probed one after

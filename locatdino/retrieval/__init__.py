@@ -7,7 +7,7 @@ per-image confusions and intervals, provenance, options) is one floor below, in
 
     from locatdino.evaluation import load_backbone
     from locatdino.retrieval import HummingbirdConfig, hummingbird
-    result = hummingbird(load_backbone("locatvit_small", "last.ckpt"), train_set, val_set,
+    result = hummingbird(load_backbone("locatvit_small_patch16_224", "last.ckpt"), train_set, val_set,
                          HummingbirdConfig(input_size=448))
     print(result.miou)
 

@@ -1,8 +1,8 @@
 """``locatdino hbird``: the Hummingbird benchmark from the command line.
 
-    locatdino hbird --model vit_small_patch16_224:dino_vits16.pth \\
-        --model locatvit_small:last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
-    locatdino hbird --model vit_small_patch16_224:dino_vits16.pth --protocol reference ...
+    locatdino hbird --model vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
+        --model locatvit_small_patch16_224:last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
+    locatdino hbird --model vit_small_patch16_224:dino_deitsmall16_pretrain.pth --protocol reference ...
     locatdino hbird report runs/a runs/b --summary comparison.md
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are evaluated on the same

@@ -12,8 +12,8 @@ default objective's values over to another one wherever their argument names agr
 always loaded first and holds every key; a recipe file holds only what changes, and
 command-line flags override both. ``--config`` takes a file or a shipped recipe's name::
 
-    locatdino fit --config configs/dino_tiny_locatvit.yaml --trainer.max_steps 200
-    locatdino fit --config dino_vits16 --ckpt_path last   # resume; works from a wheel install too
+    locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone locatvit_tiny_patch8_224 --trainer.max_steps 200
+    locatdino fit --config dino_small_ddp --ckpt_path last   # resume; works from a wheel install too
 
 Besides LightningCLI's ``model`` / ``data`` / ``trainer`` groups, the callbacks every run needs
 are config groups of their own, so a recipe changes one key without restating a callback list:

@@ -68,7 +68,7 @@ class DINOModule(PretrainingObjective):
     optimisation would re-implement all of that, and gradient accumulation, for nothing.
 
     Args:
-        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
+        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small_patch16_224``, …).
         backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``depth``, …);
             ``num_classes=0`` and ``dynamic_img_size=True`` are the defaults.
         backbone_checkpoint: optional file to start a new run from: a backbone in any format

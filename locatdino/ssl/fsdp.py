@@ -1,4 +1,4 @@
-"""FSDP for DINO: the wrapping policy and a strategy preset (configs/fsdp_vitl16.yaml).
+"""FSDP for DINO: the wrapping policy and a strategy preset (configs/dino_large_fsdp.yaml).
 
 Every transformer block, every backbone, every head and the head's weight-normalised last layer
 becomes its own FSDP unit. Student and teacher are therefore sharded identically (same units,

@@ -63,7 +63,7 @@ class SupervisedModule(PretrainingObjective):
     ``validation_step`` logs ``val/top1`` (percent; multi-label: the top class is one of the image's).
 
     Args:
-        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small``, …).
+        backbone: timm model name (``vit_small_patch16_224``, ``locatvit_small_patch16_224``, …).
         backbone_kwargs: extra ``timm.create_model`` arguments (``img_size``, ``global_pool``, …);
             ``num_classes=0`` and ``dynamic_img_size=True`` are the defaults.
         backbone_checkpoint: optional weights to start from, any format ``locatdino.models`` reads.

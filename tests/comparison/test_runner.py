@@ -45,7 +45,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     bad.write_bytes(b"not a checkpoint")
     out = tmp_path / "cmp"
     argv = ["--model", "vit=vit_tiny_patch16_224", "--model", f"bad=vit_tiny_patch16_224:{bad}",
-            "--model", "locat=locatvit_tiny:none",
+            "--model", "locat=locatvit_tiny_patch16_224:none",
             "--out", str(out), "--baselines", *TINY]
     assert compare_cli.main(argv) == 1
     err = capsys.readouterr().err.splitlines()

@@ -54,7 +54,7 @@ def test_every_command_refuses_its_own_file_names_and_separators_before_any_work
         f"locatdino {command}: --model label '.locatdino.lock' starts with '.'")
     assert _refused(capsys, [command, "--model", "a|b=vit_tiny_patch16_224", *base]).startswith(
         f"locatdino {command}: --model label 'a|b' holds |")
-    assert _refused(capsys, [command, "--model", "A=vit_tiny_patch16_224", "--model", "a=locatvit_tiny", *base]) == (
+    assert _refused(capsys, [command, "--model", "A=vit_tiny_patch16_224", "--model", "a=locatvit_tiny_patch16_224", *base]) == (
         f"locatdino {command}: --model labels 'A' and 'a' differ in case only (one folder on a case-insensitive "
         "file system): give each run its own label")
     assert not (tmp_path / "out").exists()

@@ -51,7 +51,7 @@ def test_int8_quantizes_a_copy_of_the_block_linears(tiny_vit):
 
 
 def test_int8_keeps_gaug_in_fp32():
-    model = create_backbone("locatvit_tiny", img_size=32, patch_size=8).eval()
+    model = create_backbone("locatvit_tiny_patch16_224", img_size=32, patch_size=8).eval()
     q = int8_encoder(model)
     gaug = q.blocks[0].attn.gaug
     assert type(gaug.log_var) is nn.Linear and type(q.blocks[0].attn.qkv) is not nn.Linear

@@ -18,4 +18,4 @@ def tiny_vit():
 @pytest.fixture
 def tiny_locatvit():
     torch.manual_seed(0)
-    return timm.create_model("locatvit_tiny", num_classes=0, **TINY).eval()
+    return timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **TINY).eval()

@@ -16,7 +16,7 @@ from tests.models.tiny import TINY
 
 def _model(**kwargs) -> torch.nn.Module:
     torch.manual_seed(0)
-    return timm.create_model("locatvit_tiny", num_classes=0, **{**TINY, "depth": 1, **kwargs})
+    return timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **{**TINY, "depth": 1, **kwargs})
 
 
 def _output_and_grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 ALL = timm.list_models("locatvit_*")
-WITH_CFG = timm.list_models("locatvit_*", name_matches_cfg=True)  # without the short aliases
+WITH_CFG = timm.list_models("locatvit_*", name_matches_cfg=True)  # every architecture (deprecations are not listed)
 SIZE = 64
 no_jit_deprecation = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")
 
@@ -75,7 +75,7 @@ def test_default_config_and_head_api(name):
     assert model.num_classes == cfg["num_classes"] and model.num_features == model.head_hidden_size > 0
     x = _image()
     tokens = model.forward_features(x)
-    grid = (SIZE // 16) ** 2
+    grid = (SIZE // model.patch_embed.patch_size[0]) ** 2  # patch 16, or 8 for locatvit_tiny_patch8_224
     assert tokens.shape == (1, model.num_prefix_tokens + grid, model.num_features)
     pre_logits = model.forward_head(tokens, pre_logits=True)
     assert pre_logits.shape == (1, model.head_hidden_size)

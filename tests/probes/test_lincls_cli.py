@@ -14,7 +14,7 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
     root = toy_folder(tmp_path / "data")
     (root / "train" / "class1" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     out = tmp_path / "out"
-    argv = ["lincls", "--model", "vit_tiny_patch16_224", "--model", "loc=locatvit_tiny", "--dataset", "imagefolder",
+    argv = ["lincls", "--model", "vit_tiny_patch16_224", "--model", "loc=locatvit_tiny_patch16_224", "--dataset", "imagefolder",
             "--data-dir", str(root), "--epochs", "2", "--out", str(out), *SMALL]
     assert cli.main(argv) == 0
     assert "| vit_tiny_patch16_224 | full | 4 class tokens |" in capsys.readouterr().out
@@ -35,7 +35,7 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
 def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"
-    argv = ["lincls", "--variant", "fast", "--model", "locatvit_tiny", "--prr", "--lr-grid", "0.01", "10",
+    argv = ["lincls", "--variant", "fast", "--model", "locatvit_tiny_patch16_224", "--prr", "--lr-grid", "0.01", "10",
             "--holdout", "0.25", "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]
     assert cli.main(argv) == 0
     (result,) = json.loads((out / "results.json").read_text())["models"]

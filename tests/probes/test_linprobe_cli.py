@@ -14,11 +14,11 @@ SMALL = ["--dataset", "scenes", "--num-train", "6", "--num-val", "3", "--scene-s
 
 def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["linprobe", "--model", "vit_tiny_patch16_224", "--model", "locatvit_tiny", "--out", str(out), *SMALL]
+    argv = ["linprobe", "--model", "vit_tiny_patch16_224", "--model", "locatvit_tiny_patch16_224", "--out", str(out), *SMALL]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
-    assert "| vit_tiny_patch16_224 |" in table and "| locatvit_tiny |" in table
-    for label in ("vit_tiny_patch16_224", "locatvit_tiny"):
+    assert "| vit_tiny_patch16_224 |" in table and "| locatvit_tiny_patch16_224 |" in table
+    for label in ("vit_tiny_patch16_224", "locatvit_tiny_patch16_224"):
         result = json.loads((out / label / "results.json").read_text())
         assert result["model"] == {"name": label, "checkpoint": None, "label": label, "pos_embed": "timm"}
         assert result["iterations"] == 6 and result["num_train"] == 6 and result["num_val"] == 3

@@ -53,9 +53,9 @@ def tiny_trainer(tmp_path=None, **overrides) -> pl.Trainer:
 
 
 def tiny_overrides(tmp_path: Path, shards: Path | None = None) -> list[str]:
-    """configs/dino_tiny_vit.yaml shrunk further: 2 blocks, 32/16 px crops, 24 scenes of 48 px."""
+    """configs/dino_tiny_cpu.yaml shrunk further: 2 blocks, 32/16 px crops, 24 scenes of 48 px."""
     return [
-        "--config", str(ROOT / "configs" / "dino_tiny_vit.yaml"),
+        "--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"),
         "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
         "--model.out_dim", "128", "--model.hidden_dim", "64", "--model.bottleneck_dim", "32",
         "--data.init_args.train_urls", str(shards or tmp_path / "shards"),

@@ -17,7 +17,7 @@ def _step(module, batch) -> list[torch.Tensor]:
 
 def test_step_with_compiled_backbones_equals_eager():
     torch.manual_seed(0)
-    eager = tiny_module(backbone="locatvit_tiny", drop_path_rate=0.0)
+    eager = tiny_module(backbone="locatvit_tiny_patch16_224", drop_path_rate=0.0)
     compiled = copy.deepcopy(eager)
     for branch in (compiled.student, compiled.teacher):
         branch["backbone"].compile(backend="aot_eager", fullgraph=True)  # in place: same state_dict keys

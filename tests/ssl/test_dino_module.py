@@ -181,7 +181,7 @@ def scene_loader(num_images=64, batch_size=16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone", ["vit_tiny_patch16_224", "locatvit_tiny"])
+@pytest.mark.parametrize("backbone", ["vit_tiny_patch16_224", "locatvit_tiny_patch16_224"])
 def test_twenty_steps_on_scenes_lower_the_loss(backbone):
     """Teacher and centre held fixed (momentum 1): a plain optimisation problem, the student must
     learn to predict the teacher's targets from every other crop, so the loss has to fall. (With

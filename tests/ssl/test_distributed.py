@@ -76,12 +76,12 @@ def test_ddp_two_ranks_with_the_multicrop_on_the_device(tmp_path):
 
 
 def test_fsdp_vitl_recipe_constructs_and_steps(tmp_path):
-    """configs/fsdp_vitl16.yaml on 2 CPU ranks: ViT-L/16 widths (1024, 16 heads, MLP 4096) and
+    """configs/dino_large_fsdp.yaml on 2 CPU ranks: ViT-L/16 widths (1024, 16 heads, MLP 4096) and
     head, but 4 of the 24 identical blocks to keep the suite fast (every block is the same FSDP
     unit type; the full 24-block run takes ~80 s and 6.5 GB per rank here, see README)."""
     run = tmp_path / "run"
     locatdino_in_subprocess(
-        tmp_path, "fit", "--config", str(ROOT / "configs" / "fsdp_vitl16.yaml"),
+        tmp_path, "fit", "--config", str(ROOT / "configs" / "dino_large_fsdp.yaml"),
         "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.precision", "32-true",
         "--trainer.max_steps", "2", "--trainer.default_root_dir", str(run), "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false", "--model.backbone_kwargs", '{"depth": 4}',
@@ -103,7 +103,7 @@ def test_supervised_ddp_two_ranks_end_identical_and_validate(tmp_path):
     weights, and the held-out top-1 is computed over both ranks' validation shards."""
     dump = tmp_path / "ranks"
     locatdino_in_subprocess(
-        tmp_path, "fit", "--config", str(ROOT / "configs" / "sup_tiny_vit.yaml"),
+        tmp_path, "fit", "--config", str(ROOT / "configs" / "sup_tiny_cpu.yaml"),
         "--model.init_args.backbone_kwargs", json.dumps({"img_size": 32, "depth": 2, "embed_dim": 64, "num_heads": 2}),
         "--data.init_args.train_urls", str(tmp_path / "train"), "--data.init_args.val_urls", str(tmp_path / "val"),
         "--data.init_args.synthetic", "16", "--data.init_args.synthetic_val", "6",

@@ -48,11 +48,11 @@ def _one_line(capsys) -> str:
     return err.strip()
 
 
-ARCHITECTURES = {"vit_tiny_patch16_224": "vit_tiny_patch16_224", "locatvit_tiny": "locatvit_tiny_patch16_224"}
+ARCHITECTURES = {"vit_tiny_patch16_224": "vit_tiny_patch16_224", "locatvit_tiny_patch16_224": "locatvit_tiny_patch16_224"}
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "locatvit_tiny"])
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "locatvit_tiny_patch16_224"])
 def test_safetensors_and_hf_hub_exports_give_the_run_s_tokens_in_timm(tmp_path, name, capsys):
     ckpt, teacher = fit_checkpoint(tmp_path / "run", name)
     tokens = teacher.forward_features(IMAGES)
@@ -81,6 +81,26 @@ def test_safetensors_and_hf_hub_exports_give_the_run_s_tokens_in_timm(tmp_path, 
     assert card.startswith("---\nlibrary_name: timm\n")
     assert "step 7, epoch 1" in card and "out_dim: 128" in card
     assert "| hbird/mIoU | 30.25 | 6 |" in card  # the last score up to the checkpoint's step, not step 9's
+
+
+def test_a_run_recorded_under_an_earlier_model_name_still_exports_and_loads(tmp_path):
+    """A run whose checkpoint recorded ``locatvit_tiny`` (now a timm deprecation of
+    ``locatvit_tiny_patch16_224``): exported under the current name, and loaded by the old name."""
+    deprecated = "Mapping deprecated model name locatvit_tiny to current locatvit_tiny_patch16_224"
+    with pytest.warns(UserWarning, match=deprecated):
+        ckpt, teacher = fit_checkpoint(tmp_path / "run", "locatvit_tiny")
+    assert torch.load(ckpt, weights_only=False)["hyper_parameters"]["backbone"] == "locatvit_tiny"
+    out = tmp_path / "teacher.safetensors"
+    with pytest.warns(UserWarning, match=deprecated):
+        assert export.main([str(ckpt), str(out)]) == 0
+    config = json.loads((tmp_path / "teacher.config.json").read_text())
+    assert config["architecture"] == "locatvit_tiny_patch16_224"
+    exported = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
+                                 **config["model_args"]).eval()
+    with pytest.warns(UserWarning, match=deprecated):
+        by_old_name = create_backbone("locatvit_tiny", str(ckpt), **TINY_MODEL["backbone_kwargs"]).eval()
+    tokens = teacher.forward_features(IMAGES)
+    assert all(torch.equal(m.forward_features(IMAGES), tokens) for m in (exported, by_old_name))
 
 
 def test_a_vanilla_export_loads_in_timm_without_this_package(tmp_path):
@@ -135,8 +155,8 @@ REFUSALS = {
     "no model for a plain file": (["{plain}", "{tmp}/t.safetensors"],
                                   "{plain}: --format safetensors writes the model's config, so name the model the "
                                   "weights are for: NAME:{plain} (e.g. vit_small_patch16_224:{plain})"),
-    "another model than the run's": (["locatvit_tiny:{ckpt}", "{tmp}/t.safetensors"],
-                                     "{ckpt} holds a vit_tiny_patch16_224 backbone, not locatvit_tiny: leave the name "
+    "another model than the run's": (["locatvit_tiny_patch16_224:{ckpt}", "{tmp}/t.safetensors"],
+                                     "{ckpt} holds a vit_tiny_patch16_224 backbone, not locatvit_tiny_patch16_224: leave the name "
                                      "out for a fit checkpoint"),
     "a folder for a file format": (["{ckpt}", "{tmp}/run"],
                                    "the output {tmp}/run is a folder: give a file name, or --format hf-hub to write a "
@@ -181,13 +201,13 @@ def test_a_named_release_file_exports_through_the_loader(tmp_path, capsys):
 
 def test_the_docs_round_trip_runs_as_written(tmp_path, monkeypatch):
     """docs/checkpoints.md's export commands and Python, run as a user pastes them, on a
-    dino_tiny_vit run (ViT-T/8 at 64 px) made here."""
+    dino_tiny_cpu run (ViT-T/8 at 64 px) made here."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
     section = text.split("## Export: files timm loads without this package", 1)[1].split("\n## ", 1)[0]
     (commands,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
     monkeypatch.chdir(tmp_path)
-    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_vit", "vit_tiny_patch16_224",
+    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_cpu", "vit_tiny_patch16_224",
                                 kwargs={"img_size": 64, "patch_size": 8})
     lines = commands.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("locatdino export ") for line in lines)

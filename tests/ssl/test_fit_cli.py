@@ -29,7 +29,7 @@ def test_every_recipe_parses_on_top_of_the_defaults(recipe, capsys):
 def test_batch_size_is_linked_and_default_keys_survive():
     """The instantiated run: model.batch_size follows data.batch_size, and keys only
     configs/default.yaml sets (the classes' defaults differ) reach the objects."""
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_vits16.yaml"), "--data.init_args.batch_size", "12",
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_small_ddp.yaml"), "--data.init_args.batch_size", "12",
                            "--data.init_args.synthetic", "8",  # no ImageNet shards here: checked before building
                            "--trainer.devices", "1", "--trainer.accelerator", "cpu",
                            "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
@@ -37,13 +37,13 @@ def test_batch_size_is_linked_and_default_keys_survive():
     assert built.datamodule.batch_size == built.model.hparams.batch_size == 12
     assert built.datamodule.resampled is True and built.datamodule.num_workers == 10  # class: False, 8
     assert built.trainer.log_every_n_steps == 10  # Lightning: 50
-    assert built.model.hparams.norm_last_layer is False  # the recipe over default.yaml's true
+    assert built.model.hparams.norm_last_layer is True  # the 100-epoch ViT-S/16 reference run's
 
 
 def test_missing_default_config_is_one_clear_line(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "configs" / "default.yaml"
     monkeypatch.setattr(cli, "DEFAULT_CONFIG", missing)
-    assert cli.main(["--config", str(ROOT / "configs" / "dino_tiny_vit.yaml"), "--print_config"]) == 1
+    assert cli.main(["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--print_config"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"locatdino fit: {missing} not found") and "reinstall locatdino" in err and "\n" not in err
 
@@ -53,36 +53,21 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
     a checkout; an existing file wins; anything else is left for the parser to report."""
     from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
 
-    assert recipes() == ["dino_locatvits16", "dino_tiny_locatvit", "dino_tiny_vit", "dino_vits16", "fsdp_vitl16",
-                         "ibot_locatvits16", "ibot_tiny_locatvit", "ibot_tiny_vit", "ibot_vits16", "sup_locatvits16",
-                         "sup_tiny_locatvit", "sup_tiny_vit", "sup_vits16"]
+    assert recipes() == ["dino_large_fsdp", "dino_small_ddp", "dino_tiny_cpu", "ibot_small_ddp", "ibot_tiny_cpu",
+                         "sup_small_ddp", "sup_tiny_cpu"]
     assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
     monkeypatch.chdir(tmp_path)
-    shipped = str(CONFIG_DIR / "dino_tiny_vit.yaml")
-    assert [resolve_recipe(v) for v in ("dino_tiny_vit", "dino_tiny_vit.yaml", "configs/dino_tiny_vit.yaml")] == [
+    shipped = str(CONFIG_DIR / "dino_tiny_cpu.yaml")
+    assert [resolve_recipe(v) for v in ("dino_tiny_cpu", "dino_tiny_cpu.yaml", "configs/dino_tiny_cpu.yaml")] == [
         shipped] * 3
     (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "dino_tiny_vit.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file wins
-    assert resolve_recipe("configs/dino_tiny_vit.yaml") == "configs/dino_tiny_vit.yaml"
-    assert resolve_recipe("other/dino_tiny_vit.yaml") == "other/dino_tiny_vit.yaml"
+    (tmp_path / "configs" / "dino_tiny_cpu.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file wins
+    assert resolve_recipe("configs/dino_tiny_cpu.yaml") == "configs/dino_tiny_cpu.yaml"
+    assert resolve_recipe("other/dino_tiny_cpu.yaml") == "other/dino_tiny_cpu.yaml"
     assert resolve_recipe("no_such_recipe") == "no_such_recipe"
-    built = cli.build_cli(["--config=dino_tiny_locatvit", "--data.init_args.batch_size", "3"], run=False)
-    assert built.model.hparams.backbone == "locatvit_tiny" and built.datamodule.batch_size == 3
-
-
-@pytest.mark.parametrize("value, renamed", [("tiny_vit", "dino_tiny_vit"), ("--config=tiny_locatvit.yaml", None),
-                                            ("configs/tiny_locatvit.yaml", "configs/dino_tiny_locatvit.yaml")])
-def test_a_recipe_s_earlier_name_is_one_line_with_its_new_name(tmp_path, monkeypatch, capsys, value, renamed):
-    monkeypatch.chdir(tmp_path)
-    argv = [value] if value.startswith("--") else ["--config", value]
-    assert command_line.main(["fit", *argv, "--print_config"]) == 2
-    value = value.removeprefix("--config=")
-    renamed = renamed or "dino_" + value
-    assert capsys.readouterr().err == f"locatdino fit: --config {value} was renamed {renamed}\n"
-    (tmp_path / "tiny_vit.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file of that name is read
-    from locatdino.configs import resolve_recipe
-
-    assert resolve_recipe("tiny_vit.yaml") == "tiny_vit.yaml"
+    built = cli.build_cli(["--config=dino_tiny_cpu", "--model.backbone", "locatvit_tiny_patch8_224",
+                           "--data.init_args.batch_size", "3"], run=False)
+    assert built.model.hparams.backbone == "locatvit_tiny_patch8_224" and built.datamodule.batch_size == 3
 
 
 @pytest.mark.slow
@@ -105,7 +90,7 @@ def test_configs_ship_in_a_non_editable_install(tmp_path):
     shipped = sorted(p.name for p in (tmp_path / "site" / "locatdino" / "configs").glob("*.yaml"))
     assert shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) and "default.yaml" in shipped
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "locatdino", "fit", "--config", "configs/dino_tiny_vit.yaml",
+    proc = subprocess.run([sys.executable, "-m", "locatdino", "fit", "--config", "configs/dino_tiny_cpu.yaml",
                            "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**env, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -224,7 +209,7 @@ def test_stale_checkpoint_temporaries_are_removed_at_start(tmp_path):
     ckpts.mkdir(parents=True)
     stale = ckpts / f".last.ckpt.999999999@{_HOST}.0123abcd.tmp"  # beyond pid_max: a dead writer
     stale.write_bytes(b"half a checkpoint")
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_vit.yaml"), "--trainer.default_root_dir",
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--trainer.default_root_dir",
                            str(tmp_path / "run")], run=False)
     assert stale.exists()  # parsing alone touches nothing
     built.config = Namespace(fit=built.config)
@@ -345,13 +330,13 @@ def test_resume_checkpoints_are_checked_before_anything_is_built(tmp_path, capsy
                                    "training state; a plain state dict or an export?): start from its weights with "
                                    "--model.backbone_checkpoint")
     ckpts.mkdir(parents=True)
-    hparams = {"backbone": "locatvit_tiny", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "out_dim": 128,
+    hparams = {"backbone": "locatvit_tiny_patch8_224", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "out_dim": 128,
                "lr": 0.5, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
     torch.save({"pytorch-lightning_version": "2.6.6", "hyper_parameters": hparams, "state_dict": {}},
                ckpts / "last.ckpt")
     status, err = _fit_error(capsys, [*args, "--ckpt_path", "last"])
     assert status == 1 and err == (f"locatdino fit: ckpt_path {ckpts / 'last.ckpt'} was trained with other settings "
-                                   "(model.backbone: 'locatvit_tiny' in the checkpoint, 'vit_tiny_patch16_224' in the "
+                                   "(model.backbone: 'locatvit_tiny_patch8_224' in the checkpoint, 'vit_tiny_patch16_224' in the "
                                    "config; model.lr: 0.5 in the checkpoint, 0.002 in the config): resume with the "
                                    "run's config, or start a new run from its weights with --model.backbone_checkpoint")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "teacher.pth"]  # no shards, no logs

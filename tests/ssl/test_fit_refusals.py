@@ -45,7 +45,7 @@ def test_a_checkpoint_of_another_objective_is_refused(runs, tmp_path, capsys):
                                       "--ckpt_path", "last"])
     assert status == 1 and err == (f"locatdino fit: ckpt_path {ibot_last} holds a locatdino.ssl.IBOTModule run, the "
                                    f"config trains locatdino.ssl.DINOModule (model.class_path): {tail}")
-    status, err = _fit_error(capsys, ["--config", "sup_tiny_vit", "--trainer.default_root_dir", str(tmp_path / "sup"),
+    status, err = _fit_error(capsys, ["--config", "sup_tiny_cpu", "--trainer.default_root_dir", str(tmp_path / "sup"),
                                       "--ckpt_path", str(dino_last)])
     assert status == 1 and err.startswith(f"locatdino fit: ckpt_path {dino_last} holds a locatdino.ssl.DINOModule "
                                           "run, the config trains locatdino.ssl.SupervisedModule")

@@ -10,7 +10,7 @@ from locatdino.ssl import DINOFSDPStrategy, DINOModule, IBOTModule, SupervisedMo
 from locatdino.ssl.fsdp import BLOCK_CHECKPOINTING
 
 HEAD = {k: TINY_MODEL[k] for k in ("out_dim", "hidden_dim", "bottleneck_dim")}
-COMMON = {"backbone": "locatvit_tiny", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "batch_size": 4,
+COMMON = {"backbone": "locatvit_tiny_patch16_224", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "batch_size": 4,
           "drop_path_rate": 0.2}  # stochastic depth: the recomputation must replay its draws
 VALUES = {"teacher_temp": 0.04, "teacher_patch_temp": 0.07}
 

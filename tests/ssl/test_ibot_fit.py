@@ -14,10 +14,11 @@ from test_ibot_module import TINY_IBOT
 from locatdino.ssl import cli, export
 
 
-def ibot_overrides(tmp_path, recipe: str = "ibot_tiny_vit") -> list[str]:
-    """tiny_overrides (the tiny DINO run shrunk further) with an iBOT recipe and 4 x 4 tokens per global crop."""
+def ibot_overrides(tmp_path, backbone: str = "vit_tiny_patch16_224") -> list[str]:
+    """tiny_overrides (the tiny DINO run shrunk further) with the iBOT recipe and 4 x 4 tokens per global crop."""
     args = tiny_overrides(tmp_path)
-    args[args.index("--config") + 1] = str(ROOT / "configs" / f"{recipe}.yaml")
+    args[args.index("--config") + 1] = str(ROOT / "configs" / "ibot_tiny_cpu.yaml")
+    args += ["--model.backbone", backbone]
     args[args.index("--model.backbone_kwargs") + 1] = json.dumps(TINY_IBOT["backbone_kwargs"])
     return [*args, "--model.patch_out_dim", "96"]
 
@@ -29,7 +30,7 @@ def _logged(run, version: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_fit_resume_and_export_of_the_tiny_recipe(tmp_path):
-    args = ibot_overrides(tmp_path, "ibot_tiny_locatvit")
+    args = ibot_overrides(tmp_path, "locatvit_tiny_patch8_224")
     run = tmp_path / "run"
     assert cli.main([*args, "--trainer.max_steps", "3"]) == 0
     rows = _logged(run, 0)
@@ -44,7 +45,7 @@ def test_fit_resume_and_export_of_the_tiny_recipe(tmp_path):
 
     out = tmp_path / "teacher.pth"
     assert export.main([str(last), str(out)]) == 0
-    model = timm.create_model("locatvit_tiny", num_classes=0, **TINY_IBOT["backbone_kwargs"])
+    model = timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **TINY_IBOT["backbone_kwargs"])
     model.load_state_dict(torch.load(out, weights_only=True), strict=True)  # no mask token, no head
 
 

@@ -104,7 +104,7 @@ def test_fit_continues_from_a_locatified_release_and_says_what_it_took(tmp_path,
     release = locatify(create_backbone("vit_tiny_patch16_224", **TINY_MODEL["backbone_kwargs"]))
     path = tmp_path / "locat_release.pth"
     torch.save(release.state_dict(), path)
-    args = [*tiny_overrides(tmp_path), "--model.backbone", "locatvit_tiny", "--model.backbone_checkpoint", str(path),
+    args = [*tiny_overrides(tmp_path), "--model.backbone", "locatvit_tiny_patch16_224", "--model.backbone_checkpoint", str(path),
             "--trainer.max_steps", "2"]
     assert cli.main(args) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "backbone_checkpoint" in line]

@@ -30,7 +30,8 @@ def fixed_batches(n: int, batch: int = 8, seed: int = 0) -> list[dict]:
 def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
     """The class_path picks the objective and the data module; the supervised defaults (DeiT: wd
     0.05, min lr 1e-5) are not overwritten by DINO's values of the same names."""
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "sup_tiny_locatvit.yaml"),
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "sup_tiny_cpu.yaml"),
+                           "--model.backbone", "locatvit_tiny_patch8_224",
                            "--data.init_args.train_urls", str(tmp_path / "t"), "--data.init_args.val_urls",
                            str(tmp_path / "v"), "--data.init_args.batch_size", "12"], run=False)
     model, data = built.model, built.datamodule
@@ -45,7 +46,7 @@ def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
 
 
 def test_a_dino_recipe_still_builds_dino():
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_vit.yaml"), "--model.lr", "0.003",
+    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--model.lr", "0.003",
                            "--data.init_args.synthetic", "8"], run=False)
     assert type(built.model).__name__ == "DINOModule" and built.model.hparams.lr == 0.003
 
@@ -183,7 +184,7 @@ def test_labels_the_classifier_or_loss_cannot_take_are_one_line():
 
 
 def test_an_input_size_the_patch_does_not_divide_is_one_line(tmp_path, capsys):
-    status = cli.main(["--config", str(ROOT / "configs" / "sup_tiny_vit.yaml"), "--data.init_args.transform.input_size",
+    status = cli.main(["--config", str(ROOT / "configs" / "sup_tiny_cpu.yaml"), "--data.init_args.transform.input_size",
                        "60", "--trainer.default_root_dir", str(tmp_path / "run")])
     assert status == 1 and capsys.readouterr().err.strip() == (
         "locatdino fit: data.init_args.transform.input_size: 60 px is not a multiple of the patch size 8 of "

@@ -50,17 +50,17 @@ def test_lightning_checkpoint_with_gaug(tmp_path, tiny_locatvit):
     state.update({f"student.backbone.{k}": torch.zeros_like(v) for k, v in sd.items()})
     state["teacher.head.mlp.0.weight"] = torch.randn(4, 4)
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": state, "epoch": 1}, tmp_path / "last.ckpt")
-    _assert_loaded(create_backbone("locatvit_tiny", tmp_path / "last.ckpt", **TINY), sd)
+    _assert_loaded(create_backbone("locatvit_tiny_patch16_224", tmp_path / "last.ckpt", **TINY), sd)
 
 
 def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
     torch.manual_seed(0)
-    public = timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2)  # 224 px, 1000-class head
+    public = timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2)  # 224 px, 1000-class head
     sd = public.state_dict()
     assert {"blocks.1.attn.gaug.log_var.weight", "blocks.1.attn.gaug.log_alpha.bias", "head.weight"} <= set(sd)
-    timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2).load_state_dict(sd, strict=True)
-    torch.save({"state_dict": sd, "arch": "locatvit_tiny", "epoch": 300}, tmp_path / "locatvit.pth.tar")
-    model = create_backbone("locatvit_tiny", tmp_path / "locatvit.pth.tar", **TINY)  # 64 px: 4×4 grid
+    timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2).load_state_dict(sd, strict=True)
+    torch.save({"state_dict": sd, "arch": "locatvit_tiny_patch16_224", "epoch": 300}, tmp_path / "locatvit.pth.tar")
+    model = create_backbone("locatvit_tiny_patch16_224", tmp_path / "locatvit.pth.tar", **TINY)  # 64 px: 4×4 grid
     assert model.pos_embed.shape == (1, 17, 64)
     torch.testing.assert_close(model.blocks[1].attn.gaug.log_var.weight, sd["blocks.1.attn.gaug.log_var.weight"])
 
@@ -68,13 +68,13 @@ def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
 def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     torch.save(vit_weights, tmp_path / "vit.pth")
     with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*locatify"):
-        create_backbone("locatvit_tiny", tmp_path / "vit.pth", **TINY)
+        create_backbone("locatvit_tiny_patch16_224", tmp_path / "vit.pth", **TINY)
     sd = tiny_locatvit.state_dict()
     sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
     torch.save(sd, tmp_path / "bad.pth")
-    with pytest.raises(ValueError, match=r"bad.pth does not fit locatvit_tiny: blocks.0.attn.gaug.log_var.weight: "
+    with pytest.raises(ValueError, match=r"bad.pth does not fit locatvit_tiny_patch16_224: blocks.0.attn.gaug.log_var.weight: "
                                          r"checkpoint \[2, 16\] vs model \[2, 32\]$"):
-        create_backbone("locatvit_tiny", tmp_path / "bad.pth", **TINY)
+        create_backbone("locatvit_tiny_patch16_224", tmp_path / "bad.pth", **TINY)
     torch.save({"epoch": 3, "weights": [1, 2]}, tmp_path / "odd.pth")
     with pytest.raises(ValueError, match="odd.pth: not a known checkpoint layout .*epoch, weights"):
         load_backbone_state_dict(tmp_path / "odd.pth")
@@ -91,17 +91,17 @@ def test_model_is_rebuilt_at_the_checkpoint_build_size(tmp_path):
     """A LocAtViT trained at 64 px loads as a 64 px model (GAug constants of a 4×4 build grid)
     unless img_size is given, in which case pos_embed is resampled to the requested grid."""
     torch.manual_seed(0)
-    trained = timm.create_model("locatvit_tiny", num_classes=0, **TINY).eval()
+    trained = timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **TINY).eval()
     torch.save(trained.state_dict(), tmp_path / "teacher.pth")
     small = dict(depth=2, embed_dim=64, num_heads=2)
 
-    loaded = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", **small).eval()
+    loaded = create_backbone("locatvit_tiny_patch16_224", tmp_path / "teacher.pth", **small).eval()
     assert loaded.patch_embed.grid_size == (4, 4)
     assert loaded.blocks[0].attn.gaug.c == 16.0
     x = torch.randn(2, 3, 96, 128)
     torch.testing.assert_close(loaded(x), trained(x), rtol=0, atol=0)
 
-    rebuilt = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", img_size=224, **small)
+    rebuilt = create_backbone("locatvit_tiny_patch16_224", tmp_path / "teacher.pth", img_size=224, **small)
     assert rebuilt.patch_embed.grid_size == (14, 14) and rebuilt.blocks[0].attn.gaug.c == 196.0
     assert rebuilt.pos_embed.shape == (1, 1 + 14 * 14, 64)
 
@@ -118,7 +118,7 @@ def _meta_state_dict(name: str) -> dict[str, torch.Tensor]:
      "[768, 3, 16, 16] vs model [384, 3, 16, 16]; 147 more shapes differ", "a ViT-B/16 checkpoint for a ViT-S/16 model?"),
     ("vit_small_patch8_224", "vit_small_patch16_224", "pos_embed: checkpoint [1, 785, 384] vs model [1, 197, 384]; "
      "patch_embed.proj.weight: checkpoint [384, 3, 8, 8] vs model [384, 3, 16, 16]", "a ViT-S/8 checkpoint for a ViT-S/16 model?"),
-    ("locatvit_tiny", "locatvit_small", "cls_token: checkpoint [1, 1, 192] vs model [1, 1, 384]",
+    ("locatvit_tiny_patch16_224", "locatvit_small_patch16_224", "cls_token: checkpoint [1, 1, 192] vs model [1, 1, 384]",
      "a LocAtViT-T/16 checkpoint for a LocAtViT-S/16 model?"),
 ])
 def test_wrong_architecture_names_keys_shapes_and_both_architectures(checkpoint_arch, model_arch, first, guess):
@@ -173,10 +173,10 @@ def test_a_pretrained_tag_without_checkpoint_is_refused():
 def test_patch_size_and_build_size_come_from_the_checkpoint(tmp_path):
     """A patch-8, 64 px run (the tiny recipes) reloads as patch 8 at 64 px: 8 x 8 grid, same weights."""
     torch.manual_seed(0)
-    trained = timm.create_model("locatvit_tiny", depth=2, embed_dim=64, num_heads=2, img_size=64, patch_size=8,
+    trained = timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2, img_size=64, patch_size=8,
                                 num_classes=0)
     torch.save(trained.state_dict(), tmp_path / "teacher.pth")
-    model = create_backbone("locatvit_tiny", tmp_path / "teacher.pth", depth=2, embed_dim=64, num_heads=2)
+    model = create_backbone("locatvit_tiny_patch16_224", tmp_path / "teacher.pth", depth=2, embed_dim=64, num_heads=2)
     assert model.patch_embed.patch_size == (8, 8) and model.pos_embed.shape == (1, 65, 64)
     x = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(model.eval()(x), trained.eval()(x))

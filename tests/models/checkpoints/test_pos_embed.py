@@ -101,8 +101,8 @@ def test_the_rule_each_checkpoint_gets_and_explicit_choice(dino_file, tmp_path):
     assert create_backbone("vit_tiny_patch16_224", tmp_path / "last.ckpt", **SMALL).pos_embed_rule == "timm"
 
     torch.manual_seed(0)
-    torch.save(timm.create_model("locatvit_tiny", num_classes=0, **SMALL).state_dict(), tmp_path / "locatvit.pth")
-    assert create_backbone("locatvit_tiny", tmp_path / "locatvit.pth", **SMALL).pos_embed_rule == "timm"
+    torch.save(timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **SMALL).state_dict(), tmp_path / "locatvit.pth")
+    assert create_backbone("locatvit_tiny_patch16_224", tmp_path / "locatvit.pth", **SMALL).pos_embed_rule == "timm"
     with pytest.raises(ValueError, match="pos_embed must be 'auto', 'timm' or 'dino', got 'bicubic'"):
         create_backbone("vit_tiny_patch16_224", dino_file, pos_embed="bicubic", **SMALL)
 

@@ -71,7 +71,7 @@ def test_a_dino_step_compiles_three_variants(monkeypatch):
     monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
     torch._dynamo.reset()
     torch.manual_seed(0)
-    module = DINOModule("locatvit_tiny", dict(img_size=64, depth=1, embed_dim=64, num_heads=2), batch_size=2,
+    module = DINOModule("locatvit_tiny_patch16_224", dict(img_size=64, depth=1, embed_dim=64, num_heads=2), batch_size=2,
                         out_dim=32, hidden_dim=32, bottleneck_dim=16)
     for layer in module.modules():
         if isinstance(layer, GAugAttention):

@@ -59,6 +59,6 @@ def test_oldest_grid_is_evicted():
 
 
 def test_dynamic_img_pad_accepts_any_size_with_the_padded_grid():
-    model = timm.create_model("locatvit_tiny", num_classes=0, dynamic_img_pad=True, **TINY).eval()
+    model = timm.create_model("locatvit_tiny_patch16_224", num_classes=0, dynamic_img_pad=True, **TINY).eval()
     model(torch.randn(1, 3, 70, 40))
     assert model.blocks[0].attn.patch_grid.lookup(1 + 15) == (5, 3)
