@@ -69,7 +69,7 @@ from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
 from locatdino.data.transforms.classification import ClassificationTransform  # noqa: E402
 from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
-from locatdino.output_files import atomic_write_text  # noqa: E402
+from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locatdino.errors import UsageError
+from locatdino.common.errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"

@@ -45,7 +45,7 @@ from locatdino.probes.linear_head import LinearSegHead
 from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
 from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
-from locatdino.progress import progress
+from locatdino.common.progress import progress
 
 PROBE_AUGMENT = ("reference", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve

@@ -18,11 +18,11 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from locatdino.output_files import atomic_write
+from locatdino.common.output_files import atomic_write
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` through :func:`locatdino.output_files.atomic_write` (temporary, fsync, rename)."""
+    """``torch.save`` through :func:`locatdino.common.output_files.atomic_write` (temporary, fsync, rename)."""
     atomic_write(path, lambda f: torch.save(obj, f))
 
 

@@ -51,9 +51,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
 from locatdino.data import ShardDataModule, SkippedSamplesLogger
-from locatdino.errors import UsageError, UserError
-from locatdino.output_files import disk_full_message, output_lock, remove_stale_temporaries
-from locatdino.processes import Terminated, stop_status
+from locatdino.common.errors import UsageError, UserError
+from locatdino.common.output_files import disk_full_message, output_lock, remove_stale_temporaries
+from locatdino.common.processes import Terminated, stop_status
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,

@@ -39,7 +39,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import StrategyRegistry
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 240.0
 # Below MIN_COLLECTIVE_TIMEOUT_S a healthy run stops as if a rank hung: the processes of one job

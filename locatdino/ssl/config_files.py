@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 
 _MAPPING_HINT = "a config is a mapping of keys (model:, data:, trainer:, ...)"
 

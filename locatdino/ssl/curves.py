@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from locatdino.output_files import atomic_write
+from locatdino.common.output_files import atomic_write
 
 CURVES_NAME = "curves.png"
 _PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (

@@ -29,12 +29,12 @@ from timm.models import split_model_name_tag
 from torch import nn
 
 import locatdino
-from locatdino.arguments import ArgumentParser, option_groups
+from locatdino.common.arguments import ArgumentParser, option_groups
 from locatdino.evaluation.model_runs import parse_model
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.models.checkpoints.loading import network_name
 from locatdino.models.token_grid import patch_size
-from locatdino.output_files import DiskFullError, remove_stale_temporaries
+from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.ssl.export_files import (FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files,
                                         write_export)
 from locatdino.ssl.model_card import logged_evaluation, model_card

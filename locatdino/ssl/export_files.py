@@ -37,7 +37,7 @@ from timm.models._hub import save_config_for_hf  # timm exports only push_to_hf_
 from torch import nn
 
 from locatdino.models.checkpoints.loading import EXPORT_KEY, WRITTEN_BY
-from locatdino.output_files import atomic_write, atomic_write_text
+from locatdino.common.output_files import atomic_write, atomic_write_text
 
 FORMATS = ("pth", "safetensors", "hf-hub")
 HUB_WEIGHTS, HUB_CONFIG, HUB_CARD = "model.safetensors", "config.json", "README.md"

@@ -9,7 +9,7 @@ a fresh run into a folder holding another run's checkpoints (Lightning would rep
 folder that cannot be written, a learning rate that would not train, an objective option out of its
 range (:mod:`locatdino.ssl.option_checks`).
 :func:`check_fit_config` checks them on the merged config, before the model, the data or the
-Trainer are built, and raises a :class:`~locatdino.errors.UserError` naming the config key and
+Trainer are built, and raises a :class:`~locatdino.common.errors.UserError` naming the config key and
 the value. :class:`FitArgumentParser` shortens the parser's own errors (a
 100-line usage dump) to one line, naming the ``--config`` file that set the key at fault.
 """
@@ -29,10 +29,10 @@ from lightning.pytorch.cli import LightningArgumentParser
 from timm.models import split_model_name_tag
 
 from locatdino.data.shards.stream import expand_urls
-from locatdino.errors import UserError, first_line
+from locatdino.common.errors import UserError, first_line
 from locatdino.models import create_backbone, load_checkpoint
 from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
-from locatdino.output_files import ensure_writable
+from locatdino.common.output_files import ensure_writable
 from locatdino.ssl.config_files import where_set
 from locatdino.ssl.option_checks import check_objective_options, objective_class
 

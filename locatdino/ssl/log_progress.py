@@ -2,7 +2,7 @@
 
 Lightning's default bar (tqdm) redraws itself with carriage returns: in a cluster job's log that
 is one endless line. ``locatdino fit`` uses this bar instead when stdout is not a terminal
-(:func:`wants_line_progress`), the same rule as :mod:`locatdino.progress` for every other
+(:func:`wants_line_progress`), the same rule as :mod:`locatdino.common.progress` for every other
 command: a line when training starts, one at most every ``interval`` seconds (step, epoch, the
 metrics the bar would show, elapsed time), one after each validation and one at the end. Only
 global rank 0 prints (Lightning disables the bar elsewhere).
@@ -17,7 +17,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
 
-from locatdino.progress import LOG_INTERVAL_S, is_terminal
+from locatdino.common.progress import LOG_INTERVAL_S, is_terminal
 
 
 def wants_line_progress(trainer_config: dict[str, Any]) -> bool:

@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.models.checkpoints.loading import EVALUATED_NETWORK_KEY
 from locatdino.ssl.fsdp import DINOFSDPStrategy
 

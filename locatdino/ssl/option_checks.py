@@ -7,7 +7,7 @@ that does not apply) or never (iBOT's ``patch_out_dim 0`` used to become ``out_d
 ``mask_min_patches`` no block of the token grid can hold masks next to nothing: plain DINO under
 iBOT's name). Each option's range is declared once, for the objective class that introduces it (a
 subclass inherits its parents': IBOTModule → DINOModule → PretrainingObjective); a value outside it
-is one :class:`~locatdino.errors.UserError` naming ``model.<option>`` and the value, as the
+is one :class:`~locatdino.common.errors.UserError` naming ``model.<option>`` and the value, as the
 ``model.lr`` check does.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from jsonargparse import Namespace
 from torch import nn
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.models.token_grid import token_grid
 from locatdino.ssl.dino_module import DINOModule
 from locatdino.ssl.ibot.module import IBOTModule

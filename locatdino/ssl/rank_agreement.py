@@ -21,7 +21,7 @@ import torch.distributed as dist
 from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 
 _NOT_COMPARED = ("config", "__default_config__")  # where the settings were read from, not what they are
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from locatdino.output_files import atomic_write_text
+from locatdino.common.output_files import atomic_write_text
 from locatdino.ssl.fit_checks import checkpoint_dir
 
 RESTART_COUNTS = {"TORCHELASTIC_RESTART_COUNT": "torchrun", "SLURM_RESTART_COUNT": "SLURM"}

@@ -17,7 +17,7 @@ one-process run), so all of them act at the same step:
 - **SIGUSR1 outside a SLURM requeue** (another scheduler's pre-emption warning, a ``kill -USR1``):
   the same as SIGTERM, exit status 138. Python's default would kill the run on the spot, losing
   the steps since the last periodic checkpoint. Outside training, both signals end ``fit`` as every
-  command (:mod:`locatdino.processes`).
+  command (:mod:`locatdino.common.processes`).
 - **the requeue signal** (SIGUSR1, ``#SBATCH --signal=USR1@90``; only when Lightning's
   ``SLURMEnvironment`` with ``auto_requeue`` is the cluster environment, as it is under ``srun``):
   save ``last.ckpt``, then rank 0 runs ``scontrol requeue <job id>`` as Lightning would (a failure,
@@ -39,7 +39,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from locatdino.processes import STOP_SIGNALS
+from locatdino.common.processes import STOP_SIGNALS
 
 
 class StoppedBySignal(Exception):

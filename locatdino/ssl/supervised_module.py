@@ -23,7 +23,7 @@ from timm.scheduler import create_scheduler_v2
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.ssl.objective import PretrainingObjective
 from locatdino.ssl.schedules import scaled_lr

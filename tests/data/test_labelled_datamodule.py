@@ -10,7 +10,7 @@ from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, scene_class
 from locatdino.data.shards.sources import FolderSource
 from locatdino.data.shards.writer import write_shards
 from locatdino.data.transforms.classification import ClassificationTransform
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 
 N = 12
 

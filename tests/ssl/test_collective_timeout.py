@@ -13,7 +13,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 from ssl_helpers import tiny_overrides
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.ssl import DINOFSDPStrategy
 from locatdino.ssl.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,

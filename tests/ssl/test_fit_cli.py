@@ -218,7 +218,7 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
 
 
 def test_stale_checkpoint_temporaries_are_removed_at_start(tmp_path):
-    from locatdino.output_files import _HOST
+    from locatdino.common.output_files import _HOST
 
     ckpts = tmp_path / "run" / "checkpoints"
     ckpts.mkdir(parents=True)
@@ -255,7 +255,7 @@ def test_export_reads_a_full_dino_training_checkpoint(tmp_path, capsys):
     torch.save({"student": student, "teacher": teacher, "epoch": 3, "args": argparse.Namespace(arch="vit_tiny")}, ckpt)
 
     out = tmp_path / "teacher.pth"
-    from locatdino.output_files import _HOST
+    from locatdino.common.output_files import _HOST
 
     stale = tmp_path / f".teacher.pth.999999999@{_HOST}.0123abcd.tmp"  # an export killed mid-write
     stale.write_bytes(b"half")
@@ -359,7 +359,7 @@ def test_resume_checkpoints_are_checked_before_anything_is_built(tmp_path, capsy
 
 
 def test_a_second_fit_into_one_run_folder_is_refused(tmp_path, capsys):
-    from locatdino.output_files import output_lock
+    from locatdino.common.output_files import output_lock
 
     with output_lock(tmp_path / "run", "trainer.default_root_dir"):  # a first fit, still training
         status = cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "1"])

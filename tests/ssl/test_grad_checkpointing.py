@@ -5,7 +5,7 @@ import pytest
 import torch
 from ssl_helpers import TINY_MODEL, random_batch
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.ssl import DINOFSDPStrategy, DINOModule, IBOTModule, SupervisedModule
 from locatdino.ssl.fsdp import BLOCK_CHECKPOINTING
 

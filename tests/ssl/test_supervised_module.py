@@ -169,7 +169,7 @@ def test_export_of_a_supervised_checkpoint_loads_into_hbird(tmp_path, capsys):
 def test_labels_the_classifier_or_loss_cannot_take_are_one_line():
     from types import SimpleNamespace
 
-    from locatdino.errors import UserError
+    from locatdino.common.errors import UserError
 
     def setup(m, num_classes, multilabel):
         m._trainer = SimpleNamespace(datamodule=SimpleNamespace(num_classes=num_classes, multilabel=multilabel))

@@ -41,7 +41,7 @@ from locatdino.probes.class_features import eval_transform
 from locatdino.probes.lincls.cache import ClassFeatures
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.views import ClassViews, collate_views, train_transform
-from locatdino.progress import progress
+from locatdino.common.progress import progress
 
 PROTOCOLS = ("full", "fast")
 # DINOv2's grid of base learning rates (each × batch / 256)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 if TYPE_CHECKING:
     import numpy as np
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -251,20 +251,20 @@ _HELD_LOCKS: set[int] = set()  # fds of the output locks this process holds now
 
 def inherited_lock_fds() -> list[int]:
     """The descriptors of the output locks held when this process was forked: a child closes them
-    (:func:`locatdino.processes.worker_pool`), so that a child outliving its parent never holds the
+    (:func:`locatdino.common.processes.worker_pool`), so that a child outliving its parent never holds the
     parent's output folder."""
     return sorted(_HELD_LOCKS)
 
 
 @contextlib.contextmanager
 def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Iterator[Path]:
-    """Hold ``folder/.locatdino.lock`` for the block; :class:`~locatdino.errors.UserError` at once
+    """Hold ``folder/.locatdino.lock`` for the block; :class:`~locatdino.common.errors.UserError` at once
     when another run holds it (its pid and host are in the message).
 
     ``flock`` locks end with their process, so a killed run never leaves the folder locked; the
     file itself stays (removing it would let a third run lock a different file). A lock outlives
     its run only in a process that inherited it and outlived the run (the command's own workers
-    close it and end with it: :mod:`locatdino.processes`); the message then says so.
+    close it and end with it: :mod:`locatdino.common.processes`); the message then says so.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

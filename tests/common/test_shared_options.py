@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from locatdino.arguments import SHARED_OPTIONS
+from locatdino.common.arguments import SHARED_OPTIONS
 from locatdino.cli import COMMANDS
 
 # a command line whose first word picks another parser

@@ -1,9 +1,9 @@
-"""The one overwrite rule (locatdino.output_folder): earlier output is what a run recorded writing."""
+"""The one overwrite rule (locatdino.common.output_folder): earlier output is what a run recorded writing."""
 
 import pytest
 
-from locatdino.errors import UserError
-from locatdino.output_folder import RECORD_NAME, OutputFolder
+from locatdino.common.errors import UserError
+from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
 
 def _run(path, files, overwrite=False, command="hbird"):

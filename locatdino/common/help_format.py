@@ -4,7 +4,7 @@ argparse's ``ArgumentDefaultsHelpFormatter`` appends ``(default: …)`` to every
 the help text already says what the default is (``--max-steps … (default: the recipes' budget)
 (default: None)``) and for plain flags (``(default: False)``).
 
-Every command's parser has the same option groups (:func:`locatdino.arguments.option_groups`);
+Every command's parser has the same option groups (:func:`locatdino.common.arguments.option_groups`);
 argparse prints a group with a description even when no option of the command is in it. Both are
 done through the formatter's public methods (``add_argument``, ``start_section``, ``add_text``,
 ``add_arguments``, ``end_section``), which argparse calls for every option and every group.

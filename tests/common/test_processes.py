@@ -1,4 +1,4 @@
-"""The one contract for stop signals and child processes (locatdino.processes): a stop signal is an
+"""The one contract for stop signals and child processes (locatdino.common.processes): a stop signal is an
 exception carrying it; pool workers end with the block that started them when it fails, end
 with their parent when it is killed, and never hold their parent's output lock."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from locatdino.output_files import inherited_lock_fds, output_lock
-from locatdino.processes import (
+from locatdino.common.output_files import inherited_lock_fds, output_lock
+from locatdino.common.processes import (
     STOP_SIGNALS,
     Terminated,
     raising_stop_signals,
@@ -73,7 +73,7 @@ def test_a_failing_block_kills_its_workers_which_never_hold_the_output_lock(tmp_
 
 KILLED_PARENT = """
 import os, signal, sys, time
-from locatdino.processes import worker_pool
+from locatdino.common.processes import worker_pool
 with worker_pool(2) as pool:
     pids = {pool.submit(os.getpid).result() for _ in range(8)}
     pool.submit(time.sleep, 60)

@@ -1,4 +1,4 @@
-"""The package's one atomic-write helper and its output checks (``locatdino.output_files``)."""
+"""The package's one atomic-write helper and its output checks (``locatdino.common.output_files``)."""
 
 import errno
 import json
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from locatdino import output_files
-from locatdino.output_files import (DiskFullError, atomic_write_text, ensure_writable, make_temporary_dir,
+from locatdino.common import output_files
+from locatdino.common.output_files import (DiskFullError, atomic_write_text, ensure_writable, make_temporary_dir,
                                     remove_stale_temporaries, reserve_space, temporary_sibling)
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.report import write_run
@@ -136,7 +136,7 @@ def test_ensure_writable_names_the_folder_in_one_line(tmp_path):
 
 _FULL_DISK_SCRIPT = r"""
 import json, os, sys, torch
-from locatdino.output_files import DiskFullError, atomic_write, atomic_write_text
+from locatdino.common.output_files import DiskFullError, atomic_write, atomic_write_text
 from locatdino.retrieval.memory import MemoryBank
 def atomic_torch_save(obj, path):  # locatdino.ssl's, without importing Lightning (seconds)
     atomic_write(path, lambda f: torch.save(obj, f))
@@ -172,8 +172,8 @@ def test_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path):
 
 
 def test_output_lock_refuses_a_second_holder_and_ends_with_its_holder(tmp_path):
-    from locatdino.errors import UserError
-    from locatdino.output_files import output_lock
+    from locatdino.common.errors import UserError
+    from locatdino.common.output_files import output_lock
 
     with output_lock(tmp_path / "out"):
         with pytest.raises(UserError, match=f"output folder {tmp_path / 'out'} is in use by another run \\(pid {os.getpid()} "):
@@ -198,8 +198,8 @@ def test_output_lock_refuses_a_second_holder_and_ends_with_its_holder(tmp_path):
 def test_a_lock_held_by_what_an_ended_run_left_behind_says_so(tmp_path):
     """A run whose forked child (not one of the command's own workers, which close the lock) outlives
     it: the folder stays locked, and the refusal names the ended run instead of calling it running."""
-    from locatdino.errors import UserError
-    from locatdino.output_files import _HOST, output_lock
+    from locatdino.common.errors import UserError
+    from locatdino.common.output_files import _HOST, output_lock
 
     lock = tmp_path / ".locatdino.lock"
     script = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "

@@ -16,7 +16,7 @@ could end them left them running, re-parented to init, holding that lock, so the
 the folder was refused as "in use" by a run that no longer existed. :func:`worker_pool` is the one
 way a command starts worker processes: each worker asks the kernel to kill it when its parent
 dies (``PR_SET_PDEATHSIG`` on Linux; elsewhere a thread that watches the parent), closes the
-parent's output locks it inherited (:func:`locatdino.output_files.inherited_lock_fds`), and leaves
+parent's output locks it inherited (:func:`locatdino.common.output_files.inherited_lock_fds`), and leaves
 stop signals to the parent, which ends the pool when anything, a stop signal included, leaves
 the ``with`` block early.
 """
@@ -37,7 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
 from typing import Any
 
-from locatdino.output_files import inherited_lock_fds
+from locatdino.common.output_files import inherited_lock_fds
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

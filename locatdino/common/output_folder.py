@@ -33,8 +33,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from locatdino.errors import UserError
-from locatdino.output_files import (LOCK_NAME, atomic_write_text, ensure_writable, output_lock,
+from locatdino.common.errors import UserError
+from locatdino.common.output_files import (LOCK_NAME, atomic_write_text, ensure_writable, output_lock,
                                     remove_stale_temporaries)
 
 RECORD_NAME = ".locatdino-output.json"

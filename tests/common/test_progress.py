@@ -1,9 +1,9 @@
-"""Progress in a log file: whole lines, no carriage return, no cursor escape (``locatdino.progress``,
+"""Progress in a log file: whole lines, no carriage return, no cursor escape (``locatdino.common.progress``,
 ``locatdino.ssl.log_progress``)."""
 
 import io
 
-from locatdino.progress import LogLines, progress
+from locatdino.common.progress import LogLines, progress
 from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
-from locatdino.help_format import EmptyGroupsHidden
+from locatdino.common.help_format import EmptyGroupsHidden
 
 # the groups of every command's --help, in this order: title -> what its options choose
 GROUPS = {
