@@ -27,8 +27,8 @@ from locatdino.common.threads import choose_threads, pop_threads, set_threads
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
-    "fit": ("locatdino.ssl.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
-    "export": ("locatdino.ssl.export", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
+    "fit": ("locatdino.ssl.run.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
+    "export": ("locatdino.ssl.export.cli", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),

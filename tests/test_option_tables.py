@@ -87,7 +87,7 @@ def test_help_groups_every_option_in_the_same_order(command):
 
 
 def test_export_help_is_grouped(capsys):
-    from locatdino.ssl import export
+    from locatdino.ssl.export import cli as export
 
     with pytest.raises(SystemExit):
         export.main(["--help"])

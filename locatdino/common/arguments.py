@@ -171,7 +171,7 @@ class SharedOption:
     choices: tuple[str, ...] | None = None
 
 
-# every option more than one command takes, defined once (tests/test_shared_options.py walks every
+# every option more than one command takes, defined once (tests/common/test_shared_options.py walks every
 # command's parser against it); a command adds one with add_shared_option
 SHARED_OPTIONS: dict[str, SharedOption] = {
     "--seed": SharedOption(at_least(0), "seed of what the run draws at random (subsets, views, initialisations, "

@@ -8,7 +8,7 @@ command inside :func:`raising_stop_signals`: either signal raises :class:`Termin
 ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception`` swallows it), the
 command's cleanup runs, and the command ends with one line and status 128 + the signal
 (:func:`stop_status`: 143 for SIGTERM, 138 for SIGUSR1). ``fit`` replaces the handlers while it
-trains (:mod:`locatdino.ssl.stop_checkpoint`: save ``last.ckpt`` first).
+trains (:mod:`locatdino.ssl.run.stop_checkpoint`: save ``last.ckpt`` first).
 
 **Child processes end with their parent.** A pool's workers are forked: they inherit the parent's
 open files, the lock of its output folder included. A parent killed (SIGKILL, a crash) before it

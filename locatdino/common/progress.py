@@ -7,7 +7,7 @@ watches (a terminal; tqdm.auto's widget in a notebook) and otherwise a :class:`L
 the same tqdm object and text (count, rate, time left), printed as whole lines — once at the
 start, then at most every :data:`LOG_INTERVAL_S` seconds, and once at the end — with no carriage
 return and no escape code. ``locatdino fit`` does the same for Lightning's training loop
-(:class:`locatdino.ssl.log_progress.LineProgressBar`).
+(:class:`locatdino.ssl.logs.progress.LineProgressBar`).
 """
 
 from __future__ import annotations

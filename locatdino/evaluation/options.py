@@ -22,15 +22,15 @@ import torch
 from torch import nn
 
 from locatdino.common.arguments import OptionGroups, add_shared_option, at_least, integer
-from locatdino.data.datasets.segmentation import DATASETS
 from locatdino.common.errors import UserError
+from locatdino.common.output_files import ensure_writable, remove_stale_temporaries
+from locatdino.common.output_folder import OutputFolder
+from locatdino.data.datasets.segmentation import DATASETS
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
-from locatdino.common.output_files import ensure_writable, remove_stale_temporaries
-from locatdino.common.output_folder import OutputFolder
 
 
 def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.tables import number_cell, per_class_table
-from locatdino.common.output_files import atomic_write_text
 
 PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe_run writes
 

@@ -22,12 +22,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.common.input_files import read_bounded
+from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
-from locatdino.common.input_files import read_bounded
-from locatdino.common.output_files import atomic_write_text
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data

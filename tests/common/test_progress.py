@@ -1,10 +1,10 @@
 """Progress in a log file: whole lines, no carriage return, no cursor escape (``locatdino.common.progress``,
-``locatdino.ssl.log_progress``)."""
+``locatdino.ssl.logs.progress``)."""
 
 import io
 
 from locatdino.common.progress import LogLines, progress
-from locatdino.ssl.log_progress import LineProgressBar, wants_line_progress
+from locatdino.ssl.logs.progress import LineProgressBar, wants_line_progress
 
 
 class Terminal(io.StringIO):

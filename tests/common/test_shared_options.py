@@ -14,8 +14,8 @@ from collections import defaultdict
 
 import pytest
 
-from locatdino.common.arguments import SHARED_OPTIONS
 from locatdino.cli import COMMANDS
+from locatdino.common.arguments import SHARED_OPTIONS
 
 # a command line whose first word picks another parser
 SUBCOMMANDS = {"hbird": ["report"]}
