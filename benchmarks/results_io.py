@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.provenance import run_provenance
-from locatdino.output_files import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

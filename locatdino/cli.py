@@ -3,13 +3,13 @@
 Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
 Errors escaping a sub-command are printed here, in one style for all of them
-(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see :mod:`locatdino.errors`): ``--debug``
+(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see :mod:`locatdino.common.errors`): ``--debug``
 anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
-``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.threads`).
+``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.common.threads`).
 Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
 SIGTERM and SIGUSR1 (a scheduler's stop and warning) end every command the same way, exit status
 143 / 138, after its cleanup has run (feature caches, memory banks on disk, worker processes,
-output locks; :mod:`locatdino.processes`): Python's default would kill the process on the spot and
+output locks; :mod:`locatdino.common.processes`): Python's default would kill the process on the spot and
 leave them. ``fit`` saves ``last.ckpt`` first while it trains.
 """
 
@@ -19,16 +19,16 @@ import importlib
 import sys
 
 from locatdino import __version__
-from locatdino.arguments import GROUPS
-from locatdino.errors import UsageError, debug_requested, one_line
-from locatdino.processes import Terminated, raising_stop_signals, stop_status
-from locatdino.threads import choose_threads, pop_threads, set_threads
+from locatdino.common.arguments import GROUPS
+from locatdino.common.errors import UsageError, debug_requested, one_line
+from locatdino.common.processes import Terminated, raising_stop_signals, stop_status
+from locatdino.common.threads import choose_threads, pop_threads, set_threads
 
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
-    "fit": ("locatdino.ssl.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
-    "export": ("locatdino.ssl.export", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
+    "fit": ("locatdino.ssl.run.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
+    "export": ("locatdino.ssl.export.cli", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),

@@ -38,16 +38,16 @@ import torch
 import yaml
 
 from locatdino import cli
-from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
+from locatdino.common.arguments import ArgumentParser, add_shared_option, at_least, option_groups
 from locatdino.comparison.cli import REPORT_FILES
 from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR
-from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.errors import UserError
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import fitting_sizes, patch_size
-from locatdino.output_files import atomic_write
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.output_files import atomic_write
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 
 # --recipe -> (the one recipe both backbones train with, the trained models' name suffix)
 RECIPES = {
@@ -124,7 +124,7 @@ def check_options(recipe: dict[str, Any], backbones: list[str], input_size: int,
     """What would fail after the pretraining, checked before it: the evaluation input size
     against each backbone's patch size with the recipe's kwargs (built on the meta device), and ``--out`` (writable,
     not holding an earlier demo's output, its runs' or report's included, unless ``overwrite``, nor
-    files the demo did not write where it writes: :mod:`locatdino.output_folder`)."""
+    files the demo did not write where it writes: :mod:`locatdino.common.output_folder`)."""
     for label, name in zip(LABELS, backbones):
         with torch.device("meta"):
             patch = patch_size(create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})))[0]

@@ -9,8 +9,8 @@ import pytest
 
 import locatdino
 from locatdino import cli
-from locatdino.errors import DEBUG_ENV, UserError, first_line, one_line
-from locatdino.threads import pop_threads
+from locatdino.common.errors import DEBUG_ENV, UserError, first_line, one_line
+from locatdino.common.threads import pop_threads
 
 
 def test_help_lists_every_command(capsys):
@@ -158,7 +158,7 @@ def test_bad_threads_value_is_a_usage_error():
     (100000, None, (4, "--threads 100000 is more than the 4 cores this process may use: using 4")),
 ])
 def test_odd_thread_counts_fall_back_with_one_line(monkeypatch, requested, omp, expected):
-    from locatdino import threads
+    from locatdino.common import threads
 
     monkeypatch.setattr(threads, "available_cores", lambda: 4)
     monkeypatch.setattr(threads, "_DROPPED", {})

@@ -1,6 +1,6 @@
 """A truncated or empty checkpoint wherever a command reads one (``fit --ckpt_path``, ``fit
 --model.backbone_checkpoint``, ``hbird`` / ``linprobe --checkpoint``; ``compare`` loads through the
-same ``load_backbone``, ``export`` is tested in tests/ssl/test_export.py): one line naming the file
+same ``load_backbone``, ``export`` is tested in tests/ssl/export/test_export.py): one line naming the file
 and saying it is truncated, before any data is read or output written."""
 
 import io

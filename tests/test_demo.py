@@ -128,7 +128,7 @@ def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_p
     import os
 
     from locatdino import cli
-    from locatdino.output_files import output_lock
+    from locatdino.common.output_files import output_lock
 
     out = tmp_path / "out"
     out.mkdir()

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results" / "README.md",
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "RESULTS.md",
+         ROOT / "benchmarks" / "results" / "README.md",
          *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -1,5 +1,5 @@
 """One CLI grammar: every command's ``--help`` in the same groups, and every protocol option mapped
-to its config field through a declared table (``locatdino.arguments.ConfigTable``), never by name
+to its config field through a declared table (``locatdino.common.arguments.ConfigTable``), never by name
 matching: a renamed option or a new config field fails here, not silently at run time."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from locatdino.arguments import GROUPS, ArgumentParser, ConfigTable, option_dest
+from locatdino.common.arguments import GROUPS, ArgumentParser, ConfigTable, option_dest
 from locatdino.comparison.cli import PROBE_TABLE as COMPARE_PROBE_TABLE
 from locatdino.probes.cli import PROBE_TABLE
 from locatdino.probes.knn_cli import KNN_TABLE
@@ -87,7 +87,7 @@ def test_help_groups_every_option_in_the_same_order(command):
 
 
 def test_export_help_is_grouped(capsys):
-    from locatdino.ssl import export
+    from locatdino.ssl.export import cli as export
 
     with pytest.raises(SystemExit):
         export.main(["--help"])

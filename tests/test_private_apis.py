@@ -31,14 +31,14 @@ UPSTREAM = ("lightning", "argparse", "jsonargparse")
 # FSDP on the CPU must be wrapped with device_id=cpu before Lightning wraps it with a device index,
 # which FSDPStrategy does in _setup_model alone (its public setup also converts precision and syncs
 # batch norm around that call)
-ALLOWED = {"locatdino.ssl.fsdp.DINOFSDPStrategy._setup_model"}
+ALLOWED = {"locatdino.ssl.objective.fsdp.DINOFSDPStrategy._setup_model"}
 # private writes to objects that are not Lightning's, argparse's or jsonargparse's
 OTHER_OBJECTS = {
     "locatdino.retrieval.memory sets bank._directory": "a MemoryBank, built by its own classmethods",
     "locatdino.retrieval.memory sets bank._staging": "a MemoryBank, built by its own classmethods",
     "locatdino.models.checkpoints.pos_embed sets model._pos_embed": "timm's ViT, whose position-embedding step "
     "(a method of the instance) the dino rule replaces",
-    "locatdino.ssl.export_files sets saved._metadata": "a torch state dict: torch.save keeps and "
+    "locatdino.ssl.export.files sets saved._metadata": "a torch state dict: torch.save keeps and "
     "torch.load restores its _metadata",
 }
 
@@ -112,7 +112,7 @@ def test_the_checker_catches_what_it_forbids():
         "m sets parser._action_groups"]
     assert private_writes("a, b.c._d = 1, 2\nx._n += 1\nsetattr(trainer, '_x', 1)\n", "m") == [
         "m sets b.c._d", "m sets x._n", "m sets trainer._x"]
-    assert private_writes("saved._metadata = {}\n", "locatdino.ssl.export_files") == []  # OTHER_OBJECTS
+    assert private_writes("saved._metadata = {}\n", "locatdino.ssl.export.files") == []  # OTHER_OBJECTS
     assert private_writes("self._x = 1\ncls._y: int = 2\nx.__doc__ = ''\ny = x._z\nsetattr(self, '_x', 1)\n",
                           "m") == []
     source = ("import argparse\nfrom lightning.pytorch.cli import LightningCLI\n"

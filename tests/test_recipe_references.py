@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from locatdino.data import MultiCropTransform
-from locatdino.ssl import cli
+from locatdino.ssl.run import cli
 
 # facebookresearch/dino: main_dino.py's defaults; the README's 100-epoch ViT-S/16 run (k-NN 69.3 /
 # linear 74.0) is `torch.distributed.launch --nproc_per_node=8 main_dino.py --arch vit_small` with

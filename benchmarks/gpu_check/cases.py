@@ -27,7 +27,7 @@ activations, so it stays near ``e_cpu`` (at most 1.11× on the CPU at full size)
 the bias adds a systematic part that takes the GAug weight gradients to 1.9–2.6× ``e_cpu``.
 Reductions to a handful of numbers (GAug's ``log_var.bias`` and ``log_alpha.bias`` gradients: 2
 and 1 entries, sums of many cancelling terms, ``e_cpu`` up to 8e-2) are too noisy to tell either
-way and only need ``max(2e-2, 4·e_cpu)``. The CPU demonstration: ``benchmarks/speed/bf16_criterion_cpu.py``.
+way and only need ``max(2e-2, 4·e_cpu)``. The CPU demonstration: ``benchmarks/gpu_check/bf16_criterion_cpu.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ cost, the commands end to end.
 
     python -m benchmarks.gpu_check --out DIR                 # one CUDA GPU: 440 s, compiles included
     python -m benchmarks.gpu_check --out DIR --deadline 300 --only kernels speed
-    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/test_gpu_check.py)
+    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/benchmarks/test_gpu_check.py)
     bash benchmarks/gpu_check/run.sh run                     # offline CUDA machine: wheels, this check, a tarball
 
 Everything lands in ``--out``, written as it goes, so a run cut short still leaves its evidence,
@@ -61,7 +61,7 @@ from benchmarks.gpu_check.children import child_env, run_cases
 from benchmarks.gpu_check.common import KERNEL_CASES, SPEED_CASES, Row, equivalence_cases
 from benchmarks.gpu_check.e2e import DRY_E2E, FULL_E2E, e2e
 from benchmarks.results_io import header
-from locatdino.output_files import atomic_write_text
+from locatdino.common.output_files import atomic_write_text
 
 SECTIONS = ("kernels", "equivalence", "speed", "e2e")
 BUDGET_S = {"kernels": 60, "equivalence": 120, "speed": 120, "e2e": 140}  # the default deadline: 440 s

@@ -115,7 +115,7 @@ def fit(sizes: E2E, backbone: str, strategy: str, out: Path, scratch: Path, unti
            "--data.init_args.batch_size", str(sizes.fit_batch), "--data.init_args.train_urls", str(scratch / "scenes"),
            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
            "--trainer.log_every_n_steps", "1", "--step_checkpoint.every_n_train_steps", str(steps),
-           "--trainer.callbacks+=benchmarks.speed.fit_step_times.StepTimes"]
+           "--trainer.callbacks+=benchmarks.gpu_check.step_times.StepTimes"]
     start = time.monotonic()
     code = run_logged(cmd, log, until, child_env(dry))
     wall = time.monotonic() - start

@@ -32,7 +32,7 @@ run)
     "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "gpu_run: installing .whl/*.whl failed (fetch them with 'run.sh wheels', copy .whl/ here)"; exit 1; }
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    "${PYTHON:-python3}" -c "import faiss, webdataset, jsonargparse, lightning, timm, torch; import locatdino.cli, locatdino.ssl.cli;
+    "${PYTHON:-python3}" -c "import faiss, webdataset, jsonargparse, lightning, timm, torch; import locatdino.cli, locatdino.ssl.run.cli;
 print('gpu_run: torch', torch.__version__, 'CUDA', torch.cuda.is_available(), 'timm', timm.__version__,
       'lightning', lightning.__version__, 'faiss', faiss.__version__)" || exit 1
     results=/tmp/gpu_check_out

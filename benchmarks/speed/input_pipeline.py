@@ -9,7 +9,7 @@ configs/dino_small_ddp.yaml, ViT-S/16 at 2 × 224 + 8 × 96 px), built as ``loca
 - **loader alone**, per path: batches from the shards through the DataLoader workers, moved to
   the device, and (``gpu`` path) augmented there by the batch hook, nothing trained;
 - **fit**, per path: ``locatdino fit`` of the recipe for ``--steps`` steps (bf16-mixed on CUDA),
-  images/s from the steps after the fifth (``fit_step_times.StepTimes``).
+  images/s from the steps after the fifth (``benchmarks.gpu_check.step_times.StepTimes``).
 
 Every rate is reported with its ratio to the bare step's; the target is fit ≥ 0.9 of it
 on one GPU. The shards hold JPEGs (quality 90) of the built-in scenes at the recipe's size (96 px
@@ -40,7 +40,7 @@ from benchmarks.speed.mfu import DinoStep, median_step_s
 from locatdino.data.scenes import render_scene, scene_rng
 from locatdino.data.shards.sources import FolderSource
 from locatdino.data.shards.writer import write_shards
-from locatdino.ssl.cli import build_cli
+from locatdino.ssl.run.cli import build_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def fit_images_per_s(args: list[str], batch: int, steps: int, run_dir: Path, tim
     threads_args = ["--threads", str(threads)] if threads else []
     command = [sys.executable, "-m", "locatdino", *threads_args, "fit", *args, "--trainer.max_steps", str(steps),
                "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
-               "--trainer.callbacks", json.dumps([{"class_path": "benchmarks.speed.fit_step_times.StepTimes"}]),
+               "--trainer.callbacks", json.dumps([{"class_path": "benchmarks.gpu_check.step_times.StepTimes"}]),
                "--step_checkpoint.every_n_train_steps", "100000", "--trainer.log_every_n_steps", "50"]
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:

@@ -22,7 +22,7 @@ Rows climb a ladder, each adding one change to the row above, and report the gai
 
 Each at every ``--batch`` (per GPU). Default sizes: the reference recipe (2 × 224 + 8 × 96 px,
 65 536 prototypes), ViT-S/16 and LocAtViT-S/16; ``--toy`` shrinks everything for a CPU run whose
-timings mean nothing (tests/test_bench_mfu.py checks the FLOP count against a hand count).
+timings mean nothing (tests/benchmarks/test_bench_mfu.py checks the FLOP count against a hand count).
 
     python -m benchmarks.speed.mfu --device cuda --peak-tflops 790                        # H200, bf16 dense
     python -m benchmarks.speed.mfu --toy --device cpu --batch 4 8 --results /tmp/mfu.json  # CPU smoke run

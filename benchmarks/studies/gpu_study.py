@@ -1,7 +1,7 @@
 """A learning study sized for one GPU: do DINO, iBOT or supervised pretraining beat random init?
 
     python -m benchmarks.studies.gpu_study --out gpu_study_run      # one CUDA GPU: everything inside 9 minutes
-    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/test_gpu_study.py)
+    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/benchmarks/test_gpu_study.py)
 
 Six runs — DINO (``configs/dino_tiny_*.yaml``), iBOT (``configs/ibot_tiny_*.yaml``) and supervised
 (``configs/sup_tiny_*.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px) — on built-in scenes
@@ -69,7 +69,7 @@ from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
 from locatdino.data.transforms.classification import ClassificationTransform  # noqa: E402
 from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
-from locatdino.output_files import atomic_write_text  # noqa: E402
+from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

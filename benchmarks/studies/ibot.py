@@ -40,8 +40,8 @@ from benchmarks.studies.supervised import (
     CachedSplit, _confusions, intervals_numbers, miou_interval, open_split, paired_intervals, paired_rows, score,
     seed_mean_miou_interval)
 from locatdino.models import create_backbone
-from locatdino.ssl import cli as fit_cli
-from locatdino.ssl.export import export_backbone
+from locatdino.ssl.run import cli as fit_cli
+from locatdino.ssl.export.cli import export_backbone
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone

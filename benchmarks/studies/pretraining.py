@@ -50,7 +50,7 @@ from locatdino.probes.class_token import knn_accuracy
 from locatdino.retrieval import HummingbirdMonitor
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.ssl import DINOModule
-from locatdino.ssl import cli as fit_cli
+from locatdino.ssl.run import cli as fit_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "dino_tiny_cpu.yaml"

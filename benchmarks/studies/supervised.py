@@ -48,8 +48,8 @@ from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
 from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.ssl.curves import stitched_metrics
-from locatdino.ssl.export import export_backbone
+from locatdino.ssl.export.cli import export_backbone
+from locatdino.ssl.logs.curves import stitched_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "sup_tiny_cpu"
@@ -93,7 +93,7 @@ def train(variant: str, seed: int, steps: int, labels: str, out: Path, extra: li
             "--model.init_args.backbone", name, "--model.init_args.backbone_kwargs", json.dumps(kwargs),
             "--trainer.enable_progress_bar", "false",
             "--trainer.max_steps", str(steps), "--trainer.max_epochs", "-1", *LABELS[labels], *extra]
-    from locatdino.ssl import cli as fit_cli  # here: gpu_study.py imports score() where jsonargparse is missing
+    from locatdino.ssl.run import cli as fit_cli  # here: gpu_study.py imports score() where jsonargparse is missing
 
     start = time.perf_counter()
     if fit_cli.main(argv):

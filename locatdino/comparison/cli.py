@@ -26,22 +26,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from locatdino.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
+from locatdino.common.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.measure import memory_sizes
 from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
-from locatdino.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import patch_size
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.index import check_index_device
@@ -63,7 +63,7 @@ PROBE_TABLE = ConfigTable(
               "eval_batch_size": "the probe's default"},
     negated=frozenset({"--no-progress"}),
 )
-# what a report consists of: every file under its two folders is the report's (locatdino.output_folder)
+# what a report consists of: every file under its two folders is the report's (locatdino.common.output_folder)
 REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
 DEFAULT_FRACTIONS = (Fraction(1, 16), Fraction(1, 4), Fraction(1))
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"

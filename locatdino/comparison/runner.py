@@ -39,7 +39,7 @@ from locatdino.comparison.forward_cost import count_parameters, forward_cost
 from locatdino.comparison.intervals import probe_record
 from locatdino.comparison.measure import (ModelOutcome, ModelSpec, ProbeSet, ShownImages, measure_hummingbird,
                                           measure_linear_probe, retrieval_visuals, say)
-from locatdino.errors import first_line
+from locatdino.common.errors import first_line
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
 from locatdino.models.token_grid import patch_size

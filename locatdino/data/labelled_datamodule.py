@@ -35,12 +35,12 @@ from typing import Any, Literal
 import torch
 import webdataset as wds
 
+from locatdino.common.errors import UserError
 from locatdino.data.datamodule import ShardDataModule
 from locatdino.data.shards.sources import MULTILABEL_KEY
 from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls
 from locatdino.data.shards.writer import INDEX_NAME
 from locatdino.data.transforms.classification import ClassificationTransform
-from locatdino.errors import UserError
 
 
 @dataclass(frozen=True)

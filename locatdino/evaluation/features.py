@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from locatdino.errors import UserError
+from locatdino.common.errors import UserError
 from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features

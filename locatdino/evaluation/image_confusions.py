@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from locatdino.errors import first_line
-from locatdino.input_files import read_bounded
-from locatdino.output_files import atomic_write
+from locatdino.common.errors import first_line
+from locatdino.common.input_files import read_bounded
+from locatdino.common.output_files import atomic_write
 
 CONFUSION_FILE = "per_image_confusion.npz"  # its name beside a run's results.json (hbird, linprobe)
 # 2,000 ADE20K images hold about 10 MB; a file (or its arrays unpacked) past this is not one

@@ -18,7 +18,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-from locatdino.output_folder import BOOKKEEPING_NAMES
+from locatdino.common.output_folder import BOOKKEEPING_NAMES
 
 FORBIDDEN = '/\\|:*?"<>'
 MAX_LENGTH = 100  # far below every file system's name limit, and still a readable table column

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser
-from locatdino.errors import UserError
+from locatdino.common.arguments import ArgumentParser
+from locatdino.common.errors import UserError
 from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.labels import check_labels
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES

@@ -9,7 +9,7 @@ with the same meaning, default and ``--help`` group, on the others; defining the
 keeps them from drifting apart. Each command adds only what is its own (Hummingbird's protocol:
 ``locatdino.retrieval.options``; the probe's budget, outputs, figures).
 Every number is range-checked as it is parsed, before any work, and an option several commands
-take is defined once, with one type, range and help (``locatdino.arguments.SHARED_OPTIONS``).
+take is defined once, with one type, range and help (``locatdino.common.arguments.SHARED_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import OptionGroups, add_shared_option, at_least, integer
+from locatdino.common.arguments import OptionGroups, add_shared_option, at_least, integer
+from locatdino.common.errors import UserError
+from locatdino.common.output_files import ensure_writable, remove_stale_temporaries
+from locatdino.common.output_folder import OutputFolder
 from locatdino.data.datasets.segmentation import DATASETS
-from locatdino.errors import UserError
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.views import check_usable
-from locatdino.output_files import ensure_writable, remove_stale_temporaries
-from locatdino.output_folder import OutputFolder
 
 
 def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
@@ -109,7 +109,7 @@ def check_outputs(out: str, command: str, planned: Iterable[str], cache_dir: str
                   overwrite: bool) -> OutputFolder:
     """``command``'s output folder ``--out``, checked before any work (it holds no earlier run's
     output but with ``overwrite``, no file the command did not write among ``planned``, and can be
-    written: :meth:`~locatdino.output_folder.OutputFolder.check`), and ``--cache-dir``, when
+    written: :meth:`~locatdino.common.output_folder.OutputFolder.check`), and ``--cache-dir``, when
     given, writable and rid of killed runs' temporaries; each problem one line naming ``command``."""
     folder = OutputFolder(out, command)
     try:

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from locatdino.common.output_files import feature_rows
+from locatdino.common.progress import progress
 from locatdino.data.transforms.classification import ClassificationTransform
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
-from locatdino.output_files import feature_rows
 from locatdino.probes.class_splits import LabelledImages
-from locatdino.progress import progress
 
 CROP_FRACTION = 224 / 256  # the reference's CenterCrop(224) of a Resize(256)
 

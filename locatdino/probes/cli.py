@@ -7,7 +7,7 @@ Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are probed
 another on the same data, batches and seed. One model writes ``OUT/results.json``,
 ``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
 ``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. An earlier run's output there is kept
-unless ``--overwrite`` (checked before any work; ``locatdino.output_folder``).
+unless ``--overwrite`` (checked before any work; ``locatdino.common.output_folder``).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
+from locatdino.common.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
                                  option_groups, positive_float)
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
                                           check_outputs, encoder_device, open_splits, record_run)
 from locatdino.evaluation.splits import CachedSplit
-from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import DiskFullError
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from locatdino.common.progress import progress
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import ConfusionMatrix
@@ -45,7 +46,6 @@ from locatdino.probes.linear_head import LinearSegHead
 from locatdino.probes.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
 from locatdino.probes.probe_views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.probes.seg_transforms import IGNORE, ProbeAugmentation
-from locatdino.progress import progress
 
 PROBE_AUGMENT = ("reference", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve

@@ -7,7 +7,7 @@ and ``targets [N, S, S]`` int16 (:data:`~locatdino.probes.seg_transforms.IGNORE`
 RAM up to ``max_ram_bytes`` and are memory-mapped files otherwise (ADE20K's 20,210 images at
 512 px make 32 GB of ViT-S tokens), in a temporary folder that :meth:`close` deletes, with their
 disk space claimed before the first image is encoded. The folder is named as every locatdino
-temporary (:func:`~locatdino.output_files.temporary_sibling`), so one left by a killed run
+temporary (:func:`~locatdino.common.output_files.temporary_sibling`), so one left by a killed run
 (SIGKILL, a node failure) is removed by the next store allocated in the same place.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap
+from locatdino.common.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap
 
 TARGET_DTYPE = np.int16
 

@@ -9,7 +9,7 @@ tokens are computed once (``locatdino.probes.class_features``) and every ``--nei
 read from one neighbour search (``locatdino.probes.knn``). ``OUT/results.json`` holds, per model
 and k, top-1 and top-5 with 95 % Wilson intervals over the validation images and the Δ to the first model with its
 paired-bootstrap interval; ``OUT/report.md`` the same as a table. An earlier run's output there
-is kept unless ``--overwrite`` (checked before any work; ``locatdino.output_folder``).
+is kept unless ``--overwrite`` (checked before any work; ``locatdino.common.output_folder``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups, positive_float
+from locatdino.common.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups, positive_float
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_encoder_arguments, add_loader_arguments,
                                           check_outputs, encoder_device, record_run)
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.wilson import wilson_interval
-from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import DiskFullError
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.class_features import class_token_embeddings
 from locatdino.probes.class_splits import (CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits,
                                            split_record)

@@ -3,7 +3,7 @@
 A run's ``results.json`` is :meth:`LinearProbeResult.to_dict` plus the model and the dataset; the
 per-image confusion matrices (one per scored query image, for paired bootstrap intervals) go beside
 it in Hummingbird's file format (:class:`~locatdino.evaluation.image_confusions.ImageConfusions`).
-Written atomically (``locatdino.output_files``).
+Written atomically (``locatdino.common.output_files``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.tables import number_cell, per_class_table
-from locatdino.output_files import atomic_write_text
 
 PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe_run writes
 

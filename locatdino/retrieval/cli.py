@@ -11,7 +11,7 @@ settings (``locatdino.retrieval.options``). One model writes ``OUT/results.json`
 ``OUT/summary.md`` and ``OUT/per_image_confusion.npz``; several write ``OUT/<model>/...`` per run
 plus ``OUT/summary.md`` comparing them, every Δ mIoU with its paired-bootstrap interval. An
 ``--out`` holding an earlier run's output is refused unless ``--overwrite``, which removes all of
-it first (``locatdino.output_folder``).
+it first (``locatdino.common.output_folder``).
 ``report`` rebuilds a comparison, intervals included, from existing ``results.json`` files.
 """
 
@@ -24,16 +24,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from locatdino.arguments import ArgumentParser, add_shared_option, option_groups
-from locatdino.errors import UserError
+from locatdino.common.arguments import ArgumentParser, add_shared_option, option_groups
+from locatdino.common.errors import UserError
 from locatdino.evaluation.image_confusions import CONFUSION_FILE
 from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
-from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
-from locatdino.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
@@ -90,7 +90,7 @@ def _memory_dir(args: argparse.Namespace, label: str, single: bool) -> str | Non
 
 def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> OutputFolder:
     """Fail before any work when an output cannot be written, or holds an earlier run's output
-    (without ``--overwrite``) or files hbird did not write (:mod:`locatdino.output_folder`); a
+    (without ``--overwrite``) or files hbird did not write (:mod:`locatdino.common.output_folder`); a
     memory bank replaces its folder whole, and is staged next to it."""
     single = len(runs) == 1
     out = OutputFolder(args.out, "hbird")

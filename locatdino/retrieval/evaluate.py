@@ -38,7 +38,7 @@ from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
-from locatdino.progress import progress
+from locatdino.common.progress import progress
 from locatdino.retrieval.index import PatchIndex, check_index_device, faiss_gpu_available
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank

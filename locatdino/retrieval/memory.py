@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import make_temporary_dir, remove_stale_temporaries, reserved_memmap, temporary_sibling
+from locatdino.common.output_files import (make_temporary_dir, remove_stale_temporaries, reserved_memmap,
+                                         temporary_sibling)
 
 LABEL_DTYPE = np.float16
 BANK_FILES = ("features.bin", "labels.bin", "meta.json")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from locatdino.arguments import (ArgumentParser, ConfigTable, OptionGroups, add_shared_option, at_least, option_dest,
+from locatdino.common.arguments import (ArgumentParser, ConfigTable, OptionGroups, add_shared_option, at_least, option_dest,
                                  positive_float)
 from locatdino.evaluation.augment import AUGMENT_MODES
 from locatdino.evaluation.metric import HUNGARIAN_CRITERIA

@@ -4,7 +4,7 @@ A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, 
 timings in seconds, memory size, the full config, the model); its per-image confusion matrices go
 beside it (``per_image_confusion.npz``, named in the JSON), so that a comparison of finished runs
 gives every Δ mIoU its paired-bootstrap interval (docs/evaluation.md). Files are written atomically
-(``locatdino.output_files``), so an interrupted run never leaves a truncated report.
+(``locatdino.common.output_files``), so an interrupted run never leaves a truncated report.
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,
 split, scene size, number of queries, class list, and the seed where it picks them: it renders the
@@ -22,12 +22,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from locatdino.common.input_files import read_bounded
+from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import number_cell, per_class_table, run_label
-from locatdino.input_files import read_bounded
-from locatdino.output_files import atomic_write_text
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data

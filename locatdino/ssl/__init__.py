@@ -1,24 +1,37 @@
-"""Pretraining objectives as LightningModules — DINO self-distillation (loss, head, teacher EMA,
-schedules), iBOT (DINO plus masked-patch prediction: masks, mask token, patch loss, KoLeo) and
-supervised classification — with their shared plumbing (``PretrainingObjective``:
-run length, checkpoint contents; checkpoint IO, curves, export, fit checks, the ``fit`` CLI).
+"""Pretraining, one sub-package per role.
 
-Importing it registers the Lightning strategy name ``dino_fsdp`` (:class:`DINOFSDPStrategy`).
+The objectives, as LightningModules: :mod:`~locatdino.ssl.dino` (DINO self-distillation),
+:mod:`~locatdino.ssl.ibot` (DINO plus masked-patch prediction) and
+:mod:`~locatdino.ssl.supervised` (classification), on what they share in
+:mod:`~locatdino.ssl.objective` (the base class, head, schedules, teacher EMA, collapse monitor,
+gradient clipping, start weights, FSDP wrapping). The ``fit`` command in :mod:`~locatdino.ssl.run`
+(CLI, checks, restarts, signals, timeouts, checkpoint files), its progress, curves and trackers in
+:mod:`~locatdino.ssl.logs`, and ``export`` in :mod:`~locatdino.ssl.export`.
+
+The names below are the stable public paths: recipes name ``locatdino.ssl.DINOModule``,
+``locatdino.ssl.DINOFSDPStrategy``, ``locatdino.ssl.AtomicCheckpointIO``. Importing the package
+registers the Lightning strategy name ``dino_fsdp`` (:class:`DINOFSDPStrategy`).
 """
 
-from locatdino.ssl.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
-from locatdino.ssl.collapse import CollapseMonitor, teacher_entropies
-from locatdino.ssl.dino_loss import DINOLoss
-from locatdino.ssl.dino_module import DINOModule
-from locatdino.ssl.export import export_backbone
-from locatdino.ssl.fsdp import DINOFSDPStrategy, DINOWrapPolicy
-from locatdino.ssl.grad_clip import clip_grad_per_tensor_
-from locatdino.ssl.head import DINOHead
+from locatdino.ssl.dino import DINOLoss, DINOModule
+from locatdino.ssl.export.cli import export_backbone
 from locatdino.ssl.ibot import BlockMasking, IBOTModule, IBOTPatchLoss, KoLeoLoss
-from locatdino.ssl.objective import PretrainingObjective
-from locatdino.ssl.schedules import DINOSchedules, cosine_schedule, scaled_lr, warmup_constant_schedule
-from locatdino.ssl.supervised_module import SupervisedModule
-from locatdino.ssl.teacher_update import update_teacher
+from locatdino.ssl.objective import (
+                                     CollapseMonitor,
+                                     DINOFSDPStrategy,
+                                     DINOHead,
+                                     DINOSchedules,
+                                     DINOWrapPolicy,
+                                     PretrainingObjective,
+                                     clip_grad_per_tensor_,
+                                     cosine_schedule,
+                                     scaled_lr,
+                                     teacher_entropies,
+                                     update_teacher,
+                                     warmup_constant_schedule,
+)
+from locatdino.ssl.run.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from locatdino.ssl.supervised import SupervisedModule
 
 __all__ = [
     "AtomicCheckpointIO",

@@ -95,7 +95,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="holds the output of an earlier run"):  # never overwritten silently
         compare_cli.main(argv)
-    from locatdino.output_folder import RECORD_NAME, OutputFolder
+    from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                      if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))

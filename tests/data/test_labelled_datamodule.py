@@ -5,12 +5,12 @@ import pytest
 import torch
 from PIL import Image
 
+from locatdino.common.errors import UserError
 from locatdino.data import LabelledShardDataModule
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation, scene_class, scene_classes
 from locatdino.data.shards.sources import FolderSource
 from locatdino.data.shards.writer import write_shards
 from locatdino.data.transforms.classification import ClassificationTransform
-from locatdino.errors import UserError
 
 N = 12
 

@@ -61,7 +61,7 @@ def test_every_command_refuses_its_own_file_names_and_separators_before_any_work
 
 
 def test_derived_labels_that_differ_in_case_only_are_numbered():
-    from locatdino.arguments import ArgumentParser, option_groups
+    from locatdino.common.arguments import ArgumentParser, option_groups
     from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 
     parser = ArgumentParser(prog="locatdino hbird")

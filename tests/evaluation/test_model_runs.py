@@ -4,7 +4,7 @@ its labels, and the one-line hints for the forms of earlier versions."""
 import pytest
 
 from locatdino import cli
-from locatdino.arguments import ArgumentParser, option_groups
+from locatdino.common.arguments import ArgumentParser, option_groups
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, model_runs, parse_model
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from cluster_sim import ROOT, Cluster, free_port, job_processes, tiny_fit_flags
 
-from locatdino.output_files import output_lock
+from locatdino.common.output_files import output_lock
 
 pytestmark = pytest.mark.slow
 

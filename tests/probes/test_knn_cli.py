@@ -200,7 +200,7 @@ def test_a_temperature_that_is_not_positive_is_refused_at_parse_time(tmp_path, c
 
 
 def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, capsys):
-    """The one overwrite rule of every command (``locatdino.output_folder``): the files a run
+    """The one overwrite rule of every command (``locatdino.common.output_folder``): the files a run
     wrote are recorded, a second run is refused in one line, ``--overwrite`` replaces them, and a
     file no run recorded is refused with or without it."""
     out = tmp_path / "out"

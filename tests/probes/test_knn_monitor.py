@@ -18,7 +18,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from locatdino.probes import KnnMonitor
 from locatdino.probes.knn import knn_classify
-from locatdino.ssl import curves
+from locatdino.ssl.logs import curves
 from tests.retrieval.hbird_fixtures import TinyDINOLike
 
 SETS = dict(num_train=12, num_val=6, input_size=32, k=5, batch_size=8)

@@ -114,7 +114,7 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
 
 
 def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tmp_path):
-    """The one overwrite rule (``locatdino.output_folder``): refused without ``--overwrite``, the
+    """The one overwrite rule (``locatdino.common.output_folder``): refused without ``--overwrite``, the
     earlier run's recorded files replaced with it, a file no run recorded refused with or without."""
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"

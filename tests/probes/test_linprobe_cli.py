@@ -154,7 +154,7 @@ def test_a_second_linprobe_into_one_out_is_refused_while_the_first_runs(tmp_path
     import os
 
     import locatdino.probes.cli as linprobe
-    from locatdino.output_files import output_lock
+    from locatdino.common.output_files import output_lock
 
     monkeypatch.setattr(linprobe, "linear_probe", lambda *a, **k: pytest.fail("probed into a locked --out"))
     out = tmp_path / "out"

@@ -32,7 +32,7 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert set(run["per_class_iou"]) >= {"sky", "animal"}
     assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
     assert "# Hummingbird comparison" in (out / "summary.md").read_text()
-    from locatdino.output_folder import RECORD_NAME, OutputFolder
+    from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                      if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
@@ -337,7 +337,7 @@ def test_a_second_run_into_one_out_is_refused_while_the_first_runs(tmp_path, cap
     is refused at once, naming the first's lock."""
     import os
 
-    from locatdino.output_files import output_lock
+    from locatdino.common.output_files import output_lock
 
     out = tmp_path / "out"
     with output_lock(out, "--out"):  # the first run, still evaluating

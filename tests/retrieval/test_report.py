@@ -8,7 +8,7 @@ from locatdino.evaluation.bootstrap import miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.tables import per_class_table
-from locatdino.output_files import atomic_write_text
+from locatdino.common.output_files import atomic_write_text
 from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
                                         results_table, summary_markdown, write_run)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 
 from locatdino.ssl import DINOModule
 
@@ -23,6 +24,9 @@ TINY_MODEL = dict(
     backbone_kwargs=dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
     out_dim=128, hidden_dim=64, bottleneck_dim=32,
 )
+
+
+TINY_IBOT = {**TINY_MODEL, "backbone_kwargs": {**TINY_MODEL["backbone_kwargs"], "patch_size": 8}}
 
 
 def random_batch(batch: int = 4, v_g: int = 2, v_l: int = 2, size: int = 32, local_size: int = 16, seed: int = 0):
@@ -116,3 +120,25 @@ def resumed_losses(tmp_path: Path, build, batch) -> tuple[list[float], list[floa
     trainer = run(1, [second, checkpoint()], ckpt_path="last", enable_checkpointing=True)
     return whole.losses, first.losses, second.losses, trainer
 
+
+def naive_dino_loss(student, teacher, center, t_temp, s_temp):
+    """Per-pair loop of the reference (main_dino.py: DINOLoss.forward)."""
+    s_out = [F.log_softmax(s / s_temp, dim=-1) for s in student]
+    t_out = [F.softmax((t - center) / t_temp, dim=-1) for t in teacher]
+    total, n = 0.0, 0
+    for iq, q in enumerate(t_out):
+        for v, logq in enumerate(s_out):
+            if v == iq:
+                continue
+            total = total + (-q * logq).sum(-1).mean()
+            n += 1
+    return total / n, n
+
+
+def ibot_overrides(tmp_path, backbone: str = "vit_tiny_patch16_224") -> list[str]:
+    """tiny_overrides (the tiny DINO run shrunk further) with the iBOT recipe and 4 x 4 tokens per global crop."""
+    args = tiny_overrides(tmp_path)
+    args[args.index("--config") + 1] = str(ROOT / "configs" / "ibot_tiny_cpu.yaml")
+    args += ["--model.backbone", backbone]
+    args[args.index("--model.backbone_kwargs") + 1] = json.dumps(TINY_IBOT["backbone_kwargs"])
+    return [*args, "--model.patch_out_dim", "96"]

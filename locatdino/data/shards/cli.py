@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from locatdino.arguments import ArgumentParser, add_shared_option, at_least, option_groups
+from locatdino.common.arguments import ArgumentParser, add_shared_option, at_least, option_groups
+from locatdino.common.output_files import DiskFullError
 from locatdino.data.shards.sources import build_source
 from locatdino.data.shards.writer import check_prefix, write_shards
-from locatdino.output_files import DiskFullError
 
 _UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 

@@ -350,7 +350,7 @@ def leave_stop_signals_to_the_trainer() -> None:
     """In a DataLoader worker: ignore SIGTERM and SIGUSR1. A scheduler signals every process of a
     job, workers included; a worker killed by it (torch's default) fails the training process's
     next batch before it could save its checkpoint. The training process handles both
-    (``locatdino.ssl.stop_checkpoint``) and ends its workers itself. Called as a worker starts
+    (``locatdino.ssl.run.stop_checkpoint``) and ends its workers itself. Called as a worker starts
     iterating, not as a ``worker_init_fn``: a loader with its own ``worker_init_fn`` would not get
     Lightning's ``pl_worker_init_function``, which seeds each worker by the global seed, the worker
     and the rank (without it every rank's workers draw the same augmentations)."""

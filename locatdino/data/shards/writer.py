@@ -12,7 +12,7 @@ How a run stays safe:
   consecutive names and ``index.json`` written (atomically). A failed run leaves ``out_dir``
   as it was (a killed run's temporary folder is removed at the next start in the same
   ``out_dir``). The output is the same for any number of workers. The workers end with the run
-  (:func:`locatdino.processes.worker_pool`): a stopped or killed run leaves none behind.
+  (:func:`locatdino.common.processes.worker_pool`): a stopped or killed run leaves none behind.
 - an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
   the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
   are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
@@ -20,7 +20,7 @@ How a run stays safe:
   outside ``out_dir``, over whatever is there.
 - a sample the source cannot decode (``DecodeError``) is skipped, counted and named in the index
   (``skipped_files``); a source with no usable sample is refused, and a disk that fills ends the
-  run with one line (:class:`~locatdino.output_files.DiskFullError`), ``out_dir`` as it was.
+  run with one line (:class:`~locatdino.common.output_files.DiskFullError`), ``out_dir`` as it was.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from tqdm import tqdm
 
 from locatdino.data.shards.sources import ShardSource
 from locatdino.data.transforms.decode import DecodeError
-from locatdino.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
+from locatdino.common.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
                                     remove_stale_temporaries)
-from locatdino.processes import worker_pool
-from locatdino.progress import progress as progress_bar
-from locatdino.threads import available_cores
+from locatdino.common.processes import worker_pool
+from locatdino.common.progress import progress as progress_bar
+from locatdino.common.threads import available_cores
 
 INDEX_NAME = "index.json"
 SKIPPED_NAMED = 100  # skipped files named in index.json (all are counted)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.output_files import feature_rows
+from locatdino.common.output_files import feature_rows
 
 
 class ClassFeatures:

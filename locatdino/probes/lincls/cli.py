@@ -11,7 +11,7 @@ Not the dense ``linprobe``, which trains a segmentation head on patch tokens. Se
 images, the first the reference of every Δ. ``OUT/results.json`` holds, per model, top-1 and
 top-5 with 95 % Wilson intervals over the validation images and the Δ top-1 to the first model
 with its paired-bootstrap interval; ``OUT/report.md`` the same as tables. An earlier run's output
-there is kept unless ``--overwrite`` (checked before any work; ``locatdino.output_folder``).
+there is kept unless ``--overwrite`` (checked before any work; ``locatdino.common.output_folder``).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from locatdino.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups,
+from locatdino.common.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups,
                                  positive_float)
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import (add_data_arguments, add_encoder_arguments, add_loader_arguments,
                                           add_prr_argument, check_outputs, encoder_device, record_run)
-from locatdino.help_format import DefaultsOnceHelpFormatter
-from locatdino.output_files import DiskFullError
-from locatdino.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import DiskFullError
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.protocol import EPOCHS, PROTOCOLS, LinclsConfig, linear_classification

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from locatdino.common.progress import progress
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.evaluation.provenance import run_provenance
@@ -41,7 +42,6 @@ from locatdino.probes.class_features import eval_transform
 from locatdino.probes.lincls.cache import ClassFeatures
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.views import ClassViews, collate_views, train_transform
-from locatdino.progress import progress
 
 PROTOCOLS = ("full", "fast")
 # DINOv2's grid of base learning rates (each × batch / 256)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from locatdino.ssl.dino_loss import _at_least_fp32
+from locatdino.ssl.dino.loss import _at_least_fp32
 
 
 class KoLeoLoss(nn.Module):

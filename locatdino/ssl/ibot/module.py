@@ -10,14 +10,14 @@ import torch
 from torch import Tensor, nn
 
 from locatdino.models.token_grid import token_grid
-from locatdino.ssl.dino_loss import DINOLoss
-from locatdino.ssl.dino_module import DINOModule, StepLosses
-from locatdino.ssl.head import DINOHead
+from locatdino.ssl.dino.loss import DINOLoss
+from locatdino.ssl.dino.module import DINOModule, StepLosses
+from locatdino.ssl.objective.head import DINOHead
 from locatdino.ssl.ibot.patch_loss import IBOTPatchLoss
 from locatdino.ssl.ibot.koleo_loss import KoLeoLoss
 from locatdino.ssl.ibot.mask_token import MaskToken
 from locatdino.ssl.ibot.masking import BlockMasking, mask_rng
-from locatdino.ssl.schedules import warmup_constant_schedule
+from locatdino.ssl.objective.schedules import warmup_constant_schedule
 
 _MASK_SEED_KEY = "ibot_mask_seed"
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from locatdino.ssl.dino_loss import DINOLoss, _at_least_fp32
+from locatdino.ssl.dino.loss import DINOLoss, _at_least_fp32
 from locatdino.ssl.ibot.sinkhorn import sinkhorn_knopp
 
 CENTERINGS = ("center", "sinkhorn_knopp")

@@ -1,0 +1,216 @@
+"""The one overwrite rule of every command that writes an output folder.
+
+A file is a run's earlier output only by what that run wrote into its folder, never by the
+file's name or shape (a plain ``results.json`` of the user's looks like ours): each run records
+the files it writes, as it writes them, in ``OUT/.locatdino-output.json`` (paths relative to
+``OUT``, and the command). A later run of a command into ``OUT``
+
+- is refused before any work when ``OUT`` holds files an earlier run recorded, unless
+  ``--overwrite``: one line, the same for every command (:meth:`OutputFolder.check`);
+- with ``--overwrite``, removes every recorded file when it starts, so nothing of the earlier run
+  stays behind to be read as part of the new one (a one-model ``results.json`` beside a
+  two-model run's folders);
+- is refused, ``--overwrite`` or not, when a file it would write exists but no run recorded it,
+  or when ``OUT`` holds another command's output.
+
+A command adopts the rule with :func:`add_overwrite_option` on its parser and::
+
+    folder = OutputFolder(args.out, "knn")
+    folder.check(["results.json", "summary.md"], args.overwrite)  # before the work
+    with folder.writing(args.overwrite):  # the folder's lock held, the earlier output removed
+        folder.write_text("results.json", text)  # atomic, and recorded
+
+A command whose output is one text file marks it instead (:func:`check_output_file`,
+:func:`write_output_file`): a record beside it would be a file in a folder it does not own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from locatdino.common.errors import UserError
+from locatdino.common.output_files import (LOCK_NAME, atomic_write_text, ensure_writable, output_lock,
+                                    remove_stale_temporaries)
+
+RECORD_NAME = ".locatdino-output.json"
+# names an output folder holds for its own bookkeeping: no label, run or file may take them
+BOOKKEEPING_NAMES = (LOCK_NAME, RECORD_NAME)
+OVERWRITE_HELP = ("replace the output of an earlier run of this command (the files it recorded writing, removed "
+                  "when this run starts); a file this command did not write is never replaced")
+
+
+def add_overwrite_option(group: Any) -> None:
+    """``--overwrite``, with the one help text of every command (``group``: its output group)."""
+    group.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+
+
+def _relative(name: str | os.PathLike) -> str:
+    return PurePosixPath(Path(name)).as_posix()
+
+
+class OutputFolder:
+    """The output folder ``path`` of one run of ``command`` (``hbird``, ``linprobe``, ...), named
+    ``option`` on the command line."""
+
+    def __init__(self, path: str | os.PathLike, command: str, option: str = "--out") -> None:
+        self.path, self.command, self.option = Path(path), command, option
+        self._written: list[str] = []
+
+    def _refuse(self, problem: str) -> UserError:
+        return UserError(f"{self.option} {self.path} {problem}")
+
+    def earlier_output(self, earlier: list[str]) -> UserError:
+        """The one refusal of a folder holding ``earlier`` output (relative paths) without ``--overwrite``."""
+        more = f" and {len(earlier) - 1} more" if len(earlier) > 1 else ""
+        return self._refuse(f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to replace "
+                            f"it, or choose another {self.option}")
+
+    def recorded(self) -> tuple[str | None, list[str]]:
+        """``(command, files)`` of the record in the folder (``(None, [])`` when there is none)."""
+        record = self.path / RECORD_NAME
+        if not record.is_file():
+            return None, []
+        try:
+            data = json.loads(record.read_text())
+            command, files = data["command"], [_relative(name) for name in data["files"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise self._refuse(f"holds a damaged {RECORD_NAME}: choose another {self.option}") from None
+        return command, files
+
+    def earlier(self) -> list[str]:
+        """The files of an earlier run still in the folder (relative paths, as recorded)."""
+        return [name for name in self.recorded()[1] if os.path.lexists(self.path / name)]
+
+    def check(self, planned: Iterable[str | os.PathLike], overwrite: bool) -> None:
+        """Refuse, in one line and before any work, a folder this run may not write into: a file,
+        one holding another command's output, an earlier run's output without ``overwrite``, or a
+        file of ``planned`` (relative paths this run writes; ``"name/"``: every file under that
+        sub-folder) that no run recorded; and one that cannot be written."""
+        if self.path.exists() and not self.path.is_dir():
+            raise self._refuse("is a file, not a folder")
+        command, recorded = self.recorded()
+        if command is not None and command != self.command:
+            raise self._refuse(f"holds the output of locatdino {command}: choose another {self.option}")
+        earlier = self.earlier()
+        if earlier and not overwrite:
+            raise self.earlier_output(earlier)
+        for name in self._existing(planned):
+            if name not in recorded:
+                raise self._refuse(f"holds {name}, which locatdino {self.command} did not write: move it or choose "
+                                   f"another {self.option} (a run replaces only files it wrote)")
+        self._check_writable()
+
+    def _check_writable(self) -> None:
+        """Probe the folder, or where it will be created (a refused run creates no folder)."""
+        if self.path.is_dir():
+            try:
+                ensure_writable(self.path, self.option)
+            except OSError as err:
+                raise UserError(str(err)) from None
+            return
+        base = next(p for p in self.path.absolute().parents if p.exists())
+        if not base.is_dir():
+            raise self._refuse(f"cannot be created: {base} is a file")
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise self._refuse(f"cannot be created: {base} is not writable")
+
+    def _existing(self, planned: Iterable[str | os.PathLike]) -> Iterator[str]:
+        """What of ``planned`` is already there: the files, a file where a sub-folder goes, every
+        file under a ``"name/"`` entry."""
+        for name in map(str, planned):
+            target = self.path / name
+            if name.endswith("/"):
+                yield from (_relative(p.relative_to(self.path)) for p in sorted(target.rglob("*")) if not p.is_dir())
+                continue
+            for parent in reversed(PurePosixPath(_relative(name)).parents[:-1]):  # a file where a folder goes
+                if (self.path / parent).exists() and not (self.path / parent).is_dir():
+                    yield _relative(parent)
+            if os.path.lexists(target):
+                yield _relative(name)
+
+    @contextlib.contextmanager
+    def writing(self, overwrite: bool) -> Iterator[OutputFolder]:
+        """Hold the folder's lock for the block (a second run into it is refused at once), remove
+        the earlier run's recorded files (``overwrite``, after :meth:`check`) and killed writes'
+        temporaries, and start this run's record."""
+        with output_lock(self.path, self.option):
+            for folder in [self.path, *(p for p in self.path.iterdir() if p.is_dir() and not p.is_symlink())]:
+                remove_stale_temporaries(folder)  # a run's sub-folders too (one per model)
+            if overwrite:
+                self._remove_earlier()
+            self._written = []
+            self._save()
+            yield self
+
+    def _remove_earlier(self) -> None:
+        folders = set()
+        for name in self.earlier():
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                continue  # a folder is recorded only through its files
+            target.unlink()
+            folders.update(self.path / parent for parent in PurePosixPath(name).parents[:-1])
+        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # kept when it holds anything else
+                folder.rmdir()
+
+    def _save(self) -> None:
+        atomic_write_text(self.path / RECORD_NAME,
+                          json.dumps({"command": self.command, "files": self._written}, indent=1) + "\n")
+
+    def wrote(self, *paths: str | os.PathLike) -> None:
+        """Record files this run has written (paths inside the folder, absolute or relative to it;
+        one that is not there, an output a run may leave out, is skipped)."""
+        before = len(self._written)
+        for path in map(Path, paths):
+            if not os.path.lexists(path if path.is_absolute() or path.is_relative_to(self.path) else self.path / path):
+                continue
+            if path.is_relative_to(self.path):
+                path = path.relative_to(self.path)
+            elif path.is_absolute():
+                path = path.resolve().relative_to(self.path.resolve())
+            name = _relative(path)
+            if name not in self._written:
+                self._written.append(name)
+        if len(self._written) > before:
+            self._save()
+
+    def write_text(self, name: str | os.PathLike, text: str) -> Path:
+        """Write ``text`` to ``name`` in the folder atomically and record it."""
+        path = atomic_write_text(self.path / name, text)
+        self.wrote(path)
+        return path
+
+
+def _mark(command: str) -> str:
+    return f"<!-- written by locatdino {command} -->\n"
+
+
+def check_output_file(path: str | os.PathLike, command: str, overwrite: bool, option: str) -> None:
+    """The rule for a command's single text output (``hbird report --summary FILE``): the file
+    carries its writer's mark on its last line (:func:`write_output_file`); an existing one is
+    replaced only with ``overwrite`` and the mark of ``command``."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    mark = _mark(command).encode()
+    ours = path.is_file() and path.stat().st_size >= len(mark)
+    if ours:
+        with open(path, "rb") as f:
+            f.seek(-len(mark), os.SEEK_END)
+            ours = f.read() == mark
+    if not ours:
+        raise UserError(f"{option} {path} exists and was not written by locatdino {command}: choose another file")
+    if not overwrite:
+        raise UserError(f"{option} {path} holds the output of an earlier run: pass --overwrite to replace it, or "
+                        f"choose another {option}")
+
+
+def write_output_file(path: str | os.PathLike, command: str, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically, with ``command``'s mark as its last line."""
+    return atomic_write_text(path, text.rstrip("\n") + "\n\n" + _mark(command))

@@ -1,0 +1,134 @@
+"""The files ``locatdino export`` writes, and how it knows them again.
+
+Three formats, each readable without this package:
+
+- ``pth``: ``torch.save`` of the backbone's state dict (timm key names). Read by
+  ``torch.load(OUT, weights_only=True)`` and ``load_state_dict``.
+- ``safetensors``: OUT (``*.safetensors``, the suffix by which timm picks its reader) plus
+  ``<stem>.config.json`` beside it, timm's Hugging Face ``config.json`` (``architecture``,
+  ``model_args`` with the image and patch size, ``pretrained_cfg``): ``timm.create_model(
+  cfg["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=OUT), **cfg["model_args"])``.
+  A sidecar named after OUT, so two exports in one folder never share a ``config.json``.
+- ``hf-hub``: a folder laid out as timm's Hub repos are (``model.safetensors``, ``config.json``,
+  ``README.md``): ``timm.create_model("local-dir:OUT", pretrained=True)``, or push it as it is.
+
+Every file carries the same metadata (:data:`EXPORT_KEY`: what was exported, from which file,
+model name, image and patch size, objective): in the safetensors header, in ``config.json``,
+and in the ``.pth`` state dict's ``_metadata`` (the slot torch keeps module versions in, saved and
+loaded with the tensors and ignored by ``load_state_dict`` for any name that is not a module).
+:func:`export_metadata` reads it back, so an earlier export is told from any other file by what
+export wrote into it, never by its shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+import safetensors
+import safetensors.torch
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models._hub import save_config_for_hf  # timm exports only push_to_hf_hub, which uploads
+from torch import nn
+
+from locatdino.common.output_files import atomic_write, atomic_write_text
+from locatdino.models.checkpoints.loading import EXPORT_KEY, WRITTEN_BY
+
+FORMATS = ("pth", "safetensors", "hf-hub")
+HUB_WEIGHTS, HUB_CONFIG, HUB_CARD = "model.safetensors", "config.json", "README.md"
+
+
+def output_files(out: str | os.PathLike, fmt: str) -> list[Path]:
+    """The files ``fmt`` writes for the output ``out``, in the order they are written."""
+    out = Path(out)
+    if fmt == "hf-hub":
+        return [out / HUB_WEIGHTS, out / HUB_CONFIG, out / HUB_CARD]
+    if fmt == "safetensors":
+        return [out, sidecar_config(out)]
+    return [out]
+
+
+def sidecar_config(out: str | os.PathLike) -> Path:
+    """``teacher.config.json`` for ``teacher.safetensors``."""
+    return Path(out).with_suffix(".config.json")
+
+
+def export_metadata(path: str | os.PathLike) -> dict[str, str] | None:
+    """The metadata export wrote into ``path`` (a ``.pth``, ``.safetensors`` or ``config.json`` of an
+    earlier export), or None for any other file, one export does not read (``README.md``) or one
+    that cannot be read: only what is written inside counts, never the file's shape."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            with safetensors.safe_open(path, framework="pt") as f:
+                found = {k: v for k, v in (f.metadata() or {}).items() if k != "format"}  # safetensors' own key
+        elif path.suffix == ".json":
+            found = json.loads(path.read_text(encoding="utf-8")).get(EXPORT_KEY) or {}
+        elif path.name == HUB_CARD:
+            return None
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            found = (getattr(obj, "_metadata", None) or {}).get(EXPORT_KEY) or {}
+    except Exception:  # noqa: BLE001 - a file that cannot be read holds no metadata of ours
+        return None
+    return dict(found) if isinstance(found, Mapping) and found.get("written_by") == WRITTEN_BY else None
+
+
+def describe_export(metadata: Mapping[str, str]) -> str:
+    """``"the vit_tiny_patch16_224 teacher of runs/x/last.ckpt, step 80"``."""
+    step = f", step {metadata['step']}" if metadata.get("step") else ""
+    what = " ".join(v for v in (metadata.get("model"), metadata.get("network")) if v) or "backbone"
+    return f"the {what} of {metadata.get('source', 'a checkpoint')}{step}"
+
+
+def write_pth(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], out: Path) -> None:
+    """``torch.save`` of ``state`` with ``metadata`` in its ``_metadata`` (atomic)."""
+    saved = OrderedDict(state)
+    saved._metadata = {**getattr(state, "_metadata", {}), EXPORT_KEY: dict(metadata)}
+    atomic_write(out, lambda f: torch.save(saved, f))
+
+
+def write_safetensors(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], out: Path) -> None:
+    """The tensors and ``metadata`` (``format: pt``, as transformers and timm expect) as safetensors."""
+    data = safetensors.torch.save(dict(state), metadata={"format": "pt", **metadata})
+    atomic_write(out, lambda f: f.write(data))
+
+
+def timm_config(model: nn.Module, metadata: Mapping[str, str]) -> str:
+    """timm's ``config.json`` of ``model`` (``save_config_for_hf``: architecture and the model
+    arguments timm rebuilds it from), at its build size with ImageNet normalisation (what
+    ``fit`` trains with), without the pretrained tag of timm's own weights, plus the export's
+    metadata."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / HUB_CONFIG
+        save_config_for_hf(model, str(path))
+        config = json.loads(path.read_text(encoding="utf-8"))
+    pretrained = config["pretrained_cfg"]
+    pretrained.pop("tag", None)
+    pretrained.update(input_size=[3, *model.patch_embed.img_size], mean=list(IMAGENET_DEFAULT_MEAN),
+                      std=list(IMAGENET_DEFAULT_STD))
+    config[EXPORT_KEY] = dict(metadata)
+    return json.dumps(config, indent=2) + "\n"
+
+
+def write_export(fmt: str, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], out: Path,
+                 model: nn.Module | None = None, card: str = "") -> list[Path]:
+    """Write ``state`` in ``fmt`` to ``out`` (``model``: what ``state`` loads into, for
+    ``config.json``; ``card``: the hf-hub ``README.md``); returns the files written. Each file is
+    written atomically; the weights first, so a ``config.json`` never describes absent weights."""
+    files = output_files(out, fmt)
+    if fmt == "pth":
+        write_pth(state, metadata, out)
+        return files
+    if model is None:
+        raise ValueError(f"--format {fmt} needs the model the weights are for")
+    write_safetensors(state, metadata, files[0])
+    atomic_write_text(files[1], timm_config(model, metadata))
+    if fmt == "hf-hub":
+        atomic_write_text(files[2], card)
+    return files
