@@ -3,8 +3,9 @@
     python -m benchmarks.studies.gpu_study --out gpu_study_run      # one CUDA GPU: everything inside 9 minutes
     python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/benchmarks/test_gpu_study.py)
 
-Six runs — DINO (``configs/dino_tiny_*.yaml``), iBOT (``configs/ibot_tiny_*.yaml``) and supervised
-(``configs/sup_tiny_*.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px) — on built-in scenes
+Six runs — DINO (``configs/dino_tiny_cpu.yaml``), iBOT (``configs/ibot_tiny_cpu.yaml``) and supervised
+(``configs/sup_tiny_cpu.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px; the recipes' ``--model.backbone``
+switch) — on built-in scenes
 rendered in memory at start-up (8192 scenes, batch 256), each with *full* schedules: a short
 throughput measurement of every run (its real step with its real loader, after a warm-up) sets its
 number of optimizer steps so that the six runs share the time left equally, and every schedule
@@ -73,9 +74,9 @@ from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKBONES = ("vit", "locatvit")
-OBJECTIVES = {"dino": (DINOModule, "dino_tiny_{}"), "ibot": (IBOTModule, "ibot_tiny_{}"),
-              "supervised": (SupervisedModule, "sup_tiny_{}")}
+BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone
+OBJECTIVES = {"dino": (DINOModule, "dino_tiny_cpu"), "ibot": (IBOTModule, "ibot_tiny_cpu"),
+              "supervised": (SupervisedModule, "sup_tiny_cpu")}
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,11 @@ def say(message: str) -> None:
 
 
 def recipe(objective: str, backbone: str) -> dict:
-    """The recipe's YAML (the DINO ones name no class)."""
-    return yaml.safe_load((ROOT / "configs" / f"{OBJECTIVES[objective][1].format(backbone)}.yaml").read_text())
+    """The recipe's YAML (the DINO one names no class) with ``backbone`` switched in."""
+    config = yaml.safe_load((ROOT / "configs" / f"{OBJECTIVES[objective][1]}.yaml").read_text())
+    model = config["model"].get("init_args", config["model"])
+    model["backbone"] = BACKBONES[backbone]
+    return config
 
 
 def build_module(objective: str, backbone: str, size: Size, seed: int):

@@ -26,8 +26,8 @@ def test_registry_lists_one_entry_per_architecture_named_as_timm_names_vits():
                                       ("locatvit_base", "locatvit_base_patch16_224")])
 def test_the_earlier_short_names_warn_and_create_the_same_model(old, new):
     assert timm.models.get_deprecated_models()[old] == new and old not in timm.list_models("locatvit*")
+    torch.manual_seed(0)
     with pytest.warns(UserWarning, match=f"Mapping deprecated model name {old} to current {new}"):
-        torch.manual_seed(0)
         made = timm.create_model(old, depth=2, img_size=32)
     torch.manual_seed(0)
     current = timm.create_model(new, depth=2, img_size=32)

@@ -186,7 +186,7 @@ def test_twenty_steps_on_scenes_lower_the_loss(backbone):
     """Teacher and centre held fixed (momentum 1): a plain optimisation problem, the student must
     learn to predict the teacher's targets from every other crop, so the loss has to fall. (With
     moving targets the loss of a 20-step DINO run first falls, then rises as the centre catches
-    up: configs/dino_tiny_*.yaml show those dynamics.)"""
+    up: configs/dino_tiny_cpu.yaml shows those dynamics.)"""
     pl.seed_everything(0)
     rec = LossRecorder()
     m = tiny_module(backbone=backbone, batch_size=16, lr=5e-3, warmup_epochs=0.25, freeze_last_layer=0.0,
