@@ -110,9 +110,9 @@ def _evaluate(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_p
     Why not SDPA with the mask chunk, as in training: a float mask costs SDPA's fused kernel an
     extra pass over every tile, where ``baddbmm`` adds the bias for free; and a chunk of rows over
     all heads (the backward's layout) is larger than any cache at large inputs (59 MB for 4 images
-    at 448 px), so the bias went through memory twice. Measured on ViT-S (``benchmarks.speed.locatvit``):
-    eval 448 px 1.15× instead of 1.21×, 1024 px 1.34× instead of 1.55×. Reduced precision keeps
-    SDPA, which accumulates in fp32.
+    at 448 px), so the bias went through memory twice. LocAtViT-S against ViT-S, both paths in one
+    run on the CPU: eval 448 px 1.17× instead of 1.21×, 1024 px 1.31× instead of 1.59×. Reduced
+    precision keeps SDPA, which accumulates in fp32.
     """
     B, H, N, _ = q.shape
     out = _output_like(q)
