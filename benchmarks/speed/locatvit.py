@@ -6,8 +6,9 @@
   to split the cost of the two add-ons) and LocAtViT-S, all ``num_classes=0``, same init seed.
 - Train step: forward + backward + AdamW on a DINO-like batch (8 crops at 224 px and 32 crops at
   96 px, one forward per resolution, as DINO's student does), loss on the pooled embedding.
-- Eval forward at 224, 448 and 1024 px (``torch.inference_mode``; GAug's CPU path then writes its
-  bias in the larger chunks of a forward without gradients). The 1024 px case runs at most 3 reps.
+- Eval forward at 224, 448 and 1024 px (``torch.inference_mode``; GAug's CPU path then takes its
+  evaluation path: the bias added by the ``q kᵀ`` product, per chunk of heads). The 1024 px case
+  runs at most 3 reps.
 - Timings alternate the models rep by rep (ABCABC…) so load from other processes hits all alike.
   Each time is the process CPU time (``time.process_time``) of one call, minimum over the reps;
   ratios are over ViT-S. CPU time and 1 intra-op thread by default because the development

@@ -46,27 +46,60 @@ def test_bf16_inputs_with_fp32_profiles():
     assert rows.grad.dtype == torch.float32 and torch.isfinite(rows.grad).all()
 
 
-def test_a_forward_without_gradients_takes_larger_chunks_with_the_same_output(monkeypatch):
-    """Evaluation writes the bias in ``_EVAL_CHUNK_BYTES`` chunks (here one), training in 16-row
-    ones; each query row's attention is the same either way."""
-    calls = []
-    sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(sba.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+@pytest.mark.parametrize(("eval_bytes", "chunks"), [
+    (1 << 30, 2),  # all heads of each image
+    (2 * 43 * 43 * 8, 4),  # 2 heads, then 1, of each image
+    (1, 2 * 3 * 3),  # 16-row chunks of each head
+], ids=["images", "heads", "rows of a head"])
+def test_a_forward_without_gradients_chunks_by_image_head_and_rows_with_the_training_output(
+        eval_bytes, chunks, monkeypatch):
+    """Evaluation (``baddbmm`` onto the bias, softmax, ``P v``) chunks by image, heads and query
+    rows (``_EVAL_CHUNK_BYTES``), training (SDPA with the mask) by 16-row chunks over all heads
+    here; each query row's attention is the same either way."""
+    counted = {"sdpa": 0, "bmm": 0}
+    sdpa, bmm = F.scaled_dot_product_attention, torch.bmm
+    monkeypatch.setattr(sba.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: counted.update(sdpa=counted["sdpa"] + 1) or sdpa(*a, **kw))
+    monkeypatch.setattr(sba.torch, "bmm", lambda *a, **kw: counted.update(bmm=counted["bmm"] + 1) or bmm(*a, **kw))
     monkeypatch.setattr(sba, "_CHUNK_BYTES", 1)
-    monkeypatch.setattr(sba, "_EVAL_CHUNK_BYTES", 1 << 30)
+    monkeypatch.setattr(sba, "_EVAL_CHUNK_BYTES", eval_bytes)
     torch.manual_seed(0)
     h, w = 6, 7  # 43 tokens: 3 chunks of 16 rows
     q, k, v = (torch.randn(2, 3, 1 + h * w, 8, dtype=torch.float64) for _ in range(3))
     rows, cols = torch.rand(2, 3, h * w, h, dtype=torch.float64), torch.rand(2, 3, h * w, w, dtype=torch.float64)
     with torch.no_grad():
-        one_chunk = sba.separable_bias_attention(q, k, v, rows, cols, 1)
-    assert len(calls) == 1
-    chunked = sba.separable_bias_attention(q.requires_grad_(), k, v, rows, cols, 1)
-    assert len(calls) == 1 + 3
-    torch.testing.assert_close(one_chunk, chunked.detach(), rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(one_chunk, reference(q.detach(), k, v, rows, cols, 1))
+        evaluated = sba.separable_bias_attention(q, k, v, rows, cols, 1)
+    assert counted == {"sdpa": 0, "bmm": chunks}
+    trained = sba.separable_bias_attention(q.requires_grad_(), k, v, rows, cols, 1)
+    assert counted == {"sdpa": 3, "bmm": chunks}
+    assert evaluated.stride() == trained.stride()
+    torch.testing.assert_close(evaluated, trained.detach(), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(evaluated, reference(q.detach(), k, v, rows, cols, 1))
 
 
-@pytest.mark.parametrize(("memory", "mib"), [(None, 8), (1 << 30, 8), (8 << 30, 32), (128 << 30, 64)])
-def test_the_evaluation_chunk_follows_the_memory_the_process_may_use(memory, mib):
-    assert sba.eval_chunk_bytes(memory) == mib << 20
+@pytest.mark.parametrize(("budget", "count"), [(1, 48), (5_000, 24), (20_000, 6), (1 << 30, 3)])
+def test_the_evaluation_chunks_cover_every_image_head_and_row_once_within_the_budget(budget, count):
+    """Rows of 16 (budget 1) or 25 (5000 B) of one head, 2 heads (20 kB), all heads of an image."""
+    B, H, N, size = 3, 4, 50, 4
+    covered = torch.zeros(B, H, N, dtype=torch.long)
+    chunks = sba._head_chunks(B, H, N, size, budget)
+    for image, heads, queries in chunks:
+        covered[image, heads, queries] += 1
+        mask_bytes = (heads.stop - heads.start) * (queries.stop - queries.start) * N * size
+        assert mask_bytes <= max(budget, 16 * N * size)  # at least 16 rows of one head
+    assert covered.eq(1).all()
+    assert len(chunks) == count
+
+
+def test_evaluation_in_float32_matches_the_training_path():
+    """The float32 evaluation path (its own softmax) against SDPA's, on a ViT-S-like head size."""
+    torch.manual_seed(0)
+    h = w = 6
+    x = torch.randn(2, 1 + h * w, 3, 3, 64)  # q, k, v as timm's Attention slices them: strided views
+    q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
+    rows, cols = torch.rand(2, 3, h * w, h) * 3, torch.rand(2, 3, h * w, w)
+    with torch.no_grad():
+        evaluated = sba.separable_bias_attention(q, k, v, rows, cols, 1)
+    trained = sba.separable_bias_attention(q.requires_grad_(), k, v, rows, cols, 1).detach()
+    torch.testing.assert_close(evaluated, trained, rtol=1e-5, atol=1e-5)
+    assert evaluated.stride() == trained.stride()
