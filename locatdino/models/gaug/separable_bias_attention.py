@@ -205,7 +205,8 @@ def separable_bias_attention(
 
     ``q, k, v [B, H, N, d]``; ``rows [B, H, h·w, h]``, ``cols [B, H, h·w, w]`` (fp32 fine under
     autocast: cast on write); ``scale`` defaults to ``d ** -0.5``. Differentiable in all five.
-    Without a gradient to compute (evaluation) the CPU chunks are larger (``_EVAL_CHUNK_BYTES``).
+    Without a gradient to compute (evaluation, fp32/fp64 on the CPU) the bias is added by the ``q kᵀ``
+    product itself, per chunk of heads of one image (``_EVAL_CHUNK_BYTES``), instead of through SDPA's mask.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     # decided out here, where autograd still sees the inputs; the budget itself is read inside the
