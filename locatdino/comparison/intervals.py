@@ -35,12 +35,16 @@ def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
     """``{name}_top1`` (percent), its 95 % Wilson interval and the per-image hits of one probe."""
     hits = np.asarray(hits, bool)
     low, high = wilson_interval(int(hits.sum()), len(hits))
-    return {f"{name}_top1": 100 * float(hits.mean()), f"{name}_top1_interval": [100 * low, 100 * high],
-            f"{name}_hits": hits.astype(int).tolist()}
+    return {
+        f"{name}_top1": 100 * float(hits.mean()),
+        f"{name}_top1_interval": [100 * low, 100 * high],
+        f"{name}_hits": hits.astype(int).tolist(),
+    }
 
 
-def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path,
-                      hungarian: str = "iou") -> dict[str, PairedInterval]:
+def model_differences(
+    a: dict[str, Any], b: dict[str, Any], folder: str | Path, hungarian: str = "iou"
+) -> dict[str, PairedInterval]:
     """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
     with intervals: ``miou`` and ``miou_matched`` (Hummingbird, identity and Hungarian-matched
     under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU) and

@@ -94,8 +94,9 @@ def mask_fits_one_chunk(q: Tensor) -> bool:
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
-def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-               needs_grad: bool) -> Tensor:
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, needs_grad: bool
+) -> Tensor:
     B, H, N, _ = q.shape
     chunk = _chunk_rows(B * H, N, q.element_size(), _budget(q.device.type, needs_grad))
     out = _output_like(q)
@@ -119,15 +120,23 @@ def _output_like(q: Tensor) -> Tensor:
 
 
 @_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-      needs_grad: bool) -> Tensor:
+def _(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, needs_grad: bool
+) -> Tensor:
     return _output_like(q)
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention_backward", mutates_args=())
 def _attention_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
-    num_prefix: int, scale: float,
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    num_prefix: int,
+    scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     B, H, N, d = q.shape
     flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
@@ -162,8 +171,17 @@ def _attention_backward(
 
 
 @_attention_backward.register_fake
-def _(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
-      num_prefix: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    num_prefix: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return tuple(t.new_empty(t.shape) for t in (q, k, v, rows, cols))
 
 
@@ -200,6 +218,7 @@ def separable_bias_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     # decided out here, where autograd still sees the inputs; the budget itself is read inside the
     # operator, so TorchScript compiles no module global
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                              or rows.requires_grad or cols.requires_grad)
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or rows.requires_grad or cols.requires_grad
+    )
     return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale, needs_grad)
