@@ -1,15 +1,15 @@
 """Where a benchmark or a study writes its machine-readable result, and what the file records.
 
 Every script of ``benchmarks/`` writes its numbers as one JSON file under ``benchmarks/results/``
-(or where its ``--results`` option says), rewritten as the numbers come in, so a run cut short
-keeps what it measured. That file is checked before anything is measured (:func:`results_file`):
-an existing one, such as the committed results ``benchmarks/RESULTS.md`` cites, is replaced only
-with ``--overwrite`` (a toy run from the repository root must not turn them into its rows), and a
-folder, or a path through a file, is refused at once instead of after the measuring. Each file starts with the command that made it (``python -m
-benchmarks...`` with its arguments), the date and the machine (the versions, the CPU and its
-vector extensions, the GPUs and the environment variables that pick kernels:
-``locatdino.evaluation.provenance``), so a number in RESULTS.md leads to a file and the file to
-the command that makes it again.
+(or where its ``--results`` option says), rewritten as the numbers come in, so a run cut short keeps
+what it measured. That file is checked before anything is measured (:func:`results_file`): an
+existing one, such as the committed results ``benchmarks/RESULTS.md`` cites, is replaced only with
+``--overwrite`` (a toy run from the repository root must not turn them into its rows), and a folder,
+or a path through a file, is refused at once instead of after the measuring. Each file starts with
+the command that made it (``python -m benchmarks...`` with its arguments), the date and the machine
+(the versions, the CPU and its vector extensions, the GPUs and the environment variables that pick
+kernels: ``locatdino.evaluation.provenance``), so a number in RESULTS.md leads to a file and the
+file to the command that makes it again.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
 Errors escaping a sub-command are printed here, in one style for all of them
-(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see :mod:`locatdino.common.errors`): ``--debug``
-anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
-``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.common.threads`).
+(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see
+:mod:`locatdino.common.errors`): ``--debug`` anywhere on the command line (or ``LOCATDINO_DEBUG=1``)
+shows the traceback instead; ``--threads N`` anywhere sizes the CPU thread pools of every command
+(see :mod:`locatdino.common.threads`).
 Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
 SIGTERM and SIGUSR1 (a scheduler's stop and warning) end every command the same way, exit status
 143 / 138, after its cleanup has run (feature caches, memory banks on disk, worker processes,

@@ -20,9 +20,10 @@ every command it runs, so it doubles as a worked example. ``--quick`` (what the 
 shortens the step budget and the evaluation; everything else is the recipe's. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
 
-``--recipe supervised`` runs the same comparison with the paper's own pretraining (docs/pretraining.md):
-both backbones trained to classify the scenes (``configs/sup_tiny_cpu.yaml``: image-level labels,
-timm's recipe lightened for a minute), exported and compared the same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
+``--recipe supervised`` runs the same comparison with the paper's own pretraining
+(docs/pretraining.md): both backbones trained to classify the scenes (``configs/sup_tiny_cpu.yaml``:
+image-level labels, timm's recipe lightened for a minute), exported and compared the same way
+(models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino demo",
         description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
-        "--recipe supervised; one recipe, two backbones), then compare both trained backbones and both random inits on held-out built-in "
-        "scenes (no download).",
+        "--recipe supervised; one recipe, two backbones), then compare both trained backbones and both random "
+        "inits on held-out built-in scenes (no download).",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)

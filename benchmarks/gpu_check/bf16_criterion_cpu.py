@@ -3,10 +3,11 @@ fail a wrong one?
 
     python -m benchmarks.gpu_check.bf16_criterion_cpu
 
-For each shape (2-block LocAtViT-S, ViT-S width, class token / + 4 registers), against the CPU
-path in fp64 (the truth the check judges by): the mask path and the flex path (eager FlexAttention, its reference backward) in
-fp32 and bf16 autocast, and both again with a deliberate 1 % error in the bias (rows × 1.01).
-Prints each case's verdict under :func:`benchmarks.gpu_check.cases.judge` and the old max-abs criterion.
+For each shape (2-block LocAtViT-S, ViT-S width, class token / + 4 registers), against the CPU path
+in fp64 (the truth the check judges by): the mask path and the flex path (eager FlexAttention, its
+reference backward) in fp32 and bf16 autocast, and both again with a deliberate 1 % error in the
+bias (rows × 1.01). Prints each case's verdict under :func:`benchmarks.gpu_check.cases.judge` and
+the old max-abs criterion.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ cost, the commands end to end.
 
     python -m benchmarks.gpu_check --out DIR                 # one CUDA GPU: 440 s, compiles included
     python -m benchmarks.gpu_check --out DIR --deadline 300 --only kernels speed
-    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/benchmarks/test_gpu_check.py)
+    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU
+                                                             # (tests/benchmarks/test_gpu_check.py)
     bash benchmarks/gpu_check/run.sh run                     # offline CUDA machine: wheels, this check, a tarball
 
 Everything lands in ``--out``, written as it goes, so a run cut short still leaves its evidence,

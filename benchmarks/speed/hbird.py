@@ -355,7 +355,8 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
             total, feat, search = med(rs, "total"), med(rs, "features"), med(rs, "search")
             cpu_s, rss = med(rs, "cpu_s"), med(rs, "peak_rss_mb")
             lines.append(
-                f"| {size} | {label} | {_search_cell(rs[0].get('search'))} | {total:.1f} | {feat:.1f} | {search:.1f} | {total - feat - search:.1f} | "
+                f"| {size} | {label} | {_search_cell(rs[0].get('search'))} | {total:.1f} | {feat:.1f} | {search:.1f} | "
+                f"{total - feat - search:.1f} | "
                 f"{cpu_s:.1f} | {rss / 1024:.2f} | {med(rs, 'miou_matched'):.2f} | {base_total / total:.2f}× | "
                 f"{base_cpu / cpu_s:.2f}× | {rss / base_rss:.2f} |"
             )

@@ -4,12 +4,13 @@
 
 Each search runs :func:`~locatdino.probes.knn.knn_classify` end to end (normalisation, neighbour
 search at the largest k, votes of every k) in a fresh process, once to load every kernel and once
-measured, so its peak memory is its own: Linux's peak resident size (``VmHWM``), reset just
-before the second search, minus the resident size then (the features themselves). Searches:
-``torch`` (exact, ``1024 × 16384`` blocks with a running top-k), ``faiss`` (``IndexFlatIP``), and the reference's own loop for scale
-(facebookresearch/dino ``knn_classifier``: the queries in 100 chunks, each against every train
-feature at once). Features: 1,000 clusters (classes) on the unit sphere, each point at cosine
-≈ 0.5 to its centre. Ratios are of this run; the rankings of all searches are compared.
+measured, so its peak memory is its own: Linux's peak resident size (``VmHWM``), reset just before
+the second search, minus the resident size then (the features themselves). Searches: ``torch``
+(exact, ``1024 × 16384`` blocks with a running top-k), ``faiss`` (``IndexFlatIP``), and the
+reference's own loop for scale (facebookresearch/dino ``knn_classifier``: the queries in 100 chunks,
+each against every train feature at once). Features: 1,000 clusters (classes) on the unit sphere,
+each point at cosine ≈ 0.5 to its centre. Ratios are of this run; the rankings of all searches are
+compared.
 """
 
 from __future__ import annotations

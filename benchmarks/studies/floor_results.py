@@ -177,8 +177,9 @@ def markdown(result: dict, chosen: str) -> str:
             for key, r in rows.items():
                 if key.startswith(f"{backbone}/"):
                     lines.append(
-                        f"| {backbone}, {OBJECTIVE_NAMES[key.split('/')[1]]}, 80 steps, {label} | {_cell(r['hbird'])} | "
-                        f"{_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | "
+                        f"| {backbone}, {OBJECTIVE_NAMES[key.split('/')[1]]}, 80 steps, {label} | "
+                        f"{_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | "
+                        f"{_delta(r['linprobe_delta'])} | "
                         f"{len(r['seeds'])} |"
                     )
         r = result["supervised"].get(chosen, {}).get(backbone)

@@ -1,7 +1,8 @@
 """A learning study sized for one GPU: do DINO, iBOT or supervised pretraining beat random init?
 
     python -m benchmarks.studies.gpu_study --out gpu_study_run      # one CUDA GPU: everything inside 9 minutes
-    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/benchmarks/test_gpu_study.py)
+    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU
+                                                                    # (tests/benchmarks/test_gpu_study.py)
 
 Six runs — DINO (``configs/dino_tiny_cpu.yaml``), iBOT (``configs/ibot_tiny_cpu.yaml``) and supervised
 (``configs/sup_tiny_cpu.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px; the recipes' ``--model.backbone``

@@ -1,17 +1,17 @@
 """Does a patch-level objective beat random init at CPU scale? DINO vs iBOT vs random init.
 
 At CPU scale, DINO and supervised runs on the scenes score no better than the network they started
-from (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"); one possible cause
-is that DINO's loss sits on the class token only. iBOT adds a loss on the masked patch tokens
+from (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"); one possible cause is
+that DINO's loss sits on the class token only. iBOT adds a loss on the masked patch tokens
 (docs/pretraining.md). This trains tiny ViT and LocAtViT (patch 8, 64 px) with
-``configs/dino_tiny_cpu.yaml`` (DINO) and ``configs/ibot_tiny_cpu.yaml`` (the same recipe plus the patch
-loss), each backbone switched in with ``--model.backbone`` for the same number of optimizer steps and seeds, exports each teacher
-(``<out>/<backbone>/<objective>/seed<S>/backbone.pth``) and scores it frozen, as
-``supervised.py`` does: Hummingbird mIoU (100 memory / 50 query held-out scenes at 128 px,
-fp32, exact search) and the cached dense linear probe, each against the same network at random
-initialisation (the network both runs of a seed start from: scored once per backbone and seed,
-``<out>/random/<backbone>/seed<S>``). Per-query-image confusion matrices are kept, so ``--table``
-gives paired intervals (docs/evaluation.md).
+``configs/dino_tiny_cpu.yaml`` (DINO) and ``configs/ibot_tiny_cpu.yaml`` (the same recipe plus the
+patch loss), each backbone switched in with ``--model.backbone`` for the same number of optimizer
+steps and seeds, exports each teacher (``<out>/<backbone>/<objective>/seed<S>/backbone.pth``) and
+scores it frozen, as ``supervised.py`` does: Hummingbird mIoU (100 memory / 50 query held-out scenes
+at 128 px, fp32, exact search) and the cached dense linear probe, each against the same network at
+random initialisation (the network both runs of a seed start from: scored once per backbone and
+seed, ``<out>/random/<backbone>/seed<S>``). Per-query-image confusion matrices are kept, so
+``--table`` gives paired intervals (docs/evaluation.md).
 
 Every run appends one JSON line to ``<out>/results.jsonl``; a (backbone, objective, seed) already
 there is skipped, so the study can run in chunks, one run at a time::

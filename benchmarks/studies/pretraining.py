@@ -2,12 +2,13 @@
 student's) Hummingbird mIoU against the same network at random initialisation, class-token k-NN
 on an image-level scene label, and the online monitor's curve.
 
-Each run is ``locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone <backbone> <setting's flags>
---seed_everything <seed>`` in this process; the random-init baseline is the recipe's backbone built with the same seed (the network
-the run starts from). Every run appends one JSON line to ``<out>/results.jsonl`` (the log the
-RESULTS table is made from) and the table rows are printed as they finish. Settings are flags on
-top of the recipe, so they stay reproducible after the recipe changes: ``p16`` is the 64 px /
-patch 16 recipe the project had before (4 × 4 tokens per global crop).
+Each run is ``locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone <backbone>
+<setting's flags> --seed_everything <seed>`` in this process; the random-init baseline is the
+recipe's backbone built with the same seed (the network the run starts from). Every run appends one
+JSON line to ``<out>/results.jsonl`` (the log the RESULTS table is made from) and the table rows are
+printed as they finish. Settings are flags on top of the recipe, so they stay reproducible after the
+recipe changes: ``p16`` is the 64 px / patch 16 recipe the project had before (4 × 4 tokens per
+global crop).
 
     python -m benchmarks.studies.pretraining --setting recipe --backbone locatvit_tiny_patch8_224 \\
         --seeds 3 --out runs/bench_pretraining

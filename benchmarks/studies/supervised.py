@@ -1,11 +1,12 @@
 """Does LocAtViT help when the network is trained to classify? The paper's experiment on the scenes.
 
-LocAtViT's headline result (docs/locatvit.md, docs/pretraining.md) is for ViTs trained supervised and evaluated frozen
-for segmentation, with GAug-only and PRR-only ablations. This trains the four tiny variants with
-the same recipe and budget (``configs/sup_tiny_cpu.yaml``, backbone switched with ``--model.backbone``: timm's recipe lightened for a minute,
-image-level scene labels, the same number of optimizer steps and scenes) for each seed, exports
-each backbone (``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino
-hbird``/``compare`` without retraining), and scores it frozen:
+LocAtViT's headline result (docs/locatvit.md, docs/pretraining.md) is for ViTs trained supervised
+and evaluated frozen for segmentation, with GAug-only and PRR-only ablations. This trains the four
+tiny variants with the same recipe and budget (``configs/sup_tiny_cpu.yaml``, backbone switched with
+``--model.backbone``: timm's recipe lightened for a minute, image-level scene labels, the same
+number of optimizer steps and scenes) for each seed, exports each backbone
+(``<out>/<setting>/<variant>/seed<S>/backbone.pth``, loadable by ``locatdino hbird``/``compare``
+without retraining), and scores it frozen:
 
 - Hummingbird mIoU on held-out scenes (100 memory / 50 query images at 128 px, the demo's
   protocol, fp32, exact search) and the frozen dense linear probe (docs/evaluation.md, the cheap cached
@@ -283,7 +284,10 @@ def table(out: Path, labels: str, steps: int, extra: list[str], more: dict) -> t
     ]
     for v in variants:
         rs = [by[(v, s)] for s in seeds if (v, s) in by]
-        ms = lambda key: _mean_std([r[key] for r in rs]).lstrip("+")  # noqa: E731
+
+        def ms(key: str, rs: list[dict] = rs) -> str:
+            return _mean_std([r[key] for r in rs]).lstrip("+")
+
         lines.append(
             f"| {v} | {len(rs)} | {ms('hbird')} | {ms('hbird_random')} | {ms('linprobe')} | "
             f"{ms('linprobe_random')} | {ms('top1')} | {ms('fit_s')} |"

@@ -1,10 +1,10 @@
 """Intervals of a comparison and what they allow to be said (docs/evaluation.md).
 
-Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and
-Δ Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image confusion matrices,
-written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each class-token
-probe with the same bootstrap over the test images (from each model's per-image hits, kept in
-``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
+Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and Δ
+Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image
+confusion matrices, written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each
+class-token probe with the same bootstrap over the test images (from each model's per-image hits,
+kept in ``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
 
 "A beats B" is said only when the interval excludes 0; otherwise the text says "no measurable
 difference". The report, the demo's conclusion and ``benchmarks/studies/compare.py`` all word a

@@ -101,7 +101,8 @@ def evaluate_model(
     outcome.locality = locality_per_block(backbone, shown.images)
     if probes is not None:
         say(
-            f"{spec.name}: class-token probes ({len(probes.train_labels)} train / {len(probes.test_labels)} test images)"
+            f"{spec.name}: class-token probes ({len(probes.train_labels)} train / "
+            f"{len(probes.test_labels)} test images)"
         )
         n_train = len(probes.train_images)
         both = class_embeddings(
@@ -160,7 +161,9 @@ def compare(
         if backbone is not None:
             outcome = attempt(
                 spec,
-                lambda: evaluate_model(spec, backbone, train_set, val_set, cfg, fractions, shown, probes, linprobe),
+                lambda spec=spec, backbone=backbone: evaluate_model(
+                    spec, backbone, train_set, val_set, cfg, fractions, shown, probes, linprobe
+                ),
             )
             if outcome is not None:
                 outcomes.append(outcome)

@@ -1,12 +1,12 @@
 """Where an evaluation result was measured: software, machine, checkpoint and time.
 
-Two ``results.json`` can only be compared honestly when it is known what produced each: a
-library upgrade changes kernels, another CPU changes speed by integer factors (bf16 is fast only
-with AVX512-BF16 or AMX; torch, oneDNN, MKL and FAISS pick AVX-512 or AVX2 code paths at run
-time, and environment variables such as ``ATEN_CPU_CAPABILITY`` or ``FAISS_SIMD_LEVEL`` force
-them lower), and a checkpoint file can be replaced under the same name. So every run records the versions, the CPU model and its vector
-extensions as the libraries see them, the GPUs, the environment variables that change kernels,
-a UTC timestamp and the SHA-256 of the checkpoint file.
+Two ``results.json`` can only be compared honestly when it is known what produced each: a library
+upgrade changes kernels, another CPU changes speed by integer factors (bf16 is fast only with
+AVX512-BF16 or AMX; torch, oneDNN, MKL and FAISS pick AVX-512 or AVX2 code paths at run time, and
+environment variables such as ``ATEN_CPU_CAPABILITY`` or ``FAISS_SIMD_LEVEL`` force them lower), and
+a checkpoint file can be replaced under the same name. So every run records the versions, the CPU
+model and its vector extensions as the libraries see them, the GPUs, the environment variables that
+change kernels, a UTC timestamp and the SHA-256 of the checkpoint file.
 """
 
 from __future__ import annotations

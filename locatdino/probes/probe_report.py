@@ -31,8 +31,9 @@ def probe_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         t, curve = r.get("timings", {}), r.get("loss_curve") or [[0, None]]
         rows.append(
-            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | {number_cell(r['pixel_accuracy'])} | "
-            f"{r['iterations']:,} | {number_cell(curve[-1][1], 3)} | {number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
+            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | "
+            f"{number_cell(r['pixel_accuracy'])} | {r['iterations']:,} | {number_cell(curve[-1][1], 3)} | "
+            f"{number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
             f"{number_cell(t.get('data'), 1)} | {number_cell(t.get('total'), 1)} | {r['features'].get('precision')} | "
             f"{r['features'].get('cached')} |"
         )

@@ -1,9 +1,9 @@
 """The command-line options of the Hummingbird protocol, shared by ``locatdino hbird`` and
-``locatdino compare``: every :class:`~locatdino.retrieval.evaluate.HummingbirdConfig` setting a
-user may change, with its default; the declared table of which option sets which field
-(:data:`HBIRD_TABLE`, :data:`COMPARE_HBIRD_TABLE`); and ``--protocol``, the named settings (:data:`PROTOCOLS`). The options
-of models, data and features that every evaluation command shares are in
-:mod:`locatdino.evaluation.options`.
+``locatdino compare``: every :class:`~locatdino.retrieval.evaluate.HummingbirdConfig` setting a user
+may change, with its default; the declared table of which option sets which field
+(:data:`HBIRD_TABLE`, :data:`COMPARE_HBIRD_TABLE`); and ``--protocol``, the named settings
+(:data:`PROTOCOLS`). The options of models, data and features that every evaluation command shares
+are in :mod:`locatdino.evaluation.options`.
 """
 
 from __future__ import annotations

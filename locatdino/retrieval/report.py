@@ -91,7 +91,8 @@ def results_table(
             f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | {matched}"
             f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
-            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
+            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | "
+            f"{_search_cells(r.get('search'))} |"
         )
     return "\n".join(rows)
 

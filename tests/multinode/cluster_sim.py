@@ -193,7 +193,9 @@ class Cluster:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.cleanup()
-            raise AssertionError(f"{proc.args[:3]}... still running after {timeout} s:\n{self.output(proc)[-3000:]}")
+            raise AssertionError(
+                f"{proc.args[:3]}... still running after {timeout} s:\n{self.output(proc)[-3000:]}"
+            ) from None
 
     def wait_for(self, path: Path, proc_alive: list[subprocess.Popen], timeout: float) -> None:
         """Until ``path`` exists; fails (job killed) when it does not in time or a process ends first."""

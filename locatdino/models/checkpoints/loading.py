@@ -130,8 +130,8 @@ def _unreadable(source: str, err: Exception) -> str:
     unsupported = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(err))
     if unsupported:  # torch's first line only says that weights_only failed
         return (
-            f"cannot be read with weights_only=True (unsupported {unsupported.group(1)}): it holds Python objects besides "
-            "tensors and containers; save its state dict with torch.save(model.state_dict(), path)"
+            f"cannot be read with weights_only=True (unsupported {unsupported.group(1)}): it holds Python objects "
+            "besides tensors and containers; save its state dict with torch.save(model.state_dict(), path)"
         )
     return f"cannot be read as a torch checkpoint with weights_only=True: {lines[0] if lines else type(err).__name__}"
 

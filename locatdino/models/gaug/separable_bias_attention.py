@@ -15,13 +15,14 @@ has its own backward, and never holds an ``[B, H, N, N]`` tensor:
 
 Chunks are sized to keep each ``[B·H, rows, N]`` buffer around ``_CHUNK_BYTES`` on the CPU (8 MiB,
 cache-sized; they live in reused per-thread :func:`~locatdino.models.gaug.scratch.scratch` buffers,
-no fresh page faults), ``_EVAL_CHUNK_BYTES`` for a CPU forward that needs no gradient (up to
-64 MiB, :func:`eval_chunk_bytes`: an evaluation has no backward to keep in cache, and fewer, larger
-SDPA calls are faster at large inputs — one chunk per call at 448 px) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
-and at most a few percent of a ViT-S evaluation's peak memory at 1024 px). On CUDA this is the
-fallback where FlexAttention is unavailable and the whole mask would not fit one chunk
-(:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at one chunk per block instead
-of a ``[B, H, N, N]`` mask per block (3 GiB for ViT-S's 6 heads and 16 images at 1024 px, in bf16).
+no fresh page faults), ``_EVAL_CHUNK_BYTES`` for a CPU forward that needs no gradient (up to 64 MiB,
+:func:`eval_chunk_bytes`: an evaluation has no backward to keep in cache, and fewer, larger SDPA
+calls are faster at large inputs — one chunk per call at 448 px) and ``_CUDA_CHUNK_BYTES`` on CUDA
+(64 MiB: few enough SDPA launches per block, and at most a few percent of a ViT-S evaluation's peak
+memory at 1024 px). On CUDA this is the fallback where FlexAttention is unavailable and the whole
+mask would not fit one chunk (:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at
+one chunk per block instead of a ``[B, H, N, N]`` mask per block (3 GiB for ViT-S's 6 heads and 16
+images at 1024 px, in bf16).
 
 Forward and backward are registered custom operators (``torch.ops.locatdino.separable_bias_attention``
 and ``…_backward``) with fake implementations: ``torch.compile``, ``torch.export`` and TorchScript

@@ -173,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino lincls: {err}") from None
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    try:
-        for run, model in zip(runs, models):
+    for run, model in zip(runs, models):
+        try:
             LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
-    except ValueError as err:
-        raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
+        except ValueError as err:
+            raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
     folder = check_outputs(args.out, "lincls", LINCLS_FILES, cfg.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _evaluate_all(argv, args, cfg, runs, models, train, val, device, folder)

@@ -325,7 +325,10 @@ def linear_classification(
     timings["evaluate"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - clock
     top1, top5 = _accuracy(ranked, labels)
-    interval = lambda hits: tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
+
+    def interval(hits: np.ndarray) -> tuple[float, ...]:
+        return tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
+
     return LinclsResult(
         top1=round(100 * float(top1.mean()), 4),
         top5=round(100 * float(top5.mean()), 4),

@@ -51,9 +51,10 @@ class DINOModule(PretrainingObjective):
 
     ``self.student`` and ``self.teacher`` are ``nn.ModuleDict({"backbone", "head"})`` of the same
     shape (checkpoint keys ``student.backbone.*``, ``teacher.head.*``, …); the teacher starts as a
-    copy of the student, never receives gradients and follows it by EMA after every optimizer
-    step. The teacher is the evaluated network (``eval_backbone``, what ``export`` writes). The image embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the
-    final norm (after PRR for LocAtViT).
+    copy of the student, never receives gradients and follows it by EMA after every optimizer step.
+    The teacher is the evaluated network (``eval_backbone``, what ``export`` writes). The image
+    embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the final norm (after
+    PRR for LocAtViT).
 
     ``training_step`` takes the multi-crop batch of ``locatdino.data.collate_multicrop``:
     ``batch["global"]`` ``[V_g, B, 3, H, W]`` and ``batch["local"]`` ``[V_l, B, 3, h, w]``

@@ -50,11 +50,11 @@ class _FinalTokens:
 class IBOTModule(DINOModule):
     """iBOT pretraining of any timm ViT (LocAtViT or vanilla): DINO plus masked-patch prediction.
 
-    DINO's loss on the class embeddings plus, on the masked patches of the student's global crops,
-    a cross-entropy to the teacher's patch targets of the same, unmasked crops; optionally
-    DINOv2's KoLeo on the student's class embeddings. Everything else is :class:`DINOModule`'s: schedules, EMA teacher (the evaluated
-    and exported network), per-tensor clipping, last-layer freeze (both heads), non-finite
-    handling, gradient accumulation, DDP / FSDP, checkpoints.
+    DINO's loss on the class embeddings plus, on the masked patches of the student's global crops, a
+    cross-entropy to the teacher's patch targets of the same, unmasked crops; optionally DINOv2's
+    KoLeo on the student's class embeddings. Everything else is :class:`DINOModule`'s: schedules,
+    EMA teacher (the evaluated and exported network), per-tensor clipping, last-layer freeze (both
+    heads), non-finite handling, gradient accumulation, DDP / FSDP, checkpoints.
 
     Per step: the global crops ``[V_g, B, 3, H, W]`` get block-wise masks (:class:`BlockMasking`,
     drawn from ``(mask_seed, rank, step, micro-batch)``: a resume replays them); the student sees

@@ -3,11 +3,12 @@
 Every rank of a multi-process run meets the others in collectives (the gradient all-reduce of each
 step, barriers around checkpoints). When a rank dies, its peers' connections close and they fail
 within seconds. When a rank hangs instead (a frozen node, a stuck file system or data loader, a
-faulty GPU), nothing closes: its peers wait in the next collective until the process group's
-timeout (Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL
-alike), while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
-builds the strategy with that timeout (:func:`strategy_with_timeout`, through the strategies'
-public ``timeout=``), so a hung rank costs ``S`` seconds.
+faulty GPU), nothing closes: its peers wait in the next collective until the process group's timeout
+(Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL alike),
+while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default
+:data:`DEFAULT_COLLECTIVE_TIMEOUT_S`) builds the strategy with that timeout
+(:func:`strategy_with_timeout`, through the strategies' public ``timeout=``), so a hung rank costs
+``S`` seconds.
 
 ``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
 The measured ones (benchmarks/RESULTS.md, "How long does a multi-node job wait for a failed node?"): writing

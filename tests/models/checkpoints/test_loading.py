@@ -185,7 +185,8 @@ def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
     torch.save({"path": pathlib.PurePosixPath("runs")}, tmp_path / "objects.pth")
     expected = {
         "empty.pth": "is empty (0 bytes), not a checkpoint",
-        "notes.pth": "is a text file, not a torch checkpoint (it starts with '<html><body>404 Not Found</body></html>')",
+        "notes.pth": "is a text file, not a torch checkpoint "
+        "(it starts with '<html><body>404 Not Found</body></html>')",
         "lfs.pth": "is a Git LFS pointer, not the weights: fetch them with `git lfs pull`",
         "noise.pth": "is not a torch checkpoint (neither torch's zip format nor a pickle; 193 bytes)",
         "objects.pth": "cannot be read with weights_only=True (unsupported global: GLOBAL pathlib.PurePosixPath)",

@@ -50,7 +50,7 @@ def test_gradients_reach_the_profiles(monkeypatch):
     want = torch.autograd.grad(separable_bias_attention(*inputs, num_prefix), inputs, grad_out)
     for name, a, b in zip(("q", "k", "v", "rows", "cols"), got, want):
         assert b.abs().max() > 1e-3, name
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d{name}: {m}")
 
 
 @pytest.mark.slow

@@ -397,7 +397,8 @@ FIT_ERRORS = {
         ["--model.backbone_kwargs", '{"depht": 2}'],
         1,
         "locatdino fit: model.backbone_kwargs "
-        "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() got an unexpected keyword argument 'depht'",
+        "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() "
+        "got an unexpected keyword argument 'depht'",
     ),
     "missing checkpoint": (
         ["--model.backbone_checkpoint", "teacher.pht"],
