@@ -1,15 +1,15 @@
 """Where a benchmark or a study writes its machine-readable result, and what the file records.
 
 Every script of ``benchmarks/`` writes its numbers as one JSON file under ``benchmarks/results/``
-(or where its ``--results`` option says), rewritten as the numbers come in, so a run cut short
-keeps what it measured. That file is checked before anything is measured (:func:`results_file`):
-an existing one, such as the committed results ``benchmarks/RESULTS.md`` cites, is replaced only
-with ``--overwrite`` (a toy run from the repository root must not turn them into its rows), and a
-folder, or a path through a file, is refused at once instead of after the measuring. Each file starts with the command that made it (``python -m
-benchmarks...`` with its arguments), the date and the machine (the versions, the CPU and its
-vector extensions, the GPUs and the environment variables that pick kernels:
-``locatdino.evaluation.provenance``), so a number in RESULTS.md leads to a file and the file to
-the command that makes it again.
+(or where its ``--results`` option says), rewritten as the numbers come in, so a run cut short keeps
+what it measured. That file is checked before anything is measured (:func:`results_file`): an
+existing one, such as the committed results ``benchmarks/RESULTS.md`` cites, is replaced only with
+``--overwrite`` (a toy run from the repository root must not turn them into its rows), and a folder,
+or a path through a file, is refused at once instead of after the measuring. Each file starts with
+the command that made it (``python -m benchmarks...`` with its arguments), the date and the machine
+(the versions, the CPU and its vector extensions, the GPUs and the environment variables that pick
+kernels: ``locatdino.evaluation.provenance``), so a number in RESULTS.md leads to a file and the
+file to the command that makes it again.
 """
 
 from __future__ import annotations
@@ -32,10 +32,18 @@ _CHECKED: set[Path] = set()  # the files results_file let this process write
 
 def add_results_option(parser: argparse.ArgumentParser, default: str) -> None:
     """``--results FILE`` and ``--overwrite``; :func:`results_file` falls back on ``benchmarks/results/<default>``."""
-    parser.add_argument("--results", type=Path, default=None, metavar="FILE",
-                        help=f"where the machine-readable results go (default: benchmarks/results/{default})")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing results file (the committed ones RESULTS.md cites included)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"where the machine-readable results go (default: benchmarks/results/{default})",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing results file (the committed ones RESULTS.md cites included)",
+    )
 
 
 def _refuse(message: str) -> SystemExit:
@@ -55,8 +63,9 @@ def results_file(args: argparse.Namespace, default: str) -> Path:
         raise _refuse(f"--results {path}: {blocking} is a file, not a folder")
     if path.exists() and not args.overwrite:
         committed = " (results RESULTS.md cites are kept there)" if args.results is None else ""
-        raise _refuse(f"{path} exists{committed}: pass --results FILE for this run's numbers, or --overwrite to "
-                      "replace it")
+        raise _refuse(
+            f"{path} exists{committed}: pass --results FILE for this run's numbers, or --overwrite to replace it"
+        )
     _CHECKED.add(path.absolute())
     return path
 
@@ -82,8 +91,10 @@ def write_results(path: Path | None, default: str, numbers: dict[str, Any]) -> P
     :func:`results_file` before the measuring."""
     path = path or RESULTS / default
     if path.absolute() not in _CHECKED:
-        raise RuntimeError(f"{path} was not checked before the measuring: call results_file(args, {default!r}) "
-                           "after parsing the arguments")
+        raise RuntimeError(
+            f"{path} was not checked before the measuring: call results_file(args, {default!r}) "
+            "after parsing the arguments"
+        )
     atomic_write_text(path, json.dumps({**header(), **numbers}, indent=1, ensure_ascii=False) + "\n")
     print(f"results: {path}", file=sys.stderr, flush=True)
     return path

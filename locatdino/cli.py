@@ -3,9 +3,10 @@
 Each sub-command lives next to the code it drives and exposes ``main(argv) -> int | None``;
 it is imported only when used, so ``locatdino shards`` never pays for Lightning's import.
 Errors escaping a sub-command are printed here, in one style for all of them
-(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see :mod:`locatdino.common.errors`): ``--debug``
-anywhere on the command line (or ``LOCATDINO_DEBUG=1``) shows the traceback instead;
-``--threads N`` anywhere sizes the CPU thread pools of every command (see :mod:`locatdino.common.threads`).
+(``locatdino <command>: <message>``, exit status 1, 2 for a usage error; see
+:mod:`locatdino.common.errors`): ``--debug`` anywhere on the command line (or ``LOCATDINO_DEBUG=1``)
+shows the traceback instead; ``--threads N`` anywhere sizes the CPU thread pools of every command
+(see :mod:`locatdino.common.threads`).
 Ctrl-C ends any command with one line, ``locatdino <command>: interrupted``, exit status 130.
 SIGTERM and SIGUSR1 (a scheduler's stop and warning) end every command the same way, exit status
 143 / 138, after its cleanup has run (feature caches, memory banks on disk, worker processes,
@@ -33,25 +34,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
     "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
     "knn": ("locatdino.probes.knn_cli", "DINO's weighted k-NN classification of frozen class tokens (top-1, top-5)"),
-    "lincls": ("locatdino.probes.lincls.cli", "linear classification of frozen class tokens (DINO's eval_linear; "
-               "not the dense linprobe)"),
+    "lincls": (
+        "locatdino.probes.lincls.cli",
+        "linear classification of frozen class tokens (DINO's eval_linear; not the dense linprobe)",
+    ),
     "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
 }
-
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: locatdino [--version] [--debug] [--threads N] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "locatdino <command> --help lists the options of a command, in the same groups for every",
-              "command: model, data, protocol, output, runtime.",
-              "", "runtime:", f"  {GROUPS['runtime'].split(' (')[0]}; these go anywhere on the command line", "",
-              "  --threads N  cap the CPU threads of torch and FAISS (default: the cores this process may",
-              "               use, or OMP_NUM_THREADS; never more than those cores)",
-              "  --debug      show the traceback of an error instead of its one-line message (or",
-              "               LOCATDINO_DEBUG=1)",
-              "  --version    print the version and exit"]
+    lines += [
+        "",
+        "locatdino <command> --help lists the options of a command, in the same groups for every",
+        "command: model, data, protocol, output, runtime.",
+        "",
+        "runtime:",
+        f"  {GROUPS['runtime'].split(' (')[0]}; these go anywhere on the command line",
+        "",
+        "  --threads N  cap the CPU threads of torch and FAISS (default: the cores this process may",
+        "               use, or OMP_NUM_THREADS; never more than those cores)",
+        "  --debug      show the traceback of an error instead of its one-line message (or",
+        "               LOCATDINO_DEBUG=1)",
+        "  --version    print the version and exit",
+    ]
     return "\n".join(lines)
 
 

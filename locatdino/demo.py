@@ -20,9 +20,10 @@ every command it runs, so it doubles as a worked example. ``--quick`` (what the 
 shortens the step budget and the evaluation; everything else is the recipe's. Every option is
 checked before the first step (:func:`check_options`), the evaluation's included.
 
-``--recipe supervised`` runs the same comparison with the paper's own pretraining (docs/pretraining.md):
-both backbones trained to classify the scenes (``configs/sup_tiny_cpu.yaml``: image-level labels,
-timm's recipe lightened for a minute), exported and compared the same way (models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
+``--recipe supervised`` runs the same comparison with the paper's own pretraining
+(docs/pretraining.md): both backbones trained to classify the scenes (``configs/sup_tiny_cpu.yaml``:
+image-level labels, timm's recipe lightened for a minute), exported and compared the same way
+(models ``vit-sup``, ``locatvit-sup``, ``vit-random``, ``locatvit-random``).
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ import yaml
 
 from locatdino import cli
 from locatdino.common.arguments import ArgumentParser, add_shared_option, at_least, option_groups
+from locatdino.common.errors import UserError
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import atomic_write
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.comparison.cli import REPORT_FILES
 from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import fitting_sizes, patch_size
-from locatdino.common.output_files import atomic_write
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 
 # --recipe -> (the one recipe both backbones train with, the trained models' name suffix)
 RECIPES = {
@@ -58,36 +59,69 @@ LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-di
 # the two --model.backbone values of the comparison (the tiny recipes' vanilla ViT and its LocAtViT)
 BACKBONES = ("vit_tiny_patch16_224", "locatvit_tiny_patch8_224")
 # --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
-_QUICK = {"max_steps": 16, "num_train": 48, "num_val": 16, "input_size": 64, "scene_size": 64, "figure_images": 3,
-          "linprobe_iters": 40}
-_FULL = {"max_steps": None, "num_train": 100, "num_val": 50, "input_size": 128, "scene_size": 128, "figure_images": 4,
-         "linprobe_iters": 320}
+_QUICK = {
+    "max_steps": 16,
+    "num_train": 48,
+    "num_val": 16,
+    "input_size": 64,
+    "scene_size": 64,
+    "figure_images": 3,
+    "linprobe_iters": 40,
+}
+_FULL = {
+    "max_steps": None,
+    "num_train": 100,
+    "num_val": 50,
+    "input_size": 128,
+    "scene_size": 128,
+    "figure_images": 4,
+    "linprobe_iters": 320,
+}
 
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="locatdino demo",
         description="Pretrain a tiny ViT and a tiny LocAtViT with the same recipe (DINO, or supervised with "
-        "--recipe supervised; one recipe, two backbones), then compare both trained backbones and both random inits on held-out built-in "
-        "scenes (no download).",
+        "--recipe supervised; one recipe, two backbones), then compare both trained backbones and both random "
+        "inits on held-out built-in scenes (no download).",
         formatter_class=DefaultsOnceHelpFormatter,
     )
     groups = option_groups(p)
     model, protocol = groups.model, groups.protocol
-    model.add_argument("--recipe", choices=sorted(RECIPES), default="dino",
-                       help="how both backbones are pretrained: DINO (configs/dino_tiny_cpu.yaml) or supervised on the "
-                       "scenes' image-level labels (configs/sup_tiny_cpu.yaml, the paper's recipe)")
-    model.add_argument("--backbones", nargs=2, default=list(BACKBONES), metavar=("VIT", "LOCATVIT"),
-                       help="the --model.backbone of the vanilla and of the LocAtViT run of the recipe (timm names)")
-    model.add_argument("--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)")
-    add_shared_option(model, "--seed", note="the recipes'; it seeds the pretraining and random inits of both "
-                      "backbones, the held-out scenes and memory views stay the same")
-    protocol.add_argument("--quick", action="store_true",
-                          help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation")
+    model.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="dino",
+        help="how both backbones are pretrained: DINO (configs/dino_tiny_cpu.yaml) or supervised on the "
+        "scenes' image-level labels (configs/sup_tiny_cpu.yaml, the paper's recipe)",
+    )
+    model.add_argument(
+        "--backbones",
+        nargs=2,
+        default=list(BACKBONES),
+        metavar=("VIT", "LOCATVIT"),
+        help="the --model.backbone of the vanilla and of the LocAtViT run of the recipe (timm names)",
+    )
+    model.add_argument(
+        "--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)"
+    )
+    add_shared_option(
+        model,
+        "--seed",
+        note="the recipes'; it seeds the pretraining and random inits of both "
+        "backbones, the held-out scenes and memory views stay the same",
+    )
+    protocol.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a few-minute run: {_QUICK['max_steps']} training steps, smaller evaluation",
+    )
     add_shared_option(groups.data, "--num-train", note=f"{_FULL['num_train']}, --quick {_QUICK['num_train']}")
     add_shared_option(groups.data, "--num-val", note=f"{_FULL['num_val']}, --quick {_QUICK['num_val']}")
-    add_shared_option(protocol, "--input-size", note=f"the demo's tiny budget: {_FULL['input_size']}, --quick "
-                      f"{_QUICK['input_size']}")
+    add_shared_option(
+        protocol, "--input-size", note=f"the demo's tiny budget: {_FULL['input_size']}, --quick {_QUICK['input_size']}"
+    )
     add_shared_option(groups.output, "--out", "runs/demo")
     add_overwrite_option(groups.output)
     return p
@@ -119,8 +153,9 @@ def backbone_files(out: Path, tag: str) -> dict[str, tuple[Path, Path]]:
     return {label: (out / f"{label}_{trained}.pth", out / f"{label}_random_init.pth") for label in LABELS}
 
 
-def check_options(recipe: dict[str, Any], backbones: list[str], input_size: int, out: Path, overwrite: bool = False,
-                  tag: str = "dino") -> OutputFolder:
+def check_options(
+    recipe: dict[str, Any], backbones: list[str], input_size: int, out: Path, overwrite: bool = False, tag: str = "dino"
+) -> OutputFolder:
     """What would fail after the pretraining, checked before it: the evaluation input size
     against each backbone's patch size with the recipe's kwargs (built on the meta device), and ``--out`` (writable,
     not holding an earlier demo's output, its runs' or report's included, unless ``overwrite``, nor
@@ -129,8 +164,10 @@ def check_options(recipe: dict[str, Any], backbones: list[str], input_size: int,
         with torch.device("meta"):
             patch = patch_size(create_backbone(name, **(model_args(recipe).get("backbone_kwargs") or {})))[0]
         if input_size % patch:
-            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
-                            f"backbone {name}: use {fitting_sizes(input_size, patch)}")
+            raise UserError(
+                f"--input-size {input_size} is not a multiple of the patch size {patch} of the {label} "
+                f"backbone {name}: use {fitting_sizes(input_size, patch)}"
+            )
     folder, report = OutputFolder(out, "demo"), OutputFolder(out / "compare", "compare")
     fits = sorted(str(p.relative_to(out)) for p in out.glob("fit-*/checkpoints/*.ckpt"))  # fit's own rule, up front
     earlier = [*folder.earlier(), *(f"compare/{name}" for name in report.earlier()), *fits]
@@ -141,14 +178,16 @@ def check_options(recipe: dict[str, Any], backbones: list[str], input_size: int,
     return folder
 
 
-
 def _data_args(recipe: dict[str, Any], out: Path) -> list[str]:
     """Where a recipe's data goes under the demo's folder: DINO's scenes, or labelled train/val scenes."""
     if "val_urls" in (recipe.get("data") or {}).get("init_args", {}):
-        return ["--data.init_args.train_urls", str(out / "scenes_labelled" / "train"),
-                "--data.init_args.val_urls", str(out / "scenes_labelled" / "val")]
+        return [
+            "--data.init_args.train_urls",
+            str(out / "scenes_labelled" / "train"),
+            "--data.init_args.val_urls",
+            str(out / "scenes_labelled" / "val"),
+        ]
     return ["--data.init_args.train_urls", str(out / "scenes_shards")]
-
 
 
 def conclusion(report: dict[str, Any], steps: str, folder: str | Path, tag: str = "dino") -> list[str]:
@@ -158,9 +197,11 @@ def conclusion(report: dict[str, Any], steps: str, folder: str | Path, tag: str 
     the per-image confusion matrices); a winner is named only when the interval excludes 0."""
     models = {m["spec"]["name"]: m for m in report["models"]}
     how = "DINO" if tag == "dino" else "supervised training"
-    lines = [f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
-             f"after {steps} of {how} each (one seed; 95 % intervals resample the scenes, not the training: "
-             "the spread over seeds is in benchmarks/RESULTS.md):"]
+    lines = [
+        f"measured on {report['dataset']['num_val']} held-out scenes at {report['config']['input_size']} px "
+        f"after {steps} of {how} each (one seed; 95 % intervals resample the scenes, not the training: "
+        "the spread over seeds is in benchmarks/RESULTS.md):"
+    ]
     vit, locat = models.get(f"vit-{tag}"), models.get(f"locatvit-{tag}")
     if vit and locat:
         differences = model_differences(locat, vit, folder)
@@ -170,8 +211,10 @@ def conclusion(report: dict[str, Any], steps: str, folder: str | Path, tag: str 
     for label in LABELS:
         t, r = models.get(f"{label}-{tag}"), models.get(f"{label}-random")
         if t and r and "miou" in (differences := model_differences(t, r, folder)):
-            lines.append(f"  pretraining vs random init, {label}, Hummingbird mIoU: "
-                         + difference_text(f"{label}-{tag}", f"{label}-random", differences["miou"]))
+            lines.append(
+                f"  pretraining vs random init, {label}, Hummingbird mIoU: "
+                + difference_text(f"{label}-{tag}", f"{label}-random", differences["miou"])
+            )
     return lines + over_pixels(models, [f"{label}-{tag}" for label in LABELS], folder)
 
 
@@ -184,20 +227,28 @@ def over_pixels(models: dict[str, Any], trained: list[str], folder: str | Path) 
         differences = model_differences(models[name], pixels, folder)
         for metric, label in (("miou", "Hummingbird mIoU"), ("linprobe", "linear probe mIoU")):
             if metric in differences:
-                lines.append(f"  what {name} adds over the pixels, {label}: "
-                             + difference_text(name, "pixels", differences[metric]))
+                lines.append(
+                    f"  what {name} adds over the pixels, {label}: "
+                    + difference_text(name, "pixels", differences[metric])
+                )
     if prior and prior.get("hbird"):
         probe = (prior.get("linprobe") or {}).get("miou")
-        lines.append(f"  the layout alone (position-prior: the memory's classes at each place, no image) scores "
-                     f"{prior['hbird']['miou']:.2f} Hummingbird mIoU"
-                     + (f" and {probe:.2f} linear probe mIoU" if probe is not None else ""))
+        lines.append(
+            f"  the layout alone (position-prior: the memory's classes at each place, no image) scores "
+            f"{prior['hbird']['miou']:.2f} Hummingbird mIoU"
+            + (f" and {probe:.2f} linear probe mIoU" if probe is not None else "")
+        )
     return lines
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    given = {"max_steps": args.max_steps, "num_train": args.num_train, "num_val": args.num_val,
-             "input_size": args.input_size}  # the budget's entries an option may set
+    given = {
+        "max_steps": args.max_steps,
+        "num_train": args.num_train,
+        "num_val": args.num_val,
+        "input_size": args.input_size,
+    }  # the budget's entries an option may set
     budget = {**(_QUICK if args.quick else _FULL), **{k: v for k, v in given.items() if v is not None}}
     out = Path(args.out)
     path, tag = RECIPES[args.recipe]
@@ -207,8 +258,9 @@ def main(argv: list[str]) -> int:
         return _pretrain_and_compare(args, budget, path, recipe, folder, tag)
 
 
-def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], path: Path, recipe: dict[str, Any],
-                          folder: OutputFolder, tag: str) -> int:
+def _pretrain_and_compare(
+    args: argparse.Namespace, budget: dict[str, Any], path: Path, recipe: dict[str, Any], folder: OutputFolder, tag: str
+) -> int:
     """Steps 1-3 of the module docstring, then the conclusion; the exit status of ``compare``."""
     out = folder.path
     started = time.perf_counter()
@@ -216,8 +268,17 @@ def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], path
     if args.seed is not None:
         recipe = {**recipe, "seed_everything": args.seed}
     for label, backbone in zip(LABELS, args.backbones):
-        fit = ["fit", "--config", str(path), "--model.backbone", backbone, "--trainer.default_root_dir",
-               str(out / f"fit-{label}"), *_data_args(recipe, out), *(["--overwrite"] if args.overwrite else [])]
+        fit = [
+            "fit",
+            "--config",
+            str(path),
+            "--model.backbone",
+            backbone,
+            "--trainer.default_root_dir",
+            str(out / f"fit-{label}"),
+            *_data_args(recipe, out),
+            *(["--overwrite"] if args.overwrite else []),
+        ]
         if budget["max_steps"] is not None:
             fit += ["--trainer.max_steps", str(budget["max_steps"])]
         if args.seed is not None:
@@ -225,8 +286,14 @@ def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], path
         if _run(fit):
             raise SystemExit(f"locatdino demo: pretraining {label} ({path.name}, {backbone}) failed")
         trained, random_init = backbone_files(out, tag)[label]
-        if _run(["export", str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"), str(trained),
-                 *(["--overwrite"] if args.overwrite else [])]):
+        if _run(
+            [
+                "export",
+                str(out / f"fit-{label}" / "checkpoints" / "last.ckpt"),
+                str(trained),
+                *(["--overwrite"] if args.overwrite else []),
+            ]
+        ):
             raise SystemExit(f"locatdino demo: exporting the {label} backbone failed")
         _save_random_init(recipe, backbone, random_init)
         folder.wrote(trained, random_init)
@@ -237,16 +304,40 @@ def _pretrain_and_compare(args: argparse.Namespace, budget: dict[str, Any], path
     # fp32 and exact search: the demo's numbers are then the same on every CPU (auto picks bf16 or
     # int8 by CPU) and comparable with the table README shows
     models = [arg for key in order for arg in ("--model", specs[key])]
-    status = _run(["compare", *models, "--baselines", "--precision", "fp32", "--index", "Flat",
-                   "--dataset", "scenes", "--num-train", str(budget["num_train"]),
-                   "--num-val", str(budget["num_val"]), "--scene-size", str(budget["scene_size"]),
-                   "--input-size", str(budget["input_size"]), "--figure-images", str(budget["figure_images"]),
-                   "--linprobe-iters", str(budget["linprobe_iters"]), "--out", str(report_dir),
-                   *(["--overwrite"] if args.overwrite else [])])
+    status = _run(
+        [
+            "compare",
+            *models,
+            "--baselines",
+            "--precision",
+            "fp32",
+            "--index",
+            "Flat",
+            "--dataset",
+            "scenes",
+            "--num-train",
+            str(budget["num_train"]),
+            "--num-val",
+            str(budget["num_val"]),
+            "--scene-size",
+            str(budget["scene_size"]),
+            "--input-size",
+            str(budget["input_size"]),
+            "--figure-images",
+            str(budget["figure_images"]),
+            "--linprobe-iters",
+            str(budget["linprobe_iters"]),
+            "--out",
+            str(report_dir),
+            *(["--overwrite"] if args.overwrite else []),
+        ]
+    )
     report = json.loads((report_dir / "report.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
     print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir, tag)))
     minutes = (time.perf_counter() - started) / 60
-    print(f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
-          f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs")
+    print(
+        f"\nlocatdino demo: done in {minutes:.1f} min. Report: {report_dir / 'report.md'} (figures in "
+        f"{report_dir / 'figures'}); training curves: {out}/fit-*/logs"
+    )
     return status

@@ -24,8 +24,10 @@ def test_help_lists_every_command(capsys):
 
 def test_unknown_command_exits_2(capsys):
     assert cli.main(["no-such-command"]) == 2
-    assert capsys.readouterr().err == ("locatdino: unknown command 'no-such-command' (one of demo, fit, export, "
-                                       "shards, hbird, linprobe, knn, lincls, compare; locatdino --help)\n")
+    assert capsys.readouterr().err == (
+        "locatdino: unknown command 'no-such-command' (one of demo, fit, export, "
+        "shards, hbird, linprobe, knn, lincls, compare; locatdino --help)\n"
+    )
 
 
 def test_ctrl_c_is_one_line_with_status_130(monkeypatch, capsys):
@@ -35,15 +37,23 @@ def test_ctrl_c_is_one_line_with_status_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "locatdino boom: interrupted\n"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["hbird", "--model", "m", "--k"], "locatdino hbird: argument --k: expected one argument"),
-    (["hbird"], "locatdino hbird: the following arguments are required: --model"),
-    (["export", "a.ckpt"], "locatdino export: the following arguments are required: out"),
-    (["shards", "--maxcount", "0", "src", "out"], "locatdino shards: argument --maxcount: must be at least 1, got 0"),
-    (["compare", "--model", "a=vit_tiny_patch16_224", "--figure-images", "0"],
-     "locatdino compare: argument --figure-images: must be at least 1, got 0"),
-    (["demo", "--input-size", "0"], "locatdino demo: argument --input-size: must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["hbird", "--model", "m", "--k"], "locatdino hbird: argument --k: expected one argument"),
+        (["hbird"], "locatdino hbird: the following arguments are required: --model"),
+        (["export", "a.ckpt"], "locatdino export: the following arguments are required: out"),
+        (
+            ["shards", "--maxcount", "0", "src", "out"],
+            "locatdino shards: argument --maxcount: must be at least 1, got 0",
+        ),
+        (
+            ["compare", "--model", "a=vit_tiny_patch16_224", "--figure-images", "0"],
+            "locatdino compare: argument --figure-images: must be at least 1, got 0",
+        ),
+        (["demo", "--input-size", "0"], "locatdino demo: argument --input-size: must be at least 1, got 0"),
+    ],
+)
 def test_usage_errors_are_one_line_with_status_2(capsys, argv, message):
     """argparse used to print the whole usage (12–23 lines) before its message."""
     with pytest.raises(SystemExit) as done:
@@ -79,7 +89,9 @@ def test_errors_are_one_line_on_stderr_with_status_1(monkeypatch, capsys):
 
     _fake_command(monkeypatch, KeyError("teacher"))  # not a user error: its type and how to see more
     assert cli.main(["boom"]) == 1
-    assert capsys.readouterr().err == f"locatdino boom: 'teacher' (KeyError; --debug or {DEBUG_ENV}=1 for the traceback)\n"
+    assert (
+        capsys.readouterr().err == f"locatdino boom: 'teacher' (KeyError; --debug or {DEBUG_ENV}=1 for the traceback)\n"
+    )
 
     _fake_command(monkeypatch, RuntimeError("Error(s) in loading state_dict:\n\tsize mismatch\n\tmore"))
     assert cli.main(["boom"]) == 1
@@ -147,16 +159,36 @@ def test_bad_threads_value_is_a_usage_error():
         pop_threads(["fit", "--threads", "²"])
 
 
-@pytest.mark.parametrize("requested, omp, expected", [
-    (None, None, (4, None)), (None, "2", (2, None)), (None, "3,1", (3, None)), (None, " 2 ", (2, None)),
-    (3, "abc", (3, None)),
-    (None, "0", (4, "ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using 4, the cores this "
-                   "process may use (--threads N sets the number)")),
-    (None, "-2", (4, "ignoring OMP_NUM_THREADS='-2' (not a positive whole number of threads): using 4, the cores "
-                    "this process may use (--threads N sets the number)")),
-    (None, "9", (4, "OMP_NUM_THREADS='9' is more than the 4 cores this process may use: using 4")),
-    (100000, None, (4, "--threads 100000 is more than the 4 cores this process may use: using 4")),
-])
+@pytest.mark.parametrize(
+    "requested, omp, expected",
+    [
+        (None, None, (4, None)),
+        (None, "2", (2, None)),
+        (None, "3,1", (3, None)),
+        (None, " 2 ", (2, None)),
+        (3, "abc", (3, None)),
+        (
+            None,
+            "0",
+            (
+                4,
+                "ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using 4, the cores this "
+                "process may use (--threads N sets the number)",
+            ),
+        ),
+        (
+            None,
+            "-2",
+            (
+                4,
+                "ignoring OMP_NUM_THREADS='-2' (not a positive whole number of threads): using 4, the cores "
+                "this process may use (--threads N sets the number)",
+            ),
+        ),
+        (None, "9", (4, "OMP_NUM_THREADS='9' is more than the 4 cores this process may use: using 4")),
+        (100000, None, (4, "--threads 100000 is more than the 4 cores this process may use: using 4")),
+    ],
+)
 def test_odd_thread_counts_fall_back_with_one_line(monkeypatch, requested, omp, expected):
     from locatdino.common import threads
 
@@ -177,9 +209,10 @@ def test_garbage_omp_num_threads_is_one_line_not_openmps_complaint():
     proc = _run_probe("probe", omp="0")
     cores = len(os.sched_getaffinity(0))
     assert proc.returncode == 0 and proc.stdout.split()[:3] == [str(cores)] * 3
-    assert proc.stderr == (f"locatdino: ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using "
-                           f"{cores}, the cores this process may use (--threads N sets the number)\n")
-
+    assert proc.stderr == (
+        f"locatdino: ignoring OMP_NUM_THREADS='0' (not a positive whole number of threads): using "
+        f"{cores}, the cores this process may use (--threads N sets the number)\n"
+    )
 
 
 def test_version(capsys):
@@ -203,12 +236,18 @@ def test_demo_help_keeps_real_defaults_and_the_words_for_unset_ones():
     assert "training steps (default: the recipes' budget) --seed" in text
 
 
-@pytest.mark.parametrize("err, first, one", [
-    (RuntimeError("\n  \n  size mismatch for pos_embed  \ncopying a param ..."), "size mismatch for pos_embed",
-     f"size mismatch for pos_embed … (RuntimeError; --debug or {DEBUG_ENV}=1 for the traceback)"),
-    (ValueError(), "ValueError", "ValueError"),
-    (UserError("bad.yaml: no key model"), "bad.yaml: no key model", "bad.yaml: no key model"),
-])
+@pytest.mark.parametrize(
+    "err, first, one",
+    [
+        (
+            RuntimeError("\n  \n  size mismatch for pos_embed  \ncopying a param ..."),
+            "size mismatch for pos_embed",
+            f"size mismatch for pos_embed … (RuntimeError; --debug or {DEBUG_ENV}=1 for the traceback)",
+        ),
+        (ValueError(), "ValueError", "ValueError"),
+        (UserError("bad.yaml: no key model"), "bad.yaml: no key model", "bad.yaml: no key model"),
+    ],
+)
 def test_first_line_and_one_line(err, first, one):
     assert first_line(err) == first
     assert one_line(err) == one

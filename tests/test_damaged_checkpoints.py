@@ -32,8 +32,10 @@ def test_every_cut_of_a_checkpoint_is_named_truncated(tmp_path):
             for mmap in (False, True):
                 with pytest.raises(ValueError) as err:
                     load_checkpoint(path, mmap=mmap)
-                assert str(err.value) == (f"{path}: is truncated ({size} bytes, the end of the checkpoint is missing: "
-                                          "an interrupted save, download or copy?)")
+                assert str(err.value) == (
+                    f"{path}: is truncated ({size} bytes, the end of the checkpoint is missing: "
+                    "an interrupted save, download or copy?)"
+                )
         whole = tmp_path / "whole.pth"
         whole.write_bytes(data)
         assert torch.equal(load_checkpoint(whole)["w"], state["w"])
@@ -46,15 +48,32 @@ def damaged(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("damaged")
     model = timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY_MODEL["backbone_kwargs"])
     data = _saved(model.state_dict())
-    (tmp / "half.pth").write_bytes(data[:len(data) // 2])
+    (tmp / "half.pth").write_bytes(data[: len(data) // 2])
     (tmp / "empty.pth").write_bytes(b"")
-    return {"truncated": (tmp / "half.pth", f"is truncated ({len(data) // 2} bytes"),
-            "empty": (tmp / "empty.pth", "is empty (0 bytes)")}
+    return {
+        "truncated": (tmp / "half.pth", f"is truncated ({len(data) // 2} bytes"),
+        "empty": (tmp / "empty.pth", "is empty (0 bytes)"),
+    }
 
 
 def _arguments(command: str, path: str, tmp_path) -> list[str]:
-    small = ["--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--workers", "0",
-             "--no-progress", "--batch-size", "2", "--out", str(tmp_path / "out")]
+    small = [
+        "--num-train",
+        "4",
+        "--num-val",
+        "2",
+        "--scene-size",
+        "32",
+        "--input-size",
+        "32",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--batch-size",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     return {
         "fit --ckpt_path": ["fit", *tiny_overrides(tmp_path), "--ckpt_path", path],
         "fit --model.backbone_checkpoint": ["fit", *tiny_overrides(tmp_path), "--model.backbone_checkpoint", path],

@@ -23,11 +23,27 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
         assert "\r" not in stream and "\x1b[" not in stream
     printed = captured.out
     assert re.search(r"Hummingbird mIoU: (no measurable difference between|\S+ ahead of).*95 % interval", printed)
-    assert len(re.findall(r"pretraining vs random init, (vit|locatvit), Hummingbird mIoU: "
-                          r"(no measurable difference|\S+ ahead of)", printed)) == 2
+    assert (
+        len(
+            re.findall(
+                r"pretraining vs random init, (vit|locatvit), Hummingbird mIoU: "
+                r"(no measurable difference|\S+ ahead of)",
+                printed,
+            )
+        )
+        == 2
+    )
     # what each teacher adds over its input pixels, by both protocols; the layout alone
-    assert len(re.findall(r"what (vit|locatvit)-dino adds over the pixels, (Hummingbird|linear probe) mIoU: "
-                          r"(no measurable difference|\S+ ahead of)", printed)) == 4
+    assert (
+        len(
+            re.findall(
+                r"what (vit|locatvit)-dino adds over the pixels, (Hummingbird|linear probe) mIoU: "
+                r"(no measurable difference|\S+ ahead of)",
+                printed,
+            )
+        )
+        == 4
+    )
     assert re.search(r"the layout alone .* scores \d+\.\d\d Hummingbird mIoU and \d+\.\d\d linear probe", printed)
     report = json.loads((out / "compare" / "report.json").read_text())
     assert [m["spec"]["name"] for m in report["models"]] == NAMES + BASELINES and not report["failed"]
@@ -76,13 +92,18 @@ def test_both_backbones_train_with_one_recipe(tmp_path, monkeypatch, recipe, nam
     assert demo.model_args(recipe_file)["backbone"] == backbones[0]  # the recipe's own backbone is the ViT's
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--input-size", "60"], "locatdino demo: --input-size 60 is not a multiple of the patch size 8 of the vit "
-                             "backbone vit_tiny_patch16_224: use 56 or 64"),
-    (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs cannot be created: {file} is a file"),
-])
-def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_path, capsys, monkeypatch, argv,
-                                                                           expected):
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--input-size", "60"],
+            "locatdino demo: --input-size 60 is not a multiple of the patch size 8 of the vit "
+            "backbone vit_tiny_patch16_224: use 56 or 64",
+        ),
+        (["--out", "{file}/runs"], "locatdino demo: --out {file}/runs cannot be created: {file} is a file"),
+    ],
+)
+def test_options_that_would_fail_after_pretraining_are_refused_before_it(tmp_path, capsys, monkeypatch, argv, expected):
     """``demo --quick --input-size 0`` once pretrained for 7 minutes before failing in 42 lines."""
     from locatdino import cli
 
@@ -103,9 +124,11 @@ def test_an_earlier_demo_is_kept_unless_overwrite(tmp_path, capsys, monkeypatch)
     (out / "fit-vit" / "checkpoints" / "last.ckpt").write_bytes(b"earlier")
     monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
     assert cli.main(["demo", "--quick", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds the output of an earlier run "
-                                       "(fit-vit/checkpoints/last.ckpt): pass --overwrite to replace it, or choose "
-                                       "another --out\n")
+    assert capsys.readouterr().err == (
+        f"locatdino demo: --out {out} holds the output of an earlier run "
+        "(fit-vit/checkpoints/last.ckpt): pass --overwrite to replace it, or choose "
+        "another --out\n"
+    )
     assert (out / "fit-vit" / "checkpoints" / "last.ckpt").read_bytes() == b"earlier"
     ran = []
     monkeypatch.setattr(demo, "_run", lambda argv: ran.append(argv) or 1)  # the first fit "fails": stop there
@@ -115,9 +138,14 @@ def test_an_earlier_demo_is_kept_unless_overwrite(tmp_path, capsys, monkeypatch)
 
 
 def test_supervised_models_are_named_sup(tmp_path):
-    report = {"dataset": {"num_val": 16}, "config": {"input_size": 64},
-              "models": [{"spec": {"name": n}, "hbird": {"miou": v}} for n, v in
-                         (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))]}
+    report = {
+        "dataset": {"num_val": 16},
+        "config": {"input_size": 64},
+        "models": [
+            {"spec": {"name": n}, "hbird": {"miou": v}}
+            for n, v in (("vit-sup", 30.0), ("locatvit-sup", 31.0), ("vit-random", 17.0), ("locatvit-random", 18.0))
+        ],
+    }
     text = "\n".join(demo.conclusion(report, "96 steps", tmp_path, "sup"))
     assert "after 96 steps of supervised training each" in text
 
@@ -137,14 +165,18 @@ def test_files_of_the_demos_names_and_a_running_demo_are_never_overwritten(tmp_p
     monkeypatch.setattr(demo, "_run", lambda argv: pytest.fail(f"ran {argv} before checking --out"))
     for overwrite in ([], ["--overwrite"]):  # a file no demo recorded writing is never the demo's
         assert cli.main(["demo", "--quick", "--out", str(out), *overwrite]) == 1
-        assert capsys.readouterr().err == (f"locatdino demo: --out {out} holds locatvit_random_init.pth, which "
-                                           "locatdino demo did not write: move it or choose another --out (a run "
-                                           "replaces only files it wrote)\n")
+        assert capsys.readouterr().err == (
+            f"locatdino demo: --out {out} holds locatvit_random_init.pth, which "
+            "locatdino demo did not write: move it or choose another --out (a run "
+            "replaces only files it wrote)\n"
+        )
     assert (out / "locatvit_random_init.pth").read_bytes() == b"a user's file"
     other = tmp_path / "other"
     with output_lock(other, "--out"):  # another demo, still running
         assert cli.main(["demo", "--quick", "--out", str(other), "--overwrite"]) == 1
-    assert capsys.readouterr().err.startswith(f"locatdino demo: --out {other} is in use by another run (pid {os.getpid()}")
+    assert capsys.readouterr().err.startswith(
+        f"locatdino demo: --out {other} is in use by another run (pid {os.getpid()}"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["locatvit_random_init.pth", "notes.txt"]
     recipe = {"model": {"backbone": "vit_tiny_patch16_224", "backbone_kwargs": {"depth": 1}}, "seed_everything": 3}
     demo._save_random_init(recipe, "vit_tiny_patch16_224", other / "locatvit_random_init.pth")

@@ -11,9 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "RESULTS.md",
-         ROOT / "benchmarks" / "results" / "README.md",
-         *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "benchmarks" / "RESULTS.md",
+    ROOT / "benchmarks" / "results" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -29,8 +33,10 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_github_anchor_rule():
-    assert github_anchor("Supervised pretraining (the LocAtViT paper's main recipe)") == \
-        "supervised-pretraining-the-locatvit-papers-main-recipe"
+    assert (
+        github_anchor("Supervised pretraining (the LocAtViT paper's main recipe)")
+        == "supervised-pretraining-the-locatvit-papers-main-recipe"
+    )
     assert github_anchor("How sure is a difference?") == "how-sure-is-a-difference"
 
 
@@ -67,11 +73,17 @@ def test_every_cited_results_section_exists():
     """Docstrings, comments, configs and pages that name a section of RESULTS.md name one it has."""
     results = ROOT / "benchmarks" / "RESULTS.md"
     headings = set(re.findall(r"^#+ (.+?)\s*$", results.read_text(encoding="utf-8"), flags=re.M))
-    files = [p for folder in ("locatdino", "benchmarks", "docs", "tests", "launch")
-             for p in ROOT.joinpath(folder).rglob("*")
-             if p.suffix in {".py", ".md", ".yaml", ".sh"} and p.resolve() != Path(__file__).resolve()]
-    cited = {(str(p.relative_to(ROOT)), name) for p in [*files, ROOT / "README.md"]
-             for name in results_citations(p.read_text(encoding="utf-8"))}
+    files = [
+        p
+        for folder in ("locatdino", "benchmarks", "docs", "tests", "launch")
+        for p in ROOT.joinpath(folder).rglob("*")
+        if p.suffix in {".py", ".md", ".yaml", ".sh"} and p.resolve() != Path(__file__).resolve()
+    ]
+    cited = {
+        (str(p.relative_to(ROOT)), name)
+        for p in [*files, ROOT / "README.md"]
+        for name in results_citations(p.read_text(encoding="utf-8"))
+    }
     assert len(cited) >= 5  # the search reads the citations there are
     stale = sorted(f"{path}: {name!r}" for path, name in cited if name not in headings)
     assert not stale, "cited sections that RESULTS.md does not have: " + "; ".join(stale)
@@ -85,10 +97,18 @@ def test_docs_are_linked_from_readme_index():
 
 def test_no_shipped_text_points_to_internal_notes():
     """Docstrings, configs and pages cite docs/ (which ships), not the developers' SPEC.md."""
-    files = [*ROOT.joinpath("locatdino").rglob("*.py"), *ROOT.joinpath("locatdino").rglob("*.yaml"),
-             *ROOT.joinpath("benchmarks").rglob("*.py"), *PAGES]
-    cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
-             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"SPEC ?§|SPEC\.md", line)]
+    files = [
+        *ROOT.joinpath("locatdino").rglob("*.py"),
+        *ROOT.joinpath("locatdino").rglob("*.yaml"),
+        *ROOT.joinpath("benchmarks").rglob("*.py"),
+        *PAGES,
+    ]
+    cited = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"SPEC ?§|SPEC\.md", line)
+    ]
     assert not cited, f"references to the internal SPEC.md: {cited}"
 
 

@@ -20,14 +20,29 @@ import locatdino
 
 PACKAGE = Path(locatdino.__file__).parent
 # the layer of each sub-package of locatdino: a module imports from lower layers and its own package
-LAYERS = {"common": 0, "models": 1, "data": 1, "configs": 1, "evaluation": 2,
-          "retrieval": 3, "probes": 3, "ssl": 3, "comparison": 4}
+LAYERS = {
+    "common": 0,
+    "models": 1,
+    "data": 1,
+    "configs": 1,
+    "evaluation": 2,
+    "retrieval": 3,
+    "probes": 3,
+    "ssl": 3,
+    "comparison": 4,
+}
 ENTRY_POINTS = {"__init__", "__main__", "cli", "demo"}  # the package root holds these only
 ROOT_LAYER = 1.5  # ``import locatdino`` (the root __init__: version, timm registration) stands on common and models
 # what each sub-package of ``ssl`` may import of the others ("" is ``locatdino.ssl`` itself)
-SSL_LAYERS = {"objective": set(), "logs": set(), "dino": {"objective"}, "supervised": {"objective"},
-              "ibot": {"objective", "dino"}, "export": {"logs"},
-              "run": {"", "objective", "dino", "ibot", "supervised", "logs"}}
+SSL_LAYERS = {
+    "objective": set(),
+    "logs": set(),
+    "dino": {"objective"},
+    "supervised": {"objective"},
+    "ibot": {"objective", "dino"},
+    "export": {"logs"},
+    "run": {"", "objective", "dino", "ibot", "supervised", "logs"},
+}
 SSL_MOST_ENTRIES = 8
 
 
@@ -94,11 +109,14 @@ def violations(source: str, module: str) -> list[str]:
                 what = "an entry point" if reached is None else f"layer {reached}"
                 problems.append(f"{module} imports {target} ({what}; {home} is layer {LAYERS[home]})")
         if home == "ssl" and there == "ssl" and ssl_part(module) != "":
-            inner = ssl_part(target if name is None or not (PACKAGE / "ssl" / str(name)).is_dir()
-                             else f"{target}.{name}")
+            inner = ssl_part(
+                target if name is None or not (PACKAGE / "ssl" / str(name)).is_dir() else f"{target}.{name}"
+            )
             if inner != ssl_part(module) and inner not in SSL_LAYERS[ssl_part(module)]:
-                problems.append(f"{module} imports {target} (ssl.{ssl_part(module)} may import "
-                                f"{sorted(SSL_LAYERS[ssl_part(module)]) or 'no other part of ssl'})")
+                problems.append(
+                    f"{module} imports {target} (ssl.{ssl_part(module)} may import "
+                    f"{sorted(SSL_LAYERS[ssl_part(module)]) or 'no other part of ssl'})"
+                )
         private = name is not None and name.startswith("_") and not name.startswith("__")
         if private and there != home:
             problems.append(f"{module} imports the private {target}.{name} from another package")
@@ -106,41 +124,57 @@ def violations(source: str, module: str) -> list[str]:
 
 
 def package_modules() -> list[tuple[str, Path]]:
-    return [("locatdino." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), p)
-            for p in sorted(PACKAGE.rglob("*.py"))]
+    return [
+        ("locatdino." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), p)
+        for p in sorted(PACKAGE.rglob("*.py"))
+    ]
 
 
 def test_the_checker_catches_what_it_forbids():
     """Guards the test below from passing vacuously: each kind of violation is reported."""
     assert violations("from locatdino.retrieval.report import _fmt\n", "locatdino.probes.probe_report") == [
         "locatdino.probes.probe_report imports locatdino.retrieval.report (layer 3; probes is layer 3)",
-        "locatdino.probes.probe_report imports the private locatdino.retrieval.report._fmt from another package"]
-    assert violations("from locatdino.retrieval import report\nx = report._fmt(1.0)\n",
-                      "locatdino.comparison.report") == [
-        "locatdino.comparison.report imports the private locatdino.retrieval.report._fmt from another package"]
+        "locatdino.probes.probe_report imports the private locatdino.retrieval.report._fmt from another package",
+    ]
+    assert violations(
+        "from locatdino.retrieval import report\nx = report._fmt(1.0)\n", "locatdino.comparison.report"
+    ) == ["locatdino.comparison.report imports the private locatdino.retrieval.report._fmt from another package"]
     assert violations("def f():\n    from locatdino.ssl import DINOModule\n", "locatdino.evaluation.features") == [
-        "locatdino.evaluation.features imports locatdino.ssl (layer 3; evaluation is layer 2)"]
+        "locatdino.evaluation.features imports locatdino.ssl (layer 3; evaluation is layer 2)"
+    ]
     assert violations("from ..retrieval.evaluate import hummingbird\n", "locatdino.evaluation.splits") == [
-        "locatdino.evaluation.splits imports locatdino.retrieval.evaluate (layer 3; evaluation is layer 2)"]
+        "locatdino.evaluation.splits imports locatdino.retrieval.evaluate (layer 3; evaluation is layer 2)"
+    ]
     assert violations("from locatdino import probes\n", "locatdino.evaluation.views") == [
-        "locatdino.evaluation.views imports locatdino (layer 3; evaluation is layer 2)"]
+        "locatdino.evaluation.views imports locatdino (layer 3; evaluation is layer 2)"
+    ]
     assert violations("from locatdino.models import create_backbone\n", "locatdino.common.arguments") == [
-        "locatdino.common.arguments imports locatdino.models (layer 1; common is layer 0)"]
+        "locatdino.common.arguments imports locatdino.models (layer 1; common is layer 0)"
+    ]
     assert violations("import locatdino\n", "locatdino.common.errors") == [
-        "locatdino.common.errors imports locatdino (layer 1.5; common is layer 0)"]
+        "locatdino.common.errors imports locatdino (layer 1.5; common is layer 0)"
+    ]
     assert violations("from locatdino import cli\n", "locatdino.ssl.run.cli") == [
-        "locatdino.ssl.run.cli imports locatdino (an entry point; ssl is layer 3)"]
+        "locatdino.ssl.run.cli imports locatdino (an entry point; ssl is layer 3)"
+    ]
     assert violations("from locatdino.ssl.dino.loss import DINOLoss\n", "locatdino.ssl.objective.base") == [
-        "locatdino.ssl.objective.base imports locatdino.ssl.dino.loss (ssl.objective may import no other part of ssl)"]
+        "locatdino.ssl.objective.base imports locatdino.ssl.dino.loss (ssl.objective may import no other part of ssl)"
+    ]
     assert violations("from locatdino.ssl import run\n", "locatdino.ssl.dino.module") == [
-        "locatdino.ssl.dino.module imports locatdino.ssl (ssl.dino may import ['objective'])"]
+        "locatdino.ssl.dino.module imports locatdino.ssl (ssl.dino may import ['objective'])"
+    ]
     assert violations("from locatdino.ssl import DINOHead\n", "locatdino.ssl.ibot.module") == [
-        "locatdino.ssl.ibot.module imports locatdino.ssl (ssl.ibot may import ['dino', 'objective'])"]
-    assert violations("from locatdino.retrieval.report import _PHASES\n", "locatdino.retrieval.cli") == []  # own package
+        "locatdino.ssl.ibot.module imports locatdino.ssl (ssl.ibot may import ['dino', 'objective'])"
+    ]
+    assert (
+        violations("from locatdino.retrieval.report import _PHASES\n", "locatdino.retrieval.cli") == []
+    )  # own package
     assert violations("from locatdino.evaluation.tables import number_cell\n", "locatdino.probes.probe_report") == []
     assert violations("from locatdino.ssl.objective import DINOHead\n", "locatdino.ssl.ibot.module") == []
-    assert violations("from locatdino.common.errors import UserError\nimport locatdino\n",
-                      "locatdino.ssl.export.cli") == []
+    assert (
+        violations("from locatdino.common.errors import UserError\nimport locatdino\n", "locatdino.ssl.export.cli")
+        == []
+    )
 
 
 def test_the_layer_tables_cover_the_package_and_form_no_circle():
@@ -150,8 +184,7 @@ def test_the_layer_tables_cover_the_package_and_form_no_circle():
     assert set(SSL_LAYERS) == {p.name for p in (PACKAGE / "ssl").iterdir() if (p / "__init__.py").is_file()}
     placed: list[str] = []
     while len(placed) < len(SSL_LAYERS):  # Kahn's order; a circle leaves no part to place
-        ready = [part for part, below in SSL_LAYERS.items()
-                 if part not in placed and below - {""} <= set(placed)]
+        ready = [part for part, below in SSL_LAYERS.items() if part not in placed and below - {""} <= set(placed)]
         assert ready, f"circle among {sorted(set(SSL_LAYERS) - set(placed))}"
         placed += ready
     assert placed.index("run") == len(placed) - 1 and placed.index("objective") < placed.index("dino")
@@ -167,8 +200,9 @@ def test_ssl_keeps_a_short_top_level():
     ssl = PACKAGE / "ssl"
     entries = [p.name for p in ssl.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()]
     assert "__init__.py" in entries and len(entries) <= SSL_MOST_ENTRIES, sorted(entries)
-    assert [p.name for p in ssl.iterdir() if p.is_dir() and p.name != "__pycache__"
-            and not (p / "__init__.py").is_file()] == []  # no folder outside the count
+    assert [
+        p.name for p in ssl.iterdir() if p.is_dir() and p.name != "__pycache__" and not (p / "__init__.py").is_file()
+    ] == []  # no folder outside the count
 
 
 @pytest.mark.parametrize("module, path", package_modules(), ids=lambda v: v if isinstance(v, str) else "")
@@ -180,4 +214,6 @@ def test_the_probes_do_not_need_hummingbird():
     """Opening a dataset, running a frozen encoder or scoring an mIoU is the floor's, not Hummingbird's."""
     probes = [(m, p) for m, p in package_modules() if subpackage(m) == "probes"]
     assert len(probes) >= 8
-    assert [(m, t) for m, p in probes for t, _ in imports(p.read_text(), m) if t.startswith("locatdino.retrieval")] == []
+    assert [
+        (m, t) for m, p in probes for t, _ in imports(p.read_text(), m) if t.startswith("locatdino.retrieval")
+    ] == []

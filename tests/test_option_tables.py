@@ -22,14 +22,29 @@ DATA = {"--dataset", "--data-dir", "--train-split", "--val-split", "--num-train"
 MODEL = {"--model", "--pos-embed", "--checkpoint"}  # --checkpoint: retired, hidden, caught with a hint
 # each command's options that set no protocol config field: models, data, device, outputs, presets
 COMMANDS = {
-    "locatdino.retrieval.cli": ([HBIRD_TABLE], MODEL | DATA | {"--help", "--protocol", "--device", "--memory-dir",
-                                                               "--out", "--overwrite"}),
+    "locatdino.retrieval.cli": (
+        [HBIRD_TABLE],
+        MODEL | DATA | {"--help", "--protocol", "--device", "--memory-dir", "--out", "--overwrite"},
+    ),
     "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.knn_cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
-    "locatdino.comparison.cli": ([COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
-                                 MODEL | DATA | {"--help", "--protocol", "--device", "--baselines", "--memory-fractions",
-                                                 "--no-linprobe", "--out", "--overwrite", "--figure-images"}),
+    "locatdino.comparison.cli": (
+        [COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
+        MODEL
+        | DATA
+        | {
+            "--help",
+            "--protocol",
+            "--device",
+            "--baselines",
+            "--memory-fractions",
+            "--no-linprobe",
+            "--out",
+            "--overwrite",
+            "--figure-images",
+        },
+    ),
 }
 
 
@@ -45,7 +60,7 @@ def test_every_option_sets_its_field_or_is_the_command_s_own(module):
     options = _options(parser)
     for table in tables:
         assert table.unaccounted() == [], f"{table.config.__name__}: fields without an option or a reason"
-        for option, field in table.options.items():
+        for option, _field in table.options.items():
             assert option in options, f"{module}: the table names {option}, which the parser lacks"
             assert options[option].dest == option_dest(option), option
     mapped = {option for table in tables for option in table.options}
@@ -109,12 +124,22 @@ def test_protocol_reference_sets_its_settings_and_options_beside_it_win():
     args = parse_protocol_args(parser, ["--model", "m", "--protocol", "reference", "--precision", "bf16"])
     cfg = config_from_args(args)
     assert (cfg.augment, cfg.norm, cfg.eval_resolution, cfg.hungarian, cfg.index) == (
-        "reference", True, "input", "iou", "Flat")
+        "reference",
+        True,
+        "input",
+        "iou",
+        "Flat",
+    )
     assert cfg.precision == "bf16" and compare_cli._linprobe_config(args).precision == "bf16"
-    assert protocol_record(args) == {"name": "reference", "settings": {**PROTOCOLS["reference"], "precision": "bf16"},
-                                     "changed": ["precision"]}
-    assert parse_protocol_args(compare_cli._parser(), ["--model", "m", "--protocol", "reference", "--no-norm"]).norm \
+    assert protocol_record(args) == {
+        "name": "reference",
+        "settings": {**PROTOCOLS["reference"], "precision": "bf16"},
+        "changed": ["precision"],
+    }
+    assert (
+        parse_protocol_args(compare_cli._parser(), ["--model", "m", "--protocol", "reference", "--no-norm"]).norm
         is False
+    )
     default = parse_protocol_args(compare_cli._parser(), ["--model", "m"])
     assert config_from_args(default) == HummingbirdConfig()  # locatdino: the defaults, unchanged
     assert protocol_record(default) == {"name": "locatdino", "settings": PROTOCOLS["locatdino"], "changed": []}
@@ -145,7 +170,12 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
 def test_documented_command_lines_use_the_current_grammar(where, argv):
     from locatdino.evaluation.model_runs import model_runs
 
-    module = {"hbird": "locatdino.retrieval.cli", "linprobe": "locatdino.probes.cli", "knn": "locatdino.probes.knn_cli",
-              "lincls": "locatdino.probes.lincls.cli", "compare": "locatdino.comparison.cli"}[argv[0]]
+    module = {
+        "hbird": "locatdino.retrieval.cli",
+        "linprobe": "locatdino.probes.cli",
+        "knn": "locatdino.probes.knn_cli",
+        "lincls": "locatdino.probes.lincls.cli",
+        "compare": "locatdino.comparison.cli",
+    }[argv[0]]
     parser = importlib.import_module(module)._parser()
     assert model_runs(parser.parse_args(argv[1:]), parser)

@@ -56,14 +56,25 @@ def private_writes(source: str, module: str) -> list[str]:
             targets = node.targets
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
-              and private(node.args[1].value) and ast.unparse(node.args[0]) not in ("self", "cls")):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and private(node.args[1].value)
+            and ast.unparse(node.args[0]) not in ("self", "cls")
+        ):
             found.append(f"{module} sets {ast.unparse(node.args[0])}.{node.args[1].value}")
         for target in targets:
             for part in ast.walk(target):
-                if (isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store) and private(part.attr)
-                        and ast.unparse(part.value) not in ("self", "cls")):
+                if (
+                    isinstance(part, ast.Attribute)
+                    and isinstance(part.ctx, ast.Store)
+                    and private(part.attr)
+                    and ast.unparse(part.value) not in ("self", "cls")
+                ):
                     found.append(f"{module} sets {ast.unparse(part)}")
     return [write for write in found if write not in OTHER_OBJECTS]
 
@@ -79,8 +90,11 @@ def private_overrides(source: str, module: ModuleType) -> list[str]:
         for item in node.body:
             if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or not private(item.name):
                 continue
-            owners = [base for base in cls.__mro__[1:] if item.name in vars(base)
-                      and base.__module__.partition(".")[0] in UPSTREAM]
+            owners = [
+                base
+                for base in cls.__mro__[1:]
+                if item.name in vars(base) and base.__module__.partition(".")[0] in UPSTREAM
+            ]
             where = f"{module.__name__}.{node.name}.{item.name}"
             if owners and where not in ALLOWED:
                 found.append(f"{where} overrides {owners[0].__module__}.{owners[0].__qualname__}.{item.name}")
@@ -88,14 +102,18 @@ def private_overrides(source: str, module: ModuleType) -> list[str]:
 
 
 def package_modules() -> list[tuple[str, Path]]:
-    return [("locatdino." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), p)
-            for p in sorted(PACKAGE.rglob("*.py"))]
+    return [
+        ("locatdino." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), p)
+        for p in sorted(PACKAGE.rglob("*.py"))
+    ]
 
 
 def defines_private_methods(source: str) -> bool:
-    return any(isinstance(node, ast.ClassDef) and any(
-        isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and private(item.name) for item in node.body)
-        for node in ast.walk(ast.parse(source)))
+    return any(
+        isinstance(node, ast.ClassDef)
+        and any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and private(item.name) for item in node.body)
+        for node in ast.walk(ast.parse(source))
+    )
 
 
 def planted(source: str) -> ModuleType:
@@ -108,22 +126,26 @@ def test_the_checker_catches_what_it_forbids():
     """Guards the tests below from passing vacuously: each kind of violation is reported, and
     what is allowed is not."""
     assert private_writes("strategy._timeout = timedelta(seconds=5)\n", "m") == ["m sets strategy._timeout"]
-    assert private_writes("def f(parser):\n    parser._action_groups = []\n", "m") == [
-        "m sets parser._action_groups"]
+    assert private_writes("def f(parser):\n    parser._action_groups = []\n", "m") == ["m sets parser._action_groups"]
     assert private_writes("a, b.c._d = 1, 2\nx._n += 1\nsetattr(trainer, '_x', 1)\n", "m") == [
-        "m sets b.c._d", "m sets x._n", "m sets trainer._x"]
+        "m sets b.c._d",
+        "m sets x._n",
+        "m sets trainer._x",
+    ]
     assert private_writes("saved._metadata = {}\n", "locatdino.ssl.export.files") == []  # OTHER_OBJECTS
-    assert private_writes("self._x = 1\ncls._y: int = 2\nx.__doc__ = ''\ny = x._z\nsetattr(self, '_x', 1)\n",
-                          "m") == []
-    source = ("import argparse\nfrom lightning.pytorch.cli import LightningCLI\n"
-              "class Formatter(argparse.ArgumentDefaultsHelpFormatter):\n"
-              "    def _get_help_string(self, action):\n        return action.help\n"
-              "    def _mine(self):\n        pass\n"
-              "class CLI(LightningCLI):\n    def _run_subcommand(self, subcommand):\n        pass\n"
-              "    def before_fit(self):\n        pass\n")
+    assert private_writes("self._x = 1\ncls._y: int = 2\nx.__doc__ = ''\ny = x._z\nsetattr(self, '_x', 1)\n", "m") == []
+    source = (
+        "import argparse\nfrom lightning.pytorch.cli import LightningCLI\n"
+        "class Formatter(argparse.ArgumentDefaultsHelpFormatter):\n"
+        "    def _get_help_string(self, action):\n        return action.help\n"
+        "    def _mine(self):\n        pass\n"
+        "class CLI(LightningCLI):\n    def _run_subcommand(self, subcommand):\n        pass\n"
+        "    def before_fit(self):\n        pass\n"
+    )
     assert private_overrides(source, planted(source)) == [
         "planted.Formatter._get_help_string overrides argparse.ArgumentDefaultsHelpFormatter._get_help_string",
-        "planted.CLI._run_subcommand overrides lightning.pytorch.cli.LightningCLI._run_subcommand"]
+        "planted.CLI._run_subcommand overrides lightning.pytorch.cli.LightningCLI._run_subcommand",
+    ]
 
 
 @pytest.mark.parametrize("module, path", package_modules(), ids=lambda v: v if isinstance(v, str) else "")
@@ -135,8 +157,9 @@ def test_no_private_upstream_method_is_overridden():
     checked = [(name, path.read_text()) for name, path in package_modules()]
     checked = [(name, source) for name, source in checked if defines_private_methods(source)]
     assert len(checked) >= 10  # the classes with private helpers of their own are read too
-    assert [found for name, source in checked
-            for found in private_overrides(source, importlib.import_module(name))] == []
+    assert [
+        found for name, source in checked for found in private_overrides(source, importlib.import_module(name))
+    ] == []
 
 
 def test_the_allowed_override_still_exists_upstream():

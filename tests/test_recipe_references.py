@@ -15,11 +15,29 @@ from locatdino.ssl.run import cli
 # linear 74.0) is `torch.distributed.launch --nproc_per_node=8 main_dino.py --arch vit_small` with
 # every other argument at its default
 MAIN_DINO_DEFAULTS = {
-    "arch": "vit_small", "patch_size": 16, "out_dim": 65536, "norm_last_layer": True, "momentum_teacher": 0.996,
-    "use_bn_in_head": False, "warmup_teacher_temp": 0.04, "teacher_temp": 0.04, "warmup_teacher_temp_epochs": 0,
-    "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 3.0, "batch_size_per_gpu": 64, "epochs": 100,
-    "freeze_last_layer": 1, "lr": 0.0005, "warmup_epochs": 10, "min_lr": 1e-6, "drop_path_rate": 0.1,
-    "global_crops_scale": (0.4, 1.0), "local_crops_number": 8, "local_crops_scale": (0.05, 0.4), "seed": 0,
+    "arch": "vit_small",
+    "patch_size": 16,
+    "out_dim": 65536,
+    "norm_last_layer": True,
+    "momentum_teacher": 0.996,
+    "use_bn_in_head": False,
+    "warmup_teacher_temp": 0.04,
+    "teacher_temp": 0.04,
+    "warmup_teacher_temp_epochs": 0,
+    "weight_decay": 0.04,
+    "weight_decay_end": 0.4,
+    "clip_grad": 3.0,
+    "batch_size_per_gpu": 64,
+    "epochs": 100,
+    "freeze_last_layer": 1,
+    "lr": 0.0005,
+    "warmup_epochs": 10,
+    "min_lr": 1e-6,
+    "drop_path_rate": 0.1,
+    "global_crops_scale": (0.4, 1.0),
+    "local_crops_number": 8,
+    "local_crops_scale": (0.05, 0.4),
+    "seed": 0,
     "num_workers": 10,
 }
 DINO_VITS16_100_EPOCHS = {**MAIN_DINO_DEFAULTS, "nproc_per_node": 8}
@@ -27,30 +45,58 @@ DINO_VITS16_100_EPOCHS = {**MAIN_DINO_DEFAULTS, "nproc_per_node": 8}
 # bytedance/ibot README, the ViT-S/16 command (k-NN 75.2 / linear 77.9), on main_ibot.py's defaults
 # (DINO's, plus the patch head's temperatures and the two loss weights)
 IBOT_VITS16 = {
-    **MAIN_DINO_DEFAULTS, "teacher_patch_temp": 0.07, "warmup_teacher_patch_temp": 0.04, "lambda1": 1.0,
+    **MAIN_DINO_DEFAULTS,
+    "teacher_patch_temp": 0.07,
+    "warmup_teacher_patch_temp": 0.04,
+    "lambda1": 1.0,
     "lambda2": 1.0,
     # the command
-    "teacher_temp": 0.07, "warmup_teacher_temp_epochs": 30, "norm_last_layer": False, "epochs": 800,
-    "batch_size_per_gpu": 64, "shared_head": True, "out_dim": 8192, "local_crops_number": 10,
-    "global_crops_scale": (0.25, 1.0), "local_crops_scale": (0.05, 0.25), "pred_ratio": (0.0, 0.3),
-    "pred_ratio_var": (0.0, 0.2), "nodes": 2, "nproc_per_node": 8,
+    "teacher_temp": 0.07,
+    "warmup_teacher_temp_epochs": 30,
+    "norm_last_layer": False,
+    "epochs": 800,
+    "batch_size_per_gpu": 64,
+    "shared_head": True,
+    "out_dim": 8192,
+    "local_crops_number": 10,
+    "global_crops_scale": (0.25, 1.0),
+    "local_crops_scale": (0.05, 0.25),
+    "pred_ratio": (0.0, 0.3),
+    "pred_ratio_var": (0.0, 0.2),
+    "nodes": 2,
+    "nproc_per_node": 8,
 }
 
 # the LocAtViT paper's supervised recipe: timm's train.py with DeiT settings, ViT-S (its drop path)
 DEIT_VITS16 = {
-    "model": "vit_small_patch16_224", "opt": "adamw", "lr": 5e-4, "lr_base_size": 512, "weight_decay": 0.05,
-    "epochs": 300, "warmup_epochs": 20, "sched": "cosine", "aa": "rand-m9-mstd0.5-inc1", "reprob": 0.25,
-    "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5, "smoothing": 0.1, "color_jitter": 0.4, "drop_path": 0.2,
+    "model": "vit_small_patch16_224",
+    "opt": "adamw",
+    "lr": 5e-4,
+    "lr_base_size": 512,
+    "weight_decay": 0.05,
+    "epochs": 300,
+    "warmup_epochs": 20,
+    "sched": "cosine",
+    "aa": "rand-m9-mstd0.5-inc1",
+    "reprob": 0.25,
+    "mixup": 0.8,
+    "cutmix": 1.0,
+    "mixup_switch_prob": 0.5,
+    "smoothing": 0.1,
+    "color_jitter": 0.4,
+    "drop_path": 0.2,
     "amp": True,
 }
 
 
 def approx(values: dict) -> dict:
     """Floats (alone or in a range) compared to rounding, everything else exactly; lists as tuples."""
+
     def one(v):
         v = tuple(v) if isinstance(v, list) else v
         numeric = isinstance(v, float) or (isinstance(v, tuple) and all(isinstance(x, float | int) for x in v))
         return pytest.approx(v) if numeric else v
+
     return {k: one(v) for k, v in values.items()}
 
 
@@ -67,10 +113,26 @@ def _dino_fields(ref: dict) -> dict:
     """main_dino.py / main_ibot.py argument -> where the recipe keeps it."""
     return {
         "model.backbone": f"{ref['arch']}_patch{ref['patch_size']}_224",  # timm's name of the same ViT
-        **{f"model.{k}": ref[k] for k in (
-            "out_dim", "norm_last_layer", "momentum_teacher", "use_bn_in_head", "warmup_teacher_temp", "teacher_temp",
-            "warmup_teacher_temp_epochs", "weight_decay", "weight_decay_end", "clip_grad", "freeze_last_layer", "lr",
-            "warmup_epochs", "min_lr", "drop_path_rate")},
+        **{
+            f"model.{k}": ref[k]
+            for k in (
+                "out_dim",
+                "norm_last_layer",
+                "momentum_teacher",
+                "use_bn_in_head",
+                "warmup_teacher_temp",
+                "teacher_temp",
+                "warmup_teacher_temp_epochs",
+                "weight_decay",
+                "weight_decay_end",
+                "clip_grad",
+                "freeze_last_layer",
+                "lr",
+                "warmup_epochs",
+                "min_lr",
+                "drop_path_rate",
+            )
+        },
         "data.batch_size": ref["batch_size_per_gpu"],
         "data.num_workers": ref["num_workers"],
         "data.multicrop.global_scale": tuple(ref["global_crops_scale"]),
@@ -120,15 +182,17 @@ def test_ibot_small_ddp_is_the_readme_vit_s16_command_on_one_node_for_100_epochs
     fields = _dino_fields(reference)
     masked = [r for r in reference["pred_ratio"] if r > 0]  # a crop draws one entry: 0 leaves it unmasked
     low, high = zip(*[(r - v, r + v) for r, v in zip(reference["pred_ratio"], reference["pred_ratio_var"]) if r > 0])
-    fields.update({
-        "model.separate_patch_head": not reference["shared_head"],
-        "model.teacher_patch_temp": reference["teacher_patch_temp"],
-        "model.warmup_teacher_patch_temp": reference["warmup_teacher_patch_temp"],
-        "model.dino_loss_weight": reference["lambda1"],
-        "model.ibot_loss_weight": reference["lambda2"],
-        "model.mask_probability": len(masked) / len(reference["pred_ratio"]),
-        "model.mask_ratio": [min(low), max(high)],
-    })
+    fields.update(
+        {
+            "model.separate_patch_head": not reference["shared_head"],
+            "model.teacher_patch_temp": reference["teacher_patch_temp"],
+            "model.warmup_teacher_patch_temp": reference["warmup_teacher_patch_temp"],
+            "model.dino_loss_weight": reference["lambda1"],
+            "model.ibot_loss_weight": reference["lambda2"],
+            "model.mask_probability": len(masked) / len(reference["pred_ratio"]),
+            "model.mask_ratio": [min(low), max(high)],
+        }
+    )
     assert _values(config, fields) == approx(fields)
     assert config["model"]["class_path"] == "locatdino.ssl.IBOTModule"
     assert config["trainer"]["num_nodes"] == 1  # the reference: 2 nodes (16 GPUs), 800 epochs
@@ -139,12 +203,22 @@ def test_sup_small_ddp_is_the_papers_deit_recipe_for_vit_s16(capsys):
     model, transform = config["model"]["init_args"], config["data"]["init_args"]["transform"]
     ref = DEIT_VITS16
     got = {
-        "model": model["backbone"], "opt": model["opt"], "lr": model["lr"], "weight_decay": model["weight_decay"],
-        "epochs": config["trainer"]["max_epochs"], "warmup_epochs": model["warmup_epochs"], "sched": model["sched"],
-        "aa": transform["auto_augment"], "reprob": transform["re_prob"], "mixup": model["mixup_alpha"],
-        "cutmix": model["cutmix_alpha"], "mixup_switch_prob": model["mixup_switch_prob"],
-        "smoothing": model["label_smoothing"], "color_jitter": transform["color_jitter"],
-        "drop_path": model["drop_path_rate"], "amp": config["trainer"]["precision"].endswith("-mixed"),
+        "model": model["backbone"],
+        "opt": model["opt"],
+        "lr": model["lr"],
+        "weight_decay": model["weight_decay"],
+        "epochs": config["trainer"]["max_epochs"],
+        "warmup_epochs": model["warmup_epochs"],
+        "sched": model["sched"],
+        "aa": transform["auto_augment"],
+        "reprob": transform["re_prob"],
+        "mixup": model["mixup_alpha"],
+        "cutmix": model["cutmix_alpha"],
+        "mixup_switch_prob": model["mixup_switch_prob"],
+        "smoothing": model["label_smoothing"],
+        "color_jitter": transform["color_jitter"],
+        "drop_path": model["drop_path_rate"],
+        "amp": config["trainer"]["precision"].endswith("-mixed"),
     }
     assert got == approx({k: v for k, v in ref.items() if k != "lr_base_size"})
     assert config["model"]["class_path"] == "locatdino.ssl.SupervisedModule"

@@ -26,8 +26,11 @@ def text_files() -> list[Path]:
     found = []
     for path in ROOT.rglob("*"):
         rel = path.relative_to(ROOT)
-        if (any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in rel.parts) or path.is_symlink()
-                or path == Path(__file__).resolve()):
+        if (
+            any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in rel.parts)
+            or path.is_symlink()
+            or path == Path(__file__).resolve()
+        ):
             continue
         if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in {"LICENSE", "run"}):
             found.append(path)
@@ -44,23 +47,44 @@ def development_talk(path: Path) -> list[str]:
 
 
 def test_the_patterns_catch_development_talk_and_spare_ordinary_prose():
-    talk = ["fixed in issue 21", "see Issues #3 and 4", "the reviewer's run", "carry=['.whl']",
-            'carry: [".whl"]', "timeout_s=570", "one device call", "this workplace's device machine",
-            "no GPU was lent to this session",
-            "did the call carry .whl?", "one device run carrying .whl"]
-    prose = ["the tokens carry their position", "a known issue with fp16", "timeout 480 s",
-             "the device of the encoder", "calls on the device", "issue a warning"]
+    talk = [
+        "fixed in issue 21",
+        "see Issues #3 and 4",
+        "the reviewer's run",
+        "carry=['.whl']",
+        'carry: [".whl"]',
+        "timeout_s=570",
+        "one device call",
+        "this workplace's device machine",
+        "no GPU was lent to this session",
+        "did the call carry .whl?",
+        "one device run carrying .whl",
+    ]
+    prose = [
+        "the tokens carry their position",
+        "a known issue with fp16",
+        "timeout 480 s",
+        "the device of the encoder",
+        "calls on the device",
+        "issue a warning",
+    ]
     assert all(any(p.search(t) for p in DEVELOPMENT_TALK.values()) for t in talk)
     assert not any(p.search(t) for p in DEVELOPMENT_TALK.values() for t in prose)
 
 
 def test_the_checkout_holds_the_front_page_and_its_documents():
     names = {str(p.relative_to(ROOT)) for p in text_files()}
-    assert {"README.md", "benchmarks/RESULTS.md", "docs/README.md", "LICENSE", "CITATION.cff", "pyproject.toml"} <= names
+    assert {
+        "README.md",
+        "benchmarks/RESULTS.md",
+        "docs/README.md",
+        "LICENSE",
+        "CITATION.cff",
+        "pyproject.toml",
+    } <= names
     assert any(n.startswith("locatdino/") and n.endswith(".py") for n in names)
 
 
 def test_no_text_file_speaks_of_how_the_project_is_developed():
     hits = [hit for path in text_files() for hit in development_talk(path)]
     assert not hits, "development talk in shipped text:\n" + "\n".join(hits)
-

@@ -13,7 +13,6 @@ import yaml
 from locatdino.data import MultiCropTransform
 from locatdino.data.scenes import render_scene
 from locatdino.models import create_backbone
-
 from tests.ssl.ssl_helpers import ROOT
 
 RECIPE = "dino_tiny_cpu.yaml"

@@ -3,10 +3,11 @@ fail a wrong one?
 
     python -m benchmarks.gpu_check.bf16_criterion_cpu
 
-For each shape (2-block LocAtViT-S, ViT-S width, class token / + 4 registers), against the CPU
-path in fp64 (the truth the check judges by): the mask path and the flex path (eager FlexAttention, its reference backward) in
-fp32 and bf16 autocast, and both again with a deliberate 1 % error in the bias (rows × 1.01).
-Prints each case's verdict under :func:`benchmarks.gpu_check.cases.judge` and the old max-abs criterion.
+For each shape (2-block LocAtViT-S, ViT-S width, class token / + 4 registers), against the CPU path
+in fp64 (the truth the check judges by): the mask path and the flex path (eager FlexAttention, its
+reference backward) in fp32 and bf16 autocast, and both again with a deliberate 1 % error in the
+bias (rows × 1.01). Prints each case's verdict under :func:`benchmarks.gpu_check.cases.judge` and
+the old max-abs criterion.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def main() -> None:
     args.results = results_file(args, "bf16_criterion_cpu.json")  # before any measuring
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
     attend, mask = flex_module._attend, attention_module.outer_product_mask
-    biased = {"flex": ("_attend", flex_module, lambda q, k, v, r, c, *rest: attend(q, k, v, 1.01 * r, c, *rest)),
-              "mask": ("outer_product_mask", attention_module, lambda r, c, p, dt: mask(1.01 * r, c, p, dt))}
+    biased = {
+        "flex": ("_attend", flex_module, lambda q, k, v, r, c, *rest: attend(q, k, v, 1.01 * r, c, *rest)),
+        "mask": ("outer_product_mask", attention_module, lambda r, c, p, dt: mask(1.01 * r, c, p, dt)),
+    }
     cpu = torch.device("cpu")
     print("| shape | path | dtype | bias | verdict | worst tensor: error (limit) | old max-abs score |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -63,13 +66,26 @@ def main() -> None:
                         setattr(module, name, saved)
                     v = cases.judge(got, want, names, ref_bf16 if dtype == torch.bfloat16 else None)
                     old = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
-                    rows.append({"px": px, "registers": reg, "path": path,
-                                 "dtype": "bf16" if dtype == torch.bfloat16 else "fp32", "bias_error": wrong,
-                                 "pass": v.ok, "tensor": v.tensor, "error": v.error, "limit": v.limit,
-                                 "old_max_abs_score": old})
-                    print(f"| {px} px, {reg} registers | {path} | {rows[-1]['dtype']} | "
-                          f"{'x 1.01' if wrong else 'right'} | {'PASS' if v.ok else 'FAIL'} | "
-                          f"{v.tensor}: {v.error:.1e} ({v.limit:.1e}) | {old:.1e} |", flush=True)
+                    rows.append(
+                        {
+                            "px": px,
+                            "registers": reg,
+                            "path": path,
+                            "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+                            "bias_error": wrong,
+                            "pass": v.ok,
+                            "tensor": v.tensor,
+                            "error": v.error,
+                            "limit": v.limit,
+                            "old_max_abs_score": old,
+                        }
+                    )
+                    print(
+                        f"| {px} px, {reg} registers | {path} | {rows[-1]['dtype']} | "
+                        f"{'x 1.01' if wrong else 'right'} | {'PASS' if v.ok else 'FAIL'} | "
+                        f"{v.tensor}: {v.error:.1e} ({v.limit:.1e}) | {old:.1e} |",
+                        flush=True,
+                    )
         print(f"({px} px done in {time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         write_results(args.results, "bf16_criterion_cpu.json", {"rows": rows})
 

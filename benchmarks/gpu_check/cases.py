@@ -45,11 +45,23 @@ from dataclasses import asdict, dataclass
 import timm
 import torch
 
-from benchmarks.gpu_check.common import (DRY, DTYPES, EQUIV_LABELS, FULL, GAUG_PATHS, PREFIXES, Row, Sizes, case_title,
-                              cpu_flex_backward, error_row, set_gaug_path)
-from locatdino.models import GaussianLocalityBias
 import locatdino.models.gaug.flex_bias_attention as flex_module
 import locatdino.models.gaug.separable_bias_attention as separable_module
+from benchmarks.gpu_check.common import (
+    DRY,
+    DTYPES,
+    EQUIV_LABELS,
+    FULL,
+    GAUG_PATHS,
+    PREFIXES,
+    Row,
+    Sizes,
+    case_title,
+    cpu_flex_backward,
+    error_row,
+    set_gaug_path,
+)
+from locatdino.models import GaussianLocalityBias
 
 FP32_LIMIT, FP64_LIMIT = 1e-4, 1e-10
 BF16_FACTOR, BF16_FLOOR = 1.5, 1e-3  # bf16: limit max(floor, factor · e_cpu) per tensor ...
@@ -102,8 +114,13 @@ class Verdict:
     reference_error: float | None = None  # bf16: the CPU path's own bf16 error on that tensor
 
 
-def judge(got: list[torch.Tensor], truth: list[torch.Tensor], names: list[str],
-          reference_bf16: list[torch.Tensor] | None = None, limit: float = FP32_LIMIT) -> Verdict:
+def judge(
+    got: list[torch.Tensor],
+    truth: list[torch.Tensor],
+    names: list[str],
+    reference_bf16: list[torch.Tensor] | None = None,
+    limit: float = FP32_LIMIT,
+) -> Verdict:
     """The equivalence criterion (module docstring): ``limit`` on every tensor when
     ``reference_bf16`` is None, else bf16 judged against the reference's own bf16 error per tensor."""
     errors = relative_errors(got, truth)
@@ -111,11 +128,18 @@ def judge(got: list[torch.Tensor], truth: list[torch.Tensor], names: list[str],
     if references is None:
         limits = [limit] * len(errors)
     else:
-        limits = [max(TINY_FLOOR, TINY_FACTOR * e) if t.numel() <= TINY else max(BF16_FLOOR, BF16_FACTOR * e)
-                  for e, t in zip(references, truth)]
+        limits = [
+            max(TINY_FLOOR, TINY_FACTOR * e) if t.numel() <= TINY else max(BF16_FLOOR, BF16_FACTOR * e)
+            for e, t in zip(references, truth)
+        ]
     worst = max(range(len(errors)), key=lambda i: errors[i] / limits[i])
-    return Verdict(errors[worst] <= limits[worst], names[worst], errors[worst], limits[worst],
-                   references[worst] if references else None)
+    return Verdict(
+        errors[worst] <= limits[worst],
+        names[worst],
+        errors[worst],
+        limits[worst],
+        references[worst] if references else None,
+    )
 
 
 @contextlib.contextmanager
@@ -164,16 +188,24 @@ class Equivalence:
         names = tensor_names(model)
         if dtype == torch.bfloat16:
             v, target = judge(got, truth, names, cpu_bf16), f"<= {BF16_FACTOR} e_cpu"
-            detail = (f"{v.tensor}: device bf16 error {v.error:.3e}, CPU bf16 error {v.reference_error:.3e} (both "
-                      f"against the CPU fp64 truth), ratio {v.error / max(v.reference_error, 1e-30):.2f}")
+            detail = (
+                f"{v.tensor}: device bf16 error {v.error:.3e}, CPU bf16 error {v.reference_error:.3e} (both "
+                f"against the CPU fp64 truth), ratio {v.error / max(v.reference_error, 1e-30):.2f}"
+            )
         else:
             limit = FP64_LIMIT if dtype == torch.float64 else FP32_LIMIT
             v, target = judge(got, truth, names, limit=limit), f"<= {limit:.0e}"
             detail = f"{v.tensor}: error {v.error:.3e} against the CPU fp64 truth"
         if path == "flex":
             detail += f"; flex options: {flex_module.flex_report()['chosen']}"
-        yield Row("equivalence", case_title(case), f"{v.error:.1e} ({v.tensor}; limit {v.limit:.1e})", target,
-                  "PASS" if v.ok else "FAIL", detail)
+        yield Row(
+            "equivalence",
+            case_title(case),
+            f"{v.error:.1e} ({v.tensor}; limit {v.limit:.1e})",
+            target,
+            "PASS" if v.ok else "FAIL",
+            detail,
+        )
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -3,7 +3,8 @@ cost, the commands end to end.
 
     python -m benchmarks.gpu_check --out DIR                 # one CUDA GPU: 440 s, compiles included
     python -m benchmarks.gpu_check --out DIR --deadline 300 --only kernels speed
-    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU (tests/benchmarks/test_gpu_check.py)
+    python -m benchmarks.gpu_check --dry-run --out DIR       # every case at toy size on the CPU
+                                                             # (tests/benchmarks/test_gpu_check.py)
     bash benchmarks/gpu_check/run.sh run                     # offline CUDA machine: wheels, this check, a tarball
 
 Everything lands in ``--out``, written as it goes, so a run cut short still leaves its evidence,
@@ -73,21 +74,33 @@ def environment(dry: bool) -> dict:
     GPU's own details: CUDA, Triton, cuDNN, driver, shared memory per block."""
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     env = {**header(), "dry_run": dry, "torch_cuda": torch.version.cuda, "triton": triton_version}
     if not dry:
         try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=30).stdout.strip() or None
+            driver = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout.strip()
+                or None
+            )
         except (OSError, subprocess.TimeoutExpired):
             driver = None
         props = torch.cuda.get_device_properties(0)
-        env |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                "compute_capability": f"{props.major}.{props.minor}", "cudnn": torch.backends.cudnn.version(),
-                "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
-                "driver": driver}
+        env |= {
+            "gpu": props.name,
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "cudnn": torch.backends.cudnn.version(),
+            "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None),
+            "driver": driver,
+        }
     return env
 
 
@@ -115,9 +128,18 @@ class Report:
         self.save()
 
     def save(self) -> None:
-        atomic_write_text(self.out / "results.json", json.dumps(
-            {"environment": self.env, "sections": self.sections, "rows": [asdict(r) for r in self.rows],
-             "exit_status": self.exit_status()}, indent=1))
+        atomic_write_text(
+            self.out / "results.json",
+            json.dumps(
+                {
+                    "environment": self.env,
+                    "sections": self.sections,
+                    "rows": [asdict(r) for r in self.rows],
+                    "exit_status": self.exit_status(),
+                },
+                indent=1,
+            ),
+        )
         lines = [self.line(self.HEADER), "|" + "---|" * 5]
         lines += [self.line((r.section, r.case, r.value, r.target, r.status)) for r in self.rows]
         details = [f"### {r.section}: {r.case}\n\n```\n{r.detail}\n```" for r in self.rows if r.detail]
@@ -134,11 +156,19 @@ def out_folder_row(out: Path) -> Row:
     total = sum(p.stat().st_size for p in files) / 2**20
     largest = max(files, key=lambda p: p.stat().st_size)
     heavy = [str(p.relative_to(out)) for p in files if p.suffix in (".ckpt", ".tar", ".pt", ".pth")]
-    value = (f"{total:.2f} MiB in {len(files)} files, largest {largest.relative_to(out)} "
-             f"({largest.stat().st_size / 2**20:.2f} MiB)")
+    value = (
+        f"{total:.2f} MiB in {len(files)} files, largest {largest.relative_to(out)} "
+        f"({largest.stat().st_size / 2**20:.2f} MiB)"
+    )
     ok = total <= OUT_LIMIT_MIB and not heavy
-    return Row("report", "--out folder", value, f"<= {OUT_LIMIT_MIB} MiB, no checkpoint", "PASS" if ok else "FAIL",
-               "checkpoints or shards: " + ", ".join(heavy) if heavy else "")
+    return Row(
+        "report",
+        "--out folder",
+        value,
+        f"<= {OUT_LIMIT_MIB} MiB, no checkpoint",
+        "PASS" if ok else "FAIL",
+        "checkpoints or shards: " + ", ".join(heavy) if heavy else "",
+    )
 
 
 def section_rows(section: str, out: Path, until: float, dry: bool) -> Iterator[Row]:
@@ -155,13 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (no GPU needed)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default gpu_check-<UTC time>)")
-    parser.add_argument("--deadline", type=float, default=sum(BUDGET_S.values()),
-                        help="seconds for the whole check; section budgets are scaled to it")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=sum(BUDGET_S.values()),
+        help="seconds for the whole check; section budgets are scaled to it",
+    )
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible (use --dry-run to exercise the script on the CPU)", file=sys.stderr)
         return 1
-    out = args.out or Path(f"gpu_check-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}")
+    out = args.out or Path(f"gpu_check-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}")
     if out.exists() and any(out.iterdir()):
         print(f"gpu_check: --out {out} is not empty; give a new folder", file=sys.stderr)
         return 1

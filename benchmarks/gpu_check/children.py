@@ -19,8 +19,11 @@ from benchmarks.gpu_check.common import ROOT, Row, case_title
 
 
 def child_env(dry: bool) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     if dry:
         env["OMP_NUM_THREADS"] = "1"
     return env
@@ -53,8 +56,15 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def run_cases(command: list[str], cases: list[str], log: Path, until: float, section: str,
-              title: Callable[[str], str] = case_title, env: dict[str, str] | None = None) -> Iterator[Row]:
+def run_cases(
+    command: list[str],
+    cases: list[str],
+    log: Path,
+    until: float,
+    section: str,
+    title: Callable[[str], str] = case_title,
+    env: dict[str, str] | None = None,
+) -> Iterator[Row]:
     """Rows of ``cases`` run by ``command + cases`` (the ``@@`` protocol of ``cases.py``),
     its output appended to ``log``. A child that dies inside a case fails that case and a fresh
     one takes the rest; at ``until`` (``time.monotonic()``) the child is killed, the running case
@@ -65,8 +75,9 @@ def run_cases(command: list[str], cases: list[str], log: Path, until: float, sec
             if time.monotonic() >= until:
                 yield from timed_out(section, remaining, None, title)
                 return
-            with child([*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=env) as proc:
+            with child(
+                [*command, *remaining], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            ) as proc:
                 lines: queue.Queue = queue.Queue()
                 threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
                 current = None
@@ -92,13 +103,25 @@ def run_cases(command: list[str], cases: list[str], log: Path, until: float, sec
                         current = None
                 code = proc.wait()
             if current is not None:  # died inside a case: that case fails, a fresh process goes on
-                yield Row(section, title(current), f"child process died in this case (exit {code}); see {log.name}",
-                          "no error", "FAIL", log_tail(log))
+                yield Row(
+                    section,
+                    title(current),
+                    f"child process died in this case (exit {code}); see {log.name}",
+                    "no error",
+                    "FAIL",
+                    log_tail(log),
+                )
                 remaining.remove(current)
             elif remaining and code != 3:  # died before its first case (3: asked for a fresh process)
                 for case in remaining:
-                    yield Row(section, title(case), f"not run: child process exited {code}; see {log.name}",
-                              "no error", "FAIL", log_tail(log))
+                    yield Row(
+                        section,
+                        title(case),
+                        f"not run: child process exited {code}; see {log.name}",
+                        "no error",
+                        "FAIL",
+                        log_tail(log),
+                    )
                 return
 
 

@@ -57,13 +57,36 @@ class Sizes:
     reps: int
 
 
-FULL = Sizes(equiv_model=dict(depth=2), equiv_px=(224, 96, 448), equiv_batch=2, speed_model={},
-             head=dict(out_dim=65536), dino_batch=64, crops_px=(224, 96), local_crops=8,
-             eval_px=(448, 1024), eval_batch=16, kernel_shape=(64, 6, 14, 64), warmup=3, reps=10)
-DRY = Sizes(equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2), equiv_px=(64, 32, 96), equiv_batch=1,
-            speed_model=dict(img_size=32, depth=1, embed_dim=64, num_heads=2),
-            head=dict(out_dim=64, hidden_dim=32, bottleneck_dim=16), dino_batch=2, crops_px=(32, 16), local_crops=2,
-            eval_px=(48, 64), eval_batch=1, kernel_shape=(2, 2, 3, 16), warmup=1, reps=1)
+FULL = Sizes(
+    equiv_model=dict(depth=2),
+    equiv_px=(224, 96, 448),
+    equiv_batch=2,
+    speed_model={},
+    head=dict(out_dim=65536),
+    dino_batch=64,
+    crops_px=(224, 96),
+    local_crops=8,
+    eval_px=(448, 1024),
+    eval_batch=16,
+    kernel_shape=(64, 6, 14, 64),
+    warmup=3,
+    reps=10,
+)
+DRY = Sizes(
+    equiv_model=dict(img_size=64, depth=1, embed_dim=64, num_heads=2),
+    equiv_px=(64, 32, 96),
+    equiv_batch=1,
+    speed_model=dict(img_size=32, depth=1, embed_dim=64, num_heads=2),
+    head=dict(out_dim=64, hidden_dim=32, bottleneck_dim=16),
+    dino_batch=2,
+    crops_px=(32, 16),
+    local_crops=2,
+    eval_px=(48, 64),
+    eval_batch=1,
+    kernel_shape=(2, 2, 3, 16),
+    warmup=1,
+    reps=1,
+)
 
 
 def equivalence_cases() -> list[str]:
@@ -72,8 +95,12 @@ def equivalence_cases() -> list[str]:
     not compile with torch's default tiles on an H200) first."""
     first = [("224", "cls"), ("96", "reg4"), ("448", "cls")]
     rest = [(str(label), prefix) for prefix in PREFIXES for label in EQUIV_LABELS if (str(label), prefix) not in first]
-    return [f"{path}-{dtype}-{label}-{prefix}" for label, prefix in first + rest
-            for path in GAUG_PATHS for dtype in PATH_DTYPES[path]]
+    return [
+        f"{path}-{dtype}-{label}-{prefix}"
+        for label, prefix in first + rest
+        for path in GAUG_PATHS
+        for dtype in PATH_DTYPES[path]
+    ]
 
 
 # the FlexAttention options timed alone: the chooser's list, the same first tiles with bf16 profiles

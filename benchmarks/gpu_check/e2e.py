@@ -48,27 +48,85 @@ class E2E:
 
 
 FULL_E2E = E2E(
-    fit_config="configs/dino_small_ddp.yaml", fit_steps=30, fit_batch=64,
+    fit_config="configs/dino_small_ddp.yaml",
+    fit_steps=30,
+    fit_batch=64,
     hbird_models=("vit_small_patch16_224", "locatvit_small_patch16_224"),
-    fit_args=["--trainer.devices", "1", "--trainer.precision", "bf16-mixed",
-              "--data.init_args.synthetic", "256", "--data.init_args.synthetic_size", "256",
-              "--data.init_args.batches_per_epoch", "30", "--data.init_args.num_workers", "12"],
-    hbird_args=["--num-train", "64", "--num-val", "32", "--scene-size", "224", "--input-size", "224",
-                "--index", "Flat", "--batch-size", "16", "--workers", "8"],  # full batches only: one compile
+    fit_args=[
+        "--trainer.devices",
+        "1",
+        "--trainer.precision",
+        "bf16-mixed",
+        "--data.init_args.synthetic",
+        "256",
+        "--data.init_args.synthetic_size",
+        "256",
+        "--data.init_args.batches_per_epoch",
+        "30",
+        "--data.init_args.num_workers",
+        "12",
+    ],
+    hbird_args=[
+        "--num-train",
+        "64",
+        "--num-val",
+        "32",
+        "--scene-size",
+        "224",
+        "--input-size",
+        "224",
+        "--index",
+        "Flat",
+        "--batch-size",
+        "16",
+        "--workers",
+        "8",
+    ],  # full batches only: one compile
     hbird_device_args=["--device", "cuda", "--precision", "bf16"],
 )
 DRY_E2E = E2E(
-    fit_config="configs/dino_tiny_cpu.yaml", fit_steps=2, fit_batch=2,
+    fit_config="configs/dino_tiny_cpu.yaml",
+    fit_steps=2,
+    fit_batch=2,
     hbird_models=("vit_tiny_patch16_224", "locatvit_tiny_patch8_224"),
-    fit_args=["--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed",
-              "--model.backbone_kwargs", json.dumps(dict(img_size=32)),
-              "--model.out_dim", "64", "--model.hidden_dim", "32", "--model.bottleneck_dim", "16",
-              "--data.init_args.synthetic", "8", "--data.init_args.synthetic_size", "48",
-              "--data.init_args.num_workers", "0",
-              "--data.init_args.multicrop", json.dumps({"global_crop_size": 32, "local_crop_size": 16,
-                                                        "num_local_crops": 2})],
-    hbird_args=["--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32",
-                "--k", "5", "--workers", "0", "--index", "Flat"],
+    fit_args=[
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.precision",
+        "bf16-mixed",
+        "--model.backbone_kwargs",
+        json.dumps(dict(img_size=32)),
+        "--model.out_dim",
+        "64",
+        "--model.hidden_dim",
+        "32",
+        "--model.bottleneck_dim",
+        "16",
+        "--data.init_args.synthetic",
+        "8",
+        "--data.init_args.synthetic_size",
+        "48",
+        "--data.init_args.num_workers",
+        "0",
+        "--data.init_args.multicrop",
+        json.dumps({"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}),
+    ],
+    hbird_args=[
+        "--num-train",
+        "4",
+        "--num-val",
+        "2",
+        "--scene-size",
+        "32",
+        "--input-size",
+        "32",
+        "--k",
+        "5",
+        "--workers",
+        "0",
+        "--index",
+        "Flat",
+    ],
     hbird_device_args=["--device", "cpu", "--precision", "fp32", "--knn-backend", "torch"],
 )
 HBIRD_CPU_ARGS = ["--device", "cpu", "--precision", "fp32", "--knn-backend", "faiss"]
@@ -76,8 +134,12 @@ HBIRD_CPU_ARGS = ["--device", "cpu", "--precision", "fp32", "--knn-backend", "fa
 
 def last_loss(run_dir: Path) -> float:
     """The last logged train/loss of a fit (NaN if none)."""
-    losses = [float(row["train/loss"]) for path in run_dir.glob("logs/version_*/metrics.csv")
-              for row in csv.DictReader(path.open()) if row.get("train/loss")]
+    losses = [
+        float(row["train/loss"])
+        for path in run_dir.glob("logs/version_*/metrics.csv")
+        for row in csv.DictReader(path.open())
+        if row.get("train/loss")
+    ]
     return losses[-1] if losses else math.nan
 
 
@@ -98,24 +160,53 @@ def keep_small_files(run_dir: Path, out: Path) -> None:
 
 def command_failed(section: str, case: str, code: int | None, log: Path) -> Row:
     if code is None:
-        return Row(section, case, f"killed at the section's deadline; see e2e/{log.name}", "within budget", "TIMEOUT",
-                   log_tail(log))
+        return Row(
+            section,
+            case,
+            f"killed at the section's deadline; see e2e/{log.name}",
+            "within budget",
+            "TIMEOUT",
+            log_tail(log),
+        )
     return Row(section, case, f"exit {code}; see e2e/{log.name}", "exit 0", "FAIL", log_tail(log))
 
 
-def fit(sizes: E2E, backbone: str, strategy: str, out: Path, scratch: Path, until: float,
-        dry: bool) -> tuple[Row, Path | None]:
+def fit(
+    sizes: E2E, backbone: str, strategy: str, out: Path, scratch: Path, until: float, dry: bool
+) -> tuple[Row, Path | None]:
     """One ``locatdino fit`` run of the recipe with ``backbone`` in ``scratch``; its row and its checkpoint's path."""
     name, steps = f"{Path(sizes.fit_config).stem} {backbone}", sizes.fit_steps
     run_dir, case = scratch / f"fit-{backbone}", f"locatdino fit {name}, {steps} steps, strategy {strategy}"
     log = out / f"fit-{backbone}.log"
-    cmd = [sys.executable, "-m", "locatdino", "--debug", "fit", "--config", str(ROOT / sizes.fit_config),
-           "--model.backbone", backbone, *sizes.fit_args,
-           "--trainer.strategy", strategy, "--trainer.max_steps", str(steps),
-           "--data.init_args.batch_size", str(sizes.fit_batch), "--data.init_args.train_urls", str(scratch / "scenes"),
-           "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
-           "--trainer.log_every_n_steps", "1", "--step_checkpoint.every_n_train_steps", str(steps),
-           "--trainer.callbacks+=benchmarks.gpu_check.step_times.StepTimes"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locatdino",
+        "--debug",
+        "fit",
+        "--config",
+        str(ROOT / sizes.fit_config),
+        "--model.backbone",
+        backbone,
+        *sizes.fit_args,
+        "--trainer.strategy",
+        strategy,
+        "--trainer.max_steps",
+        str(steps),
+        "--data.init_args.batch_size",
+        str(sizes.fit_batch),
+        "--data.init_args.train_urls",
+        str(scratch / "scenes"),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--step_checkpoint.every_n_train_steps",
+        str(steps),
+        "--trainer.callbacks+=benchmarks.gpu_check.step_times.StepTimes",
+    ]
     start = time.monotonic()
     code = run_logged(cmd, log, until, child_env(dry))
     wall = time.monotonic() - start
@@ -125,9 +216,14 @@ def fit(sizes: E2E, backbone: str, strategy: str, out: Path, scratch: Path, unti
     loss = last_loss(run_dir)
     ips, timed_steps = steady_images_per_s(run_dir, sizes.fit_batch)
     backend = re.search(r"distributed_backend=(\w+)", log.read_text())
-    row = Row("e2e", case, f"loss {loss:.3f}, {ips:.1f} img/s over the last {timed_steps} steps, wall {wall:.0f} s"
-              + (f", {backend[1]} initialised" if backend else ""), "finite loss",
-              "PASS" if math.isfinite(loss) else "FAIL")
+    row = Row(
+        "e2e",
+        case,
+        f"loss {loss:.3f}, {ips:.1f} img/s over the last {timed_steps} steps, wall {wall:.0f} s"
+        + (f", {backend[1]} initialised" if backend else ""),
+        "finite loss",
+        "PASS" if math.isfinite(loss) else "FAIL",
+    )
     return row, run_dir / "checkpoints" / "last.ckpt"
 
 
@@ -154,14 +250,31 @@ def hbird(sizes: E2E, ckpts: list[str], out: Path, until: float, dry: bool) -> I
     models = [arg for name, ckpt in zip(sizes.hbird_models, ckpts) for arg in ("--model", f"{name}:{ckpt}")]
     results = {}
     for run, device_args in (("device", sizes.hbird_device_args), ("cpu-fp32", HBIRD_CPU_ARGS)):
-        cmd = [sys.executable, "-m", "locatdino", "--debug", "hbird", *models, *sizes.hbird_args, *device_args,
-               "--dataset", "scenes", "--seed", "0", "--no-progress", "--out", str(out / f"hbird-{run}")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "locatdino",
+            "--debug",
+            "hbird",
+            *models,
+            *sizes.hbird_args,
+            *device_args,
+            "--dataset",
+            "scenes",
+            "--seed",
+            "0",
+            "--no-progress",
+            "--out",
+            str(out / f"hbird-{run}"),
+        ]
         log = out / f"hbird-{run}.log"
         code = run_logged(cmd, log, until, child_env(dry))
         if code != 0:
             yield command_failed("e2e", f"locatdino hbird, {run}", code, log)
-        results[run] = {r["model"]["name"]: r for r in map(json.loads, map(Path.read_text,
-                                                                          (out / f"hbird-{run}").glob("*/results.json")))}
+        results[run] = {
+            r["model"]["name"]: r
+            for r in map(json.loads, map(Path.read_text, (out / f"hbird-{run}").glob("*/results.json")))
+        }
     for name in sizes.hbird_models:
         yield hbird_row(name, results["device"].get(name), results["cpu-fp32"].get(name))
 
@@ -171,10 +284,17 @@ def hbird_row(name: str, device: dict | None, cpu: dict | None) -> Row:
         return Row("e2e", f"locatdino hbird {name}", "no results.json", "Δ mIoU <= 0.1 vs CPU fp32", "FAIL")
     t = device["timings"]
     images = device["num_train"] * device["config"]["aug_epochs"] + device["num_val"]
-    value = (f"mIoU {device['miou']:.2f}, encoder {images / t['features']:.0f} img/s, search {t.get('search', 0):.1f} s"
-             f", total {t['total']:.0f} s")
-    row = Row("e2e", f"locatdino hbird {name} {device['config']['input_size']} px", value,
-              f"Δ mIoU <= {HBIRD_MAX_DELTA} vs CPU fp32", "FAIL")
+    value = (
+        f"mIoU {device['miou']:.2f}, encoder {images / t['features']:.0f} img/s, search {t.get('search', 0):.1f} s"
+        f", total {t['total']:.0f} s"
+    )
+    row = Row(
+        "e2e",
+        f"locatdino hbird {name} {device['config']['input_size']} px",
+        value,
+        f"Δ mIoU <= {HBIRD_MAX_DELTA} vs CPU fp32",
+        "FAIL",
+    )
     if cpu is not None:
         delta = abs(device["miou"] - cpu["miou"])
         row.value += f"; CPU fp32 {cpu['miou']:.2f} (Δ {delta:.2f}, CPU total {cpu['timings']['total']:.0f} s)"

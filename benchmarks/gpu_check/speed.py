@@ -28,9 +28,18 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_check.common import (EVAL_LABELS, KERNEL_OPTIONS, Row, Sizes, case_title, cpu_flex_backward,
-                              error_row, set_gaug_path, sync)
 import locatdino.models.gaug.flex_bias_attention as flex_module
+from benchmarks.gpu_check.common import (
+    EVAL_LABELS,
+    KERNEL_OPTIONS,
+    Row,
+    Sizes,
+    case_title,
+    cpu_flex_backward,
+    error_row,
+    set_gaug_path,
+    sync,
+)
 from locatdino.models.gaug.flex_bias_attention import flex_failure, flex_report
 from locatdino.ssl import DINOModule, clip_grad_per_tensor_, update_teacher
 
@@ -118,13 +127,21 @@ def kernels(case: str, sizes: Sizes, device: torch.device, dry: bool) -> Iterato
         return timed(step, sizes, device), attention_errors(attend, inputs, truth)
 
     if case == "kernel-sdpa":
-        t = timed(lambda: torch.autograd.grad(F.scaled_dot_product_attention(*tensors[:3]), tensors[:3], grad),
-                  sizes, device)
+        t = timed(
+            lambda: torch.autograd.grad(F.scaled_dot_product_attention(*tensors[:3]), tensors[:3], grad), sizes, device
+        )
         mask_bf16 = lambda q, k, v, r, c: F.scaled_dot_product_attention(  # noqa: E731
-            q, k, v, attn_mask=dense_bias(r, c, 1).to(q.dtype))
+            q, k, v, attn_mask=dense_bias(r, c, 1).to(q.dtype)
+        )
         errors = attention_errors(mask_bf16, inputs, truth)
-        yield Row("kernels", title, f"{t.median_s * 1e3:.2f} ms forward + backward", "", "n/a",
-                  f"the materialised bf16 bias (mask path) errs {errors} against the fp64 reference")
+        yield Row(
+            "kernels",
+            title,
+            f"{t.median_s * 1e3:.2f} ms forward + backward",
+            "",
+            "n/a",
+            f"the materialised bf16 bias (mask path) errs {errors} against the fp64 reference",
+        )
         return
     flex_module.reset_flex_state()
     with cpu_flex_backward(dry):
@@ -133,12 +150,20 @@ def kernels(case: str, sizes: Sizes, device: torch.device, dry: bool) -> Iterato
             try:
                 t, errors = measure(attend)
             except flex_module.FlexAttentionUnavailable as exc:
-                yield Row("kernels", title, "every option failed", "an option compiles", "FAIL", flex_failure() or str(exc))
+                yield Row(
+                    "kernels", title, "every option failed", "an option compiles", "FAIL", flex_failure() or str(exc)
+                )
                 return
             chosen = ", ".join(flex_report()["chosen"].values())
             failed = "".join(f"\n{e['options']}: {e['error']}" for e in flex_report()["failed"])
-            yield Row("kernels", title, f"{chosen}: {t.median_s * 1e3:.2f} ms, first call {t.first_s:.1f} s",
-                      "an option compiles", "PASS", f"errors {errors}" + (f"; failed before:{failed}" if failed else ""))
+            yield Row(
+                "kernels",
+                title,
+                f"{chosen}: {t.median_s * 1e3:.2f} ms, first call {t.first_s:.1f} s",
+                "an option compiles",
+                "PASS",
+                f"errors {errors}" + (f"; failed before:{failed}" if failed else ""),
+            )
             return
         options = KERNEL_OPTIONS[int(case.removeprefix("kernel-"))]
         compiled = flex_module._kernel(device)
@@ -152,8 +177,14 @@ def kernels(case: str, sizes: Sizes, device: torch.device, dry: bool) -> Iterato
             row.target, row.status = "", "n/a"
             yield row
             return
-    yield Row("kernels", title, f"{t.median_s * 1e3:.2f} ms forward + backward, first call {t.first_s:.1f} s",
-              "", "n/a", f"errors against the fp64 reference: {errors}")
+    yield Row(
+        "kernels",
+        title,
+        f"{t.median_s * 1e3:.2f} ms forward + backward, first call {t.first_s:.1f} s",
+        "",
+        "n/a",
+        f"errors against the fp64 reference: {errors}",
+    )
 
 
 # ------------------------------------------------------------------------------------------ speed
@@ -167,8 +198,10 @@ def dino_step(sizes: Sizes, name: str, path: str, device: torch.device) -> Calla
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     g, local = sizes.crops_px
-    crops = {"global": torch.randn(2, sizes.dino_batch, 3, g, g, device=device),
-             "local": torch.randn(sizes.local_crops, sizes.dino_batch, 3, local, local, device=device)}
+    crops = {
+        "global": torch.randn(2, sizes.dino_batch, 3, g, g, device=device),
+        "local": torch.randn(sizes.local_crops, sizes.dino_batch, 3, local, local, device=device),
+    }
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16):

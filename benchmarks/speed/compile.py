@@ -41,7 +41,9 @@ def eval_case(size: int, batch: int):
         def call() -> None:
             with torch.inference_mode():
                 m(x)
+
         return call
+
     return make
 
 
@@ -65,7 +67,9 @@ def dino_case():
             loss.backward()
             opt.step()
             update_teacher(m.student.parameters(), m.teacher.parameters(), 0.996)
+
         return call
+
     return make
 
 

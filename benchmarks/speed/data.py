@@ -54,16 +54,30 @@ class ReferenceDINO:
     """The reference ``DataAugmentationDINO`` (torchvision v1 on PIL images), the baseline."""
 
     def __init__(self, local_crops: int = 8) -> None:
-        flip_jitter = T.Compose([T.RandomHorizontalFlip(0.5),
-                                 T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(0.2)])
+        flip_jitter = T.Compose(
+            [
+                T.RandomHorizontalFlip(0.5),
+                T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                T.RandomGrayscale(0.2),
+            ]
+        )
         norm = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
         bicubic = T.InterpolationMode.BICUBIC
-        self.global1 = T.Compose([T.RandomResizedCrop(224, (0.4, 1.0), interpolation=bicubic), flip_jitter,
-                                  _PILBlur(1.0), norm])
-        self.global2 = T.Compose([T.RandomResizedCrop(224, (0.4, 1.0), interpolation=bicubic), flip_jitter,
-                                  _PILBlur(0.1), _PILSolarize(0.2), norm])
-        self.local = T.Compose([T.RandomResizedCrop(96, (0.05, 0.4), interpolation=bicubic), flip_jitter,
-                                _PILBlur(0.5), norm])
+        self.global1 = T.Compose(
+            [T.RandomResizedCrop(224, (0.4, 1.0), interpolation=bicubic), flip_jitter, _PILBlur(1.0), norm]
+        )
+        self.global2 = T.Compose(
+            [
+                T.RandomResizedCrop(224, (0.4, 1.0), interpolation=bicubic),
+                flip_jitter,
+                _PILBlur(0.1),
+                _PILSolarize(0.2),
+                norm,
+            ]
+        )
+        self.local = T.Compose(
+            [T.RandomResizedCrop(96, (0.05, 0.4), interpolation=bicubic), flip_jitter, _PILBlur(0.5), norm]
+        )
         self.local_crops = local_crops
 
     def __call__(self, img: Image.Image) -> list[torch.Tensor]:
@@ -86,6 +100,7 @@ def epoch_images_per_s(loader, n_images: int) -> float:
 
 def breakdown(jpeg: bytes, reference: ReferenceDINO, ours: MultiCropTransform, reps: int = 30) -> dict[str, float]:
     """Single-process milliseconds per image of each stage."""
+
     def ms(fn) -> float:
         fn()
         start = time.perf_counter()
@@ -109,10 +124,12 @@ def breakdown(jpeg: bytes, reference: ReferenceDINO, ours: MultiCropTransform, r
         "reference transform (PIL, v1)": ms(lambda: reference(pil)),
         "ours: whole transform": ms(lambda: ours(pil)),
         "ours: PIL -> uint8 tensor": ms(lambda: to_uint8_rgb(pil)),
-        "ours: 10 crops + bicubic resize (uint8)": ms(lambda: ([ours._global_crop(x) for _ in range(2)],
-                                                                [ours._local_crop(x) for _ in range(8)])),
-        "ours: colour jitter, 10 crops": ms(lambda: (P.color_jitter(g, factors[:2], [0, 1, 2, 3]),
-                                                      P.color_jitter(loc, factors[2:], [3, 2, 1, 0]))),
+        "ours: 10 crops + bicubic resize (uint8)": ms(
+            lambda: ([ours._global_crop(x) for _ in range(2)], [ours._local_crop(x) for _ in range(8)])
+        ),
+        "ours: colour jitter, 10 crops": ms(
+            lambda: (P.color_jitter(g, factors[:2], [0, 1, 2, 3]), P.color_jitter(loc, factors[2:], [3, 2, 1, 0]))
+        ),
         "  of which hue": ms(lambda: (P.adjust_hue(g, factors[:2, 3]), P.adjust_hue(loc, factors[2:, 3]))),
         "ours: blur sigma 1, 10 crops": ms(lambda: each(lambda v: P.gaussian_blur(v, torch.ones(len(v))))),
         "ours: grayscale, 10 crops": ms(lambda: each(P.grayscale)),
@@ -140,17 +157,22 @@ def main() -> None:
             start = time.perf_counter()
             make_jpegs(jpegs, args.images)
             print(f"rendered {args.images} JPEGs of 500x375 in {time.perf_counter() - start:.1f} s")
-        index = write_shards(FolderSource(jpegs), tmp / "shards", maxcount=64, workers=args.workers,
-                             progress=False)
+        index = write_shards(FolderSource(jpegs), tmp / "shards", maxcount=64, workers=args.workers, progress=False)
         print(f"wrote {index['num_shards']} shards ({index['total_bytes'] / 1e6:.1f} MB) in {index['seconds']:.1f} s")
 
         reference = ReferenceDINO(args.local_crops)
         ours = MultiCropTransform(num_local_crops=args.local_crops)
-        baseline = DataLoader(datasets.ImageFolder(str(jpegs), transform=reference),
-                              batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True)
+        baseline = DataLoader(
+            datasets.ImageFolder(str(jpegs), transform=reference),
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            drop_last=True,
+        )
         n_batches = args.images // args.batch_size
-        stream = ShardStream(expand_urls(str(tmp / "shards")), ours, args.batch_size, num_batches=n_batches,
-                             shuffle_buffer=256)
+        stream = ShardStream(
+            expand_urls(str(tmp / "shards")), ours, args.batch_size, num_batches=n_batches, shuffle_buffer=256
+        )
         loader = ShardLoader(stream, num_workers=args.workers)
         n = n_batches * args.batch_size
         base, mine = [], []
@@ -159,16 +181,21 @@ def main() -> None:
             mine.append(epoch_images_per_s(loader, n))
             print(f"round {r}: ImageFolder + reference PIL {base[-1]:6.1f} img/s | shards + ours {mine[-1]:6.1f} img/s")
         b, m = statistics.median(base), statistics.median(mine)
-        print(f"\nmedian: baseline {b:.1f} img/s, ours {m:.1f} img/s -> {m / b:.2f}x "
-              f"({args.workers} workers, batch {args.batch_size}, 2 x 224 + {args.local_crops} x 96)")
+        print(
+            f"\nmedian: baseline {b:.1f} img/s, ours {m:.1f} img/s -> {m / b:.2f}x "
+            f"({args.workers} workers, batch {args.batch_size}, 2 x 224 + {args.local_crops} x 96)"
+        )
 
         jpeg = (jpegs / "scenes" / "00000.jpg").read_bytes()
         print("\nsingle process, ms per image:")
         stages = breakdown(jpeg, reference, ours)
         for name, value in stages.items():
             print(f"  {name:<38} {value:6.2f}")
-    write_results(args.results, "data.json", {"images_per_s": {"reference": base, "ours": mine},
-                                              "median_ratio": m / b, "ms_per_image": stages})
+    write_results(
+        args.results,
+        "data.json",
+        {"images_per_s": {"reference": base, "ours": mine}, "median_ratio": m / b, "ms_per_image": stages},
+    )
 
 
 if __name__ == "__main__":

@@ -32,12 +32,15 @@ from locatdino.data.transforms.decoded_images import DecodedImage, default_image
 from locatdino.data.transforms.multicrop import MultiCropTransform
 
 RECIPE_CROPS = {  # recipe: the MultiCropTransform fields that differ from the default (configs/*.yaml)
-    "tiny": dict(global_crop_size=64, local_crop_size=32, num_local_crops=4, color_jitter_prob=0.3,
-                 grayscale_prob=0.0),
+    "tiny": dict(global_crop_size=64, local_crop_size=32, num_local_crops=4, color_jitter_prob=0.3, grayscale_prob=0.0),
     "vits": {},
 }
-IMAGES = {"96 px JPEG (tiny)": ((96, 96), "JPEG", "tiny"), "448x448 JPEG (ViT-S)": ((448, 448), "JPEG", "vits"),
-          "1024x768 JPEG (ViT-S)": ((768, 1024), "JPEG", "vits"), "448x448 PNG (ViT-S)": ((448, 448), "PNG", "vits")}
+IMAGES = {
+    "96 px JPEG (tiny)": ((96, 96), "JPEG", "tiny"),
+    "448x448 JPEG (ViT-S)": ((448, 448), "JPEG", "vits"),
+    "1024x768 JPEG (ViT-S)": ((768, 1024), "JPEG", "vits"),
+    "448x448 PNG (ViT-S)": ((448, 448), "PNG", "vits"),
+}
 
 
 def encoded(hw: tuple[int, int], fmt: str) -> bytes:
@@ -61,8 +64,10 @@ def measure(data: bytes, fmt: str, recipe: str, reps: int) -> dict[str, float]:
     multicrop = MultiCropTransform(**RECIPE_CROPS[recipe])
     decoded = DecodedImage(default_image_size(multicrop))
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    rows = {"PIL decode": ms(lambda: decode_rgb(data), reps),
-            f"PIL draft decode (>= {decoded.size} px)": ms(lambda: decoded.decode(data), reps)}
+    rows = {
+        "PIL decode": ms(lambda: decode_rgb(data), reps),
+        f"PIL draft decode (>= {decoded.size} px)": ms(lambda: decoded.decode(data), reps),
+    }
     if fmt == "JPEG":
         rows["torchvision decode_jpeg"] = ms(lambda: decode_jpeg(raw), reps)
     else:

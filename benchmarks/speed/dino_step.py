@@ -28,8 +28,14 @@ from locatdino.ssl import DINOModule, clip_grad_per_tensor_, teacher_entropies, 
 CONFIGS = {
     # name: (backbone kwargs, head dims, batch, global px, local px, local crops)
     "vit_tiny_64px": (dict(img_size=64), dict(out_dim=4096, hidden_dim=2048, bottleneck_dim=256), 16, 64, 32, 4),
-    "overhead_bound": (dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
-                       dict(out_dim=256, hidden_dim=128, bottleneck_dim=64), 8, 32, 16, 2),
+    "overhead_bound": (
+        dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
+        dict(out_dim=256, hidden_dim=128, bottleneck_dim=64),
+        8,
+        32,
+        16,
+        2,
+    ),
 }
 
 
@@ -49,9 +55,15 @@ class StepTimer(pl.Callback):
 
 def lightning_round(module: DINOModule, batch: dict, steps: int, log_dir: str) -> list[float]:
     timer = StepTimer()
-    trainer = pl.Trainer(max_steps=steps, logger=CSVLogger(log_dir), log_every_n_steps=LOG_EVERY,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[timer])
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=CSVLogger(log_dir),
+        log_every_n_steps=LOG_EVERY,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
     trainer.fit(module, torch.utils.data.DataLoader([batch] * steps, batch_size=None))
     return [b - a for a, b in zip(timer.starts[1:-1], timer.starts[2:])]
 
@@ -61,8 +73,12 @@ def bare_round(module: DINOModule, batch: dict, steps: int) -> list[float]:
     student, teacher, loss_fn, h = module.student, module.teacher, module.dino_loss, module.hparams
     named = [(n, p) for n, p in student.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim > 1 and not n.endswith(".bias")]
-    opt = torch.optim.AdamW([{"params": decay}, {"params": [p for n, p in named if p.ndim <= 1 or n.endswith(".bias")],
-                                                "weight_decay": 0.0}])
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay},
+            {"params": [p for n, p in named if p.ndim <= 1 or n.endswith(".bias")], "weight_decay": 0.0},
+        ]
+    )
     last_layer = [p for n, p in named if n.startswith("head.last_layer.")]
     params = [p for _, p in named]
     sched = module.schedules
@@ -98,8 +114,10 @@ def run(name: str, rounds: int, steps: int) -> tuple[float, float, float]:
     backbone_kwargs, head, batch_size, size, local_size, n_local = CONFIGS[name]
     torch.manual_seed(0)
     module = DINOModule("vit_tiny_patch16_224", backbone_kwargs, batch_size=batch_size, **head)
-    batch = {"global": torch.randn(2, batch_size, 3, size, size),
-             "local": torch.randn(n_local, batch_size, 3, local_size, local_size)}
+    batch = {
+        "global": torch.randn(2, batch_size, 3, size, size),
+        "local": torch.randn(n_local, batch_size, 3, local_size, local_size),
+    }
     light, bare = [], []
     with tempfile.TemporaryDirectory() as log_dir:
         for _ in range(rounds):
@@ -119,8 +137,10 @@ def main() -> None:
     args = parser.parse_args()
     args.results = results_file(args, "dino_step.json")  # before any measuring
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, lightning {pl.__version__}, {args.threads} thread(s), "
-          f"{args.rounds} rounds x {args.steps - 2} timed steps per side")
+    print(
+        f"torch {torch.__version__}, lightning {pl.__version__}, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.steps - 2} timed steps per side"
+    )
     print(f"{'config':<16} {'lightning ms':>13} {'bare ms':>9} {'ratio':>7}")
     rows = {}
     for name in args.configs:

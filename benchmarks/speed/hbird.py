@@ -59,8 +59,14 @@ from benchmarks.results_io import add_results_option, results_file, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("HBIRD_BENCH_DATA", "/tmp/locatdino-bench/voc-scenes"))
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_SIMD_LEVEL": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+AVX2_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "FAISS_SIMD_LEVEL": "AVX2",
+    "OPENBLAS_CORETYPE": "Haswell",
+}
 BATCH = 16
 
 
@@ -122,9 +128,8 @@ def reference_metric(gt: np.ndarray, pred: np.ndarray, c: int) -> tuple[float, f
     counts. Returns (mean over all classes with absent ones 0, as the reference reports; mean over
     the classes present or predicted, comparable to the project's ``miou_matched``)."""
     from joblib import Parallel, delayed
-    from scipy.optimize import linear_sum_assignment
-
     from joblib.externals.loky import get_reusable_executor
+    from scipy.optimize import linear_sum_assignment
 
     scores = Parallel(n_jobs=-1)(delayed(_pair_iou)(pred, gt, g, p) for p in range(c) for g in range(c))
     get_reusable_executor().shutdown(wait=True)  # reap the workers so their CPU time is counted
@@ -155,8 +160,10 @@ def reference_style(size: int, n_train: int, n_val: int, model: str, workers: in
 
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.255)  # the reference's typo, kept
     to_input = [T.ToTensor(), T.Normalize(mean, std)]
-    jitter = T.Compose([T.RandomApply([T.ColorJitter(**{k: 0.1})], p=0.5)
-                        for k in ("brightness", "contrast", "saturation", "hue")] + to_input)
+    jitter = T.Compose(
+        [T.RandomApply([T.ColorJitter(**{k: 0.1})], p=0.5) for k in ("brightness", "contrast", "saturation", "hue")]
+        + to_input
+    )
     val_image = T.Compose([T.Resize((size, size), antialias=True)] + to_input)
     nearest = T.InterpolationMode.NEAREST
 
@@ -236,8 +243,13 @@ def ours(size: int, n_train: int, n_val: int, model: str, **settings) -> dict:
     train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
     cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, **settings)
     r = hummingbird(_vit_s(model), train, val, cfg)
-    return {"miou": r.miou, "miou_matched": r.miou_matched, "timings": r.timings, "memory_patches": r.memory_patches,
-            "search": r.search}
+    return {
+        "miou": r.miou,
+        "miou_matched": r.miou_matched,
+        "timings": r.timings,
+        "memory_patches": r.memory_patches,
+        "search": r.search,
+    }
 
 
 def run_case(case: dict, env: dict | None = None) -> dict:
@@ -281,18 +293,22 @@ def _case_main(spec: str) -> None:
 OUR_CASES = {
     "defaults": ("ours, defaults", {}),
     "fp32": ("ours, fp32 + exact search", {"precision": "fp32", "index": "Flat"}),
-    "reference-protocol": ("ours, reference protocol, defaults", {"augment": "reference", "norm": True,
-                                                                  "eval_resolution": "input"}),
-    "reference-settings": ("ours, reference settings", {"augment": "reference", "norm": True,
-                                                        "eval_resolution": "input", "precision": "fp32",
-                                                        "index": "Flat"}),
+    "reference-protocol": (
+        "ours, reference protocol, defaults",
+        {"augment": "reference", "norm": True, "eval_resolution": "input"},
+    ),
+    "reference-settings": (
+        "ours, reference settings",
+        {"augment": "reference", "norm": True, "eval_resolution": "input", "precision": "fp32", "index": "Flat"},
+    ),
     "bf16": ("ours, bf16 encoder + exact search", {"precision": "bf16", "index": "Flat"}),
     "int8": ("ours, int8 encoder + exact search", {"precision": "int8", "index": "Flat"}),
 }
 
 
-def reference(sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str],
-              model: str) -> dict:
+def reference(
+    sizes: list[int], n_train: int, n_val: int, repeats: int, env: dict, cases: list[str], model: str
+) -> dict:
     """Every case ``repeats`` times, baseline and ours interleaved (this machine is shared: single
     runs vary with the load of other jobs; compare medians); the CPU as the cases saw it (``--isa``)
     and the rows."""
@@ -316,11 +332,14 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
     """Markdown: medians per case and size, and the baseline's median over ours (same run)."""
     cpu = machine["cpu"]
     flags = ", ".join(f for f, on in (cpu.get("flags") or {}).items() if on)
-    lines = [f"CPU: {cpu['model']} ({cpu['logical_cores']} logical cores; {flags}; torch {cpu['torch_capability']}, "
-             f"faiss {cpu.get('faiss_simd_level')})", "",
-             "| px | case | encoder, index (recall@30) | total s | features s | search s | other s | CPU s | peak RSS GB | "
-             "mIoU (matched) | baseline wall / this | baseline CPU / this | RSS / baseline |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"CPU: {cpu['model']} ({cpu['logical_cores']} logical cores; {flags}; torch {cpu['torch_capability']}, "
+        f"faiss {cpu.get('faiss_simd_level')})",
+        "",
+        "| px | case | encoder, index (recall@30) | total s | features s | search s | other s | CPU s | peak RSS GB | "
+        "mIoU (matched) | baseline wall / this | baseline CPU / this | RSS / baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for size in sorted({r["size"] for r in rows}):
         by_case: dict[str, list[dict]] = {}
         for r in rows:
@@ -335,12 +354,17 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
         for label, rs in by_case.items():
             total, feat, search = med(rs, "total"), med(rs, "features"), med(rs, "search")
             cpu_s, rss = med(rs, "cpu_s"), med(rs, "peak_rss_mb")
-            lines.append(f"| {size} | {label} | {_search_cell(rs[0].get('search'))} | {total:.1f} | {feat:.1f} | {search:.1f} | {total - feat - search:.1f} | "
-                         f"{cpu_s:.1f} | {rss / 1024:.2f} | {med(rs, 'miou_matched'):.2f} | {base_total / total:.2f}× | "
-                         f"{base_cpu / cpu_s:.2f}× | {rss / base_rss:.2f} |")
+            lines.append(
+                f"| {size} | {label} | {_search_cell(rs[0].get('search'))} | {total:.1f} | {feat:.1f} | {search:.1f} | "
+                f"{total - feat - search:.1f} | "
+                f"{cpu_s:.1f} | {rss / 1024:.2f} | {med(rs, 'miou_matched'):.2f} | {base_total / total:.2f}× | "
+                f"{base_cpu / cpu_s:.2f}× | {rss / base_rss:.2f} |"
+            )
     loads = [r["load_avg"] for r in rows]
-    lines.append(f"\nLoad average (1 min) at the end of the cases: {min(loads):.1f}–{max(loads):.1f} on "
-                 f"{cpu['logical_cores']} cores; medians of {len(rows) // len(by_case)} repeats.")
+    lines.append(
+        f"\nLoad average (1 min) at the end of the cases: {min(loads):.1f}–{max(loads):.1f} on "
+        f"{cpu['logical_cores']} cores; medians of {len(rows) // len(by_case)} repeats."
+    )
     return "\n".join(lines)
 
 
@@ -372,8 +396,15 @@ def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
     val = SubsetSplit(build_segmentation_dataset("voc", str(voc_scenes()), "val"), np.arange(n_val))
     extractor = FeatureExtractor(_vit_s(), precision="bf16")
     epochs = max(1, -(-memory_size // (len(train) * 196)))
-    cfg = HummingbirdConfig(input_size=224, memory_size=memory_size, aug_epochs=epochs, precision="bf16",
-                            memory_dtype="float16", eval_resolution="input", progress=False)
+    cfg = HummingbirdConfig(
+        input_size=224,
+        memory_size=memory_size,
+        aug_epochs=epochs,
+        precision="bf16",
+        memory_dtype="float16",
+        eval_resolution="input",
+        progress=False,
+    )
     clock = PhaseClock()
     bank, _ = build_memory(extractor, train, cfg, clock)
     memory_times = {k: round(v, 2) for k, v in clock.totals.items()}
@@ -390,13 +421,21 @@ def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
         recall = float(np.mean([len(np.intersect1d(a, b)) / 30 for a, b in zip(ids, exact_ids)]))
         q_clock = PhaseClock()
         cm, _ = evaluate_queries(extractor, bank, index, val, cfg, q_clock)
-        rows.append({
-            "memory_patches": len(bank), "aug_epochs": epochs, "index": spec, "nprobe": nprobe,
-            "memory_build_s": memory_times, "index_build_s": round(build, 2),
-            **{f"{k}_s": round(v, 2) for k, v in q_clock.totals.items()},
-            "queries": n_val * 196, "miou": round(100 * cm.compute().miou, 2), "recall@30": round(recall, 4),
-            "peak_rss_mb": round(rss()),
-        })
+        rows.append(
+            {
+                "memory_patches": len(bank),
+                "aug_epochs": epochs,
+                "index": spec,
+                "nprobe": nprobe,
+                "memory_build_s": memory_times,
+                "index_build_s": round(build, 2),
+                **{f"{k}_s": round(v, 2) for k, v in q_clock.totals.items()},
+                "queries": n_val * 196,
+                "miou": round(100 * cm.compute().miou, 2),
+                "recall@30": round(recall, 4),
+                "peak_rss_mb": round(rss()),
+            }
+        )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del index
     return rows
@@ -424,8 +463,15 @@ def index_sweep_case(size: int, n_train: int, n_val: int) -> list[dict]:
         cfg = HummingbirdConfig(input_size=size, batch_size=BATCH, progress=False, index=spec, nprobe=nprobe)
         r = hummingbird(extractor, train, val, cfg)
         memory = r.memory_patches
-        rows.append({"index": spec, "nprobe": nprobe, "recall@30": r.search.get("recall_at_k"), "miou": round(r.miou, 3),
-                     **{f"{k}_s": r.timings.get(k) for k in ("index", "recall", "search")}})
+        rows.append(
+            {
+                "index": spec,
+                "nprobe": nprobe,
+                "recall@30": r.search.get("recall_at_k"),
+                "miou": round(r.miou, 3),
+                **{f"{k}_s": r.timings.get(k) for k in ("index", "recall", "search")},
+            }
+        )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -449,22 +495,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-train", type=int, default=300, help="memory images (first N of 300)")
     p.add_argument("--num-val", type=int, default=100, help="query images (first N of 100)")
     p.add_argument("--model", default="vit_small_patch16_224", help="random-init backbone of the reference part")
-    p.add_argument("--cases", nargs="+", choices=tuple(OUR_CASES), default=["defaults", "fp32", "reference-settings"],
-                   help="our cases to run beside the baseline")
-    p.add_argument("--isa", choices=("native", "avx2"), default="native",
-                   help="avx2: make torch, oneDNN, fbgemm, MKL, FAISS and OpenBLAS take their AVX2 paths")
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        choices=tuple(OUR_CASES),
+        default=["defaults", "fp32", "reference-settings"],
+        help="our cases to run beside the baseline",
+    )
+    p.add_argument(
+        "--isa",
+        choices=("native", "avx2"),
+        default="native",
+        help="avx2: make torch, oneDNN, fbgemm, MKL, FAISS and OpenBLAS take their AVX2 paths",
+    )
     add_results_option(p, "hbird-<part>-<settings>.json")
     args = p.parse_args(argv)
     if args.part == "_case":
         return _case_main(args.spec)
     env = AVX2_ENV if args.isa == "avx2" else {}
-    names = {"reference": f"hbird-reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json",
-             "index-sweep": f"hbird-index-sweep-{(args.sizes or [448])[0]}.json"}
+    names = {
+        "reference": f"hbird-reference-{args.model}-{args.num_train}x{args.num_val}-{args.isa}.json",
+        "index-sweep": f"hbird-index-sweep-{(args.sizes or [448])[0]}.json",
+    }
     name = names.get(args.part, "hbird-scaling.json")
     path = results_file(args, name)  # before any measuring
     if args.part == "reference":
-        numbers = reference(args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases,
-                            args.model)
+        numbers = reference(
+            args.sizes or [224, 448], args.num_train, args.num_val, args.repeats, env, args.cases, args.model
+        )
     elif args.part == "index-sweep":
         size = (args.sizes or [448])[0]
         rows = run_case({"kind": "index-sweep", "size": size, "n_train": args.num_train, "n_val": args.num_val})["rows"]

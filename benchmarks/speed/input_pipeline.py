@@ -68,24 +68,47 @@ def write_jpeg_shards(folder: Path, n: int, px: int) -> Path:
     return shards
 
 
-def recipe_args(recipe: tuple[str, str], shards: Path, batch: int, workers: int, path: str,
-                device: torch.device) -> list[str]:
+def recipe_args(
+    recipe: tuple[str, str], shards: Path, batch: int, workers: int, path: str, device: torch.device
+) -> list[str]:
     """``locatdino fit`` arguments: the recipe and its backbone, these shards, one epoch longer than any run."""
     precision = ["--trainer.precision", "bf16-mixed"] if device.type == "cuda" else []
-    return ["--config", recipe[0], "--model.backbone", recipe[1],
-            "--data.init_args.train_urls", str(shards), "--data.init_args.synthetic", "0",
-            "--data.init_args.batch_size", str(batch), "--data.init_args.num_workers", str(workers),
-            "--data.init_args.augment_on", path, "--data.init_args.batches_per_epoch", "100000",
-            "--trainer.accelerator", "gpu" if device.type == "cuda" else "cpu", "--trainer.devices", "1",
-            *precision]
+    return [
+        "--config",
+        recipe[0],
+        "--model.backbone",
+        recipe[1],
+        "--data.init_args.train_urls",
+        str(shards),
+        "--data.init_args.synthetic",
+        "0",
+        "--data.init_args.batch_size",
+        str(batch),
+        "--data.init_args.num_workers",
+        str(workers),
+        "--data.init_args.augment_on",
+        path,
+        "--data.init_args.batches_per_epoch",
+        "100000",
+        "--trainer.accelerator",
+        "gpu" if device.type == "cuda" else "cpu",
+        "--trainer.devices",
+        "1",
+        *precision,
+    ]
 
 
 def bare_images_per_s(args: list[str], device: torch.device, reps: int) -> float:
     cli = build_cli(args, run=False)
     data, module = cli.datamodule, cli.model
     mc = data.multicrop
-    step = DinoStep(module, data.batch_size, (mc.global_crop_size, mc.local_crop_size, mc.num_local_crops), device,
-                    autocast=device.type == "cuda")
+    step = DinoStep(
+        module,
+        data.batch_size,
+        (mc.global_crop_size, mc.local_crop_size, mc.num_local_crops),
+        device,
+        autocast=device.type == "cuda",
+    )
     _, median = median_step_s(step, device, warmup=3, reps=reps)
     return data.batch_size / median
 
@@ -106,16 +129,33 @@ def loader_images_per_s(args: list[str], device: torch.device, batches: int, ski
     return data.batch_size * batches / (times[-1] - times[skip - 1])
 
 
-def fit_images_per_s(args: list[str], batch: int, steps: int, run_dir: Path, timeout: float,
-                     threads: int | None) -> float:
+def fit_images_per_s(
+    args: list[str], batch: int, steps: int, run_dir: Path, timeout: float, threads: int | None
+) -> float:
     """``locatdino fit`` in a subprocess; images/s over the steps after the fifth."""
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     threads_args = ["--threads", str(threads)] if threads else []
-    command = [sys.executable, "-m", "locatdino", *threads_args, "fit", *args, "--trainer.max_steps", str(steps),
-               "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
-               "--trainer.callbacks", json.dumps([{"class_path": "benchmarks.gpu_check.step_times.StepTimes"}]),
-               "--step_checkpoint.every_n_train_steps", "100000", "--trainer.log_every_n_steps", "50"]
+    command = [
+        sys.executable,
+        "-m",
+        "locatdino",
+        *threads_args,
+        "fit",
+        *args,
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.callbacks",
+        json.dumps([{"class_path": "benchmarks.gpu_check.step_times.StepTimes"}]),
+        "--step_checkpoint.every_n_train_steps",
+        "100000",
+        "--trainer.log_every_n_steps",
+        "50",
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=True)
@@ -136,8 +176,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="fit steps (the first 5 not timed)")
     ap.add_argument("--reps", type=int, default=10, help="timed bare steps")
     ap.add_argument("--fit-timeout", type=float, default=240)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads of every part (default: 1 on the CPU, where more spin against other jobs)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of every part (default: 1 on the CPU, where more spin against other jobs)",
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/bench_pipeline"), help="shards and fit runs")
     add_results_option(ap, "input_pipeline.json")
     args = ap.parse_args()
@@ -164,8 +208,9 @@ def main() -> None:
             row[f"loader_{path}"] = loader
             line = f"  {path} path: loader alone {loader:8.1f} ({loader / bare:.2f})"
             if name in fit_recipes:
-                fit = fit_images_per_s(run_args, batch, args.steps, args.out / f"fit_{name}_{path}", args.fit_timeout,
-                                       threads)
+                fit = fit_images_per_s(
+                    run_args, batch, args.steps, args.out / f"fit_{name}_{path}", args.fit_timeout, threads
+                )
                 row[f"fit_{path}"] = fit
                 line += f" | fit {fit:8.1f} ({fit / bare:.2f}; target >= 0.90)"
             print(line, flush=True)

@@ -4,12 +4,13 @@
 
 Each search runs :func:`~locatdino.probes.knn.knn_classify` end to end (normalisation, neighbour
 search at the largest k, votes of every k) in a fresh process, once to load every kernel and once
-measured, so its peak memory is its own: Linux's peak resident size (``VmHWM``), reset just
-before the second search, minus the resident size then (the features themselves). Searches:
-``torch`` (exact, ``1024 × 16384`` blocks with a running top-k), ``faiss`` (``IndexFlatIP``), and the reference's own loop for scale
-(facebookresearch/dino ``knn_classifier``: the queries in 100 chunks, each against every train
-feature at once). Features: 1,000 clusters (classes) on the unit sphere, each point at cosine
-≈ 0.5 to its centre. Ratios are of this run; the rankings of all searches are compared.
+measured, so its peak memory is its own: Linux's peak resident size (``VmHWM``), reset just before
+the second search, minus the resident size then (the features themselves). Searches: ``torch``
+(exact, ``1024 × 16384`` blocks with a running top-k), ``faiss`` (``IndexFlatIP``), and the
+reference's own loop for scale (facebookresearch/dino ``knn_classifier``: the queries in 100 chunks,
+each against every train feature at once). Features: 1,000 clusters (classes) on the unit sphere,
+each point at cosine ≈ 0.5 to its centre. Ratios are of this run; the rankings of all searches are
+compared.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def features(n_train: int, n_test: int, dim: int, classes: int, seed: int = 0):
     return x[:n_train], labels[:n_train], x[n_train:], labels[n_train:]
 
 
-def reference(train: torch.Tensor, train_labels: torch.Tensor, test: torch.Tensor, classes: int) -> dict[int, torch.Tensor]:
+def reference(
+    train: torch.Tensor, train_labels: torch.Tensor, test: torch.Tensor, classes: int
+) -> dict[int, torch.Tensor]:
     """The reference's loop: 100 chunks of queries, each ``[M / 100, N]`` similarities at once."""
     train = torch.nn.functional.normalize(train, dim=1)
     test = torch.nn.functional.normalize(test, dim=1)
@@ -67,8 +70,15 @@ def measure(search: str, args: argparse.Namespace) -> dict:
     def run(rows: int, queries: int) -> dict[int, torch.Tensor]:
         if search == "reference":
             return reference(train[:rows], train_labels[:rows], test[:queries], args.classes)
-        return knn_classify(train[:rows], train_labels[:rows], test[:queries], KS, num_classes=args.classes,
-                            backend=search, memory_chunk=args.memory_chunk)
+        return knn_classify(
+            train[:rows],
+            train_labels[:rows],
+            test[:queries],
+            KS,
+            num_classes=args.classes,
+            backend=search,
+            memory_chunk=args.memory_chunk,
+        )
 
     run(len(train), len(test))  # once untimed: the pages of the libraries' kernels are not the search's memory
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident size
@@ -96,13 +106,27 @@ def main() -> None:
         print(json.dumps(measure(args.only, args)))
         return
     results = results_file(args, "knn.json")  # before any measuring
-    sizes = ["--train", str(args.train), "--queries", str(args.queries), "--dim", str(args.dim),
-             "--classes", str(args.classes), "--memory-chunk", str(args.memory_chunk)]
+    sizes = [
+        "--train",
+        str(args.train),
+        "--queries",
+        str(args.queries),
+        "--dim",
+        str(args.dim),
+        "--classes",
+        str(args.classes),
+        "--memory-chunk",
+        str(args.memory_chunk),
+    ]
     rows, rankings = [], {}
     for search in SEARCHES:
         path = Path(f"/tmp/knn-bench-{search}.npz")
-        child = subprocess.run([sys.executable, "-m", "benchmarks.speed.knn", *sizes, "--only", search,
-                                "--rankings", str(path)], capture_output=True, text=True, check=False)
+        child = subprocess.run(
+            [sys.executable, "-m", "benchmarks.speed.knn", *sizes, "--only", search, "--rankings", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if child.returncode:
             raise SystemExit(f"{search} search failed:\n{child.stderr}")
         rows.append(json.loads(child.stdout.splitlines()[-1]))
@@ -114,12 +138,25 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for row in rows:
         row["time_ratio_to_torch"] = row["seconds"] / torch_row["seconds"]
-        row["top1_agreement"] = {k: float(np.mean(rankings[row["search"]][k][:, 0] == rankings["torch"][k][:, 0]))
-                                 for k in rankings["torch"]}
-        print(f"| {row['search']} | {row['seconds']:.1f} | {row['peak_extra_mb']:.0f} | "
-              f"{row['time_ratio_to_torch']:.2f} | {min(row['top1_agreement'].values()):.4f} |")
-    write_results(results, "knn.json", {"train": args.train, "queries": args.queries, "dim": args.dim,
-                                             "classes": args.classes, "ks": list(KS), "rows": rows})
+        row["top1_agreement"] = {
+            k: float(np.mean(rankings[row["search"]][k][:, 0] == rankings["torch"][k][:, 0])) for k in rankings["torch"]
+        }
+        print(
+            f"| {row['search']} | {row['seconds']:.1f} | {row['peak_extra_mb']:.0f} | "
+            f"{row['time_ratio_to_torch']:.2f} | {min(row['top1_agreement'].values()):.4f} |"
+        )
+    write_results(
+        results,
+        "knn.json",
+        {
+            "train": args.train,
+            "queries": args.queries,
+            "dim": args.dim,
+            "classes": args.classes,
+            "ks": list(KS),
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -48,18 +48,28 @@ def main() -> None:
     size = args.input_size
     train = CachedSplit(open_split("scenes", None, "train", args.num_train, 0, size, args.num_train))
     val = CachedSplit(open_split("scenes", None, "val", args.num_val, 0, size, args.num_val))
-    settings = {"paper batch": LinearProbeConfig(input_size=size, iterations=args.iters, augment="off",
-                                                 precision="fp32", progress=False),
-                "compare default": LinearProbeConfig(input_size=size, iterations=LINPROBE_DEFAULTS["iterations"],
-                                                     batch_size=LINPROBE_DEFAULTS["batch_size"], augment="off",
-                                                     precision="fp32", progress=False)}
+    settings = {
+        "paper batch": LinearProbeConfig(
+            input_size=size, iterations=args.iters, augment="off", precision="fp32", progress=False
+        ),
+        "compare default": LinearProbeConfig(
+            input_size=size,
+            iterations=LINPROBE_DEFAULTS["iterations"],
+            batch_size=LINPROBE_DEFAULTS["batch_size"],
+            augment="off",
+            precision="fp32",
+            progress=False,
+        ),
+    }
 
     def backbone(seed: int, patch: int) -> torch.nn.Module:
         torch.manual_seed(seed)
         return create_backbone(args.model, img_size=args.img_size, patch_size=patch)
 
-    print(f"{args.model} built at {args.img_size} px, {args.num_train} / {args.num_val} scenes at {size} px, "
-          f"{args.threads} threads, cached path, fp32")
+    print(
+        f"{args.model} built at {args.img_size} px, {args.num_train} / {args.num_val} scenes at {size} px, "
+        f"{args.threads} threads, cached path, fp32"
+    )
     print("| model | setting | iterations × batch | mIoU | seconds (features / head / total) |\n|---|---|---|---|---|")
     rows: list[dict] = []
 
@@ -69,10 +79,21 @@ def main() -> None:
         result = linear_probe(model, train, val, cfg)
         wall = time.perf_counter() - start
         t = result.timings
-        print(f"| {name} | {setting} | {cfg.iterations} × {cfg.batch_size} | {result.miou:.1f} | "
-              f"{t.get('features', 0):.1f} / {t.get('head', 0):.1f} / {wall:.1f} |", flush=True)
-        rows.append({"model": name, "setting": setting, "iterations": cfg.iterations, "batch_size": cfg.batch_size,
-                     "miou": result.miou, "seconds": {**t, "total": wall}})
+        print(
+            f"| {name} | {setting} | {cfg.iterations} × {cfg.batch_size} | {result.miou:.1f} | "
+            f"{t.get('features', 0):.1f} / {t.get('head', 0):.1f} / {wall:.1f} |",
+            flush=True,
+        )
+        rows.append(
+            {
+                "model": name,
+                "setting": setting,
+                "iterations": cfg.iterations,
+                "batch_size": cfg.batch_size,
+                "miou": result.miou,
+                "seconds": {**t, "total": wall},
+            }
+        )
         write_results(args.results, "linprobe.json", {"rows": rows})
         return result.miou
 
@@ -80,14 +101,18 @@ def main() -> None:
         row(f"random init, patch {args.patch_size}", backbone(0, args.patch_size), setting)
     if args.no_ranking:
         return
-    randoms = [row(f"random init seed {seed}, patch 16", backbone(seed, 16), "paper batch") for seed in range(args.seeds)]
+    randoms = [
+        row(f"random init seed {seed}, patch 16", backbone(seed, 16), "paper batch") for seed in range(args.seeds)
+    ]
     start = time.perf_counter()
     trained = supervised(args.model, args.img_size, args.steps, 512, seed=0)
     minutes = (time.perf_counter() - start) / 60
     miou = row(f"supervised, patch 16 ({args.steps} steps, {minutes:.1f} min)", trained, "paper batch")
     spread = np.std(randoms, ddof=1) if len(randoms) > 1 else 0.0
-    print(f"\nsupervised − random init (patch 16, {len(randoms)} seeds): {miou - np.mean(randoms):+.1f} mIoU "
-          f"(random init {np.mean(randoms):.1f} ± {spread:.1f})")
+    print(
+        f"\nsupervised − random init (patch 16, {len(randoms)} seeds): {miou - np.mean(randoms):+.1f} mIoU "
+        f"(random init {np.mean(randoms):.1f} ± {spread:.1f})"
+    )
 
 
 if __name__ == "__main__":

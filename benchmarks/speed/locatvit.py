@@ -122,8 +122,10 @@ def bench_memory(reps: int, threads: int, labels: tuple[str, ...]) -> dict[str, 
             cmd = [sys.executable, "-m", __spec__.name, "--memory-child", label, "--threads", str(threads)]
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
-    return {key: {label: statistics.median(r[key] for r in rs) for label, rs in runs.items()}
-            for key in ("peak_mib", "step_mib")}
+    return {
+        key: {label: statistics.median(r[key] for r in rs) for label, rs in runs.items()}
+        for key in ("peak_mib", "step_mib")
+    }
 
 
 def profile(top: int) -> None:
@@ -132,8 +134,10 @@ def profile(top: int) -> None:
     crops = dino_batch()
     train_step(model, opt, crops)
     x448 = torch.randn(4, 3, 448, 448)
-    for label, fn in {"train step": lambda: train_step(model, opt, crops),
-                      "eval 448 px": lambda: evaluate(model, x448)}.items():
+    for label, fn in {
+        "train step": lambda: train_step(model, opt, crops),
+        "eval 448 px": lambda: evaluate(model, x448),
+    }.items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fn()
         print(f"\nLocAtViT-S {label}: top {top} ops by self CPU time")
@@ -162,15 +166,18 @@ def main() -> None:
     times = bench_time(args.reps, CLOCKS[args.clock])
     for case, t in times.items():
         base = t["ViT-S"]
-        print(f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
-              f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}")
+        print(
+            f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
+            f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}"
+        )
     if not args.memory_reps:
         return write_results(args.results, "locatvit.json", {"seconds": times})
     memory = bench_memory(args.memory_reps, args.threads, ("ViT-S", "LocAtViT-S"))
     for key, label in (("peak_mib", "peak RSS, train step"), ("step_mib", "RSS rise during step")):
         m = memory[key]
-        print(f"{label:24s} {m['ViT-S']:6.0f} MiB {'':11s} {m['LocAtViT-S']:7.0f} MiB "
-              f"{m['LocAtViT-S'] / m['ViT-S']:7.3f}")
+        print(
+            f"{label:24s} {m['ViT-S']:6.0f} MiB {'':11s} {m['LocAtViT-S']:7.0f} MiB {m['LocAtViT-S'] / m['ViT-S']:7.3f}"
+        )
     write_results(args.results, "locatvit.json", {"seconds": times, "memory": memory})
 
 

@@ -46,8 +46,11 @@ aten = torch.ops.aten
 MODELS = {"ViT-S": "vit_small_patch16_224", "LocAtViT-S": "locatvit_small_patch16_224"}
 LADDER = ("eager", "+ fused AdamW", "+ compile", "+ bf16 weights")
 FULL = dict(backbone_kwargs={}, head=dict(out_dim=65536), crops=(224, 96, 8))
-TOY = dict(backbone_kwargs=dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
-           head=dict(out_dim=256, hidden_dim=128, bottleneck_dim=64), crops=(32, 16, 2))
+TOY = dict(
+    backbone_kwargs=dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
+    head=dict(out_dim=256, hidden_dim=128, bottleneck_dim=64),
+    crops=(32, 16, 2),
+)
 
 
 def _cpu_sdpa(query, key, value, *args, **kwargs) -> int:
@@ -61,11 +64,15 @@ def _cpu_sdpa_backward(grad_out, query, key, value, *args, **kwargs) -> int:
 def _attention_ops() -> dict:
     """Fused attention ops torch's counter does not know: the CPU's, and GAug's separable-bias
     attention (``locatdino.models.gaug``: the same q·kᵀ and attention·v, plus a bias)."""
-    mapping = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
-               aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward}
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+    }
     gaug = getattr(torch.ops, "locatdino", None)
-    for name, formula in (("separable_bias_attention", _cpu_sdpa),
-                          ("separable_bias_attention_backward", _cpu_sdpa_backward)):
+    for name, formula in (
+        ("separable_bias_attention", _cpu_sdpa),
+        ("separable_bias_attention_backward", _cpu_sdpa_backward),
+    ):
         if gaug is not None and hasattr(gaug, name):
             mapping[getattr(gaug, name)] = formula
     return mapping
@@ -90,8 +97,17 @@ class DinoStep:
     """One DINO training step of ``module`` on a fixed random batch of ``crops`` ``(G, L, V_l)``
     px, with the ladder's switches; ``autocast``: bf16 autocast (off: the weights' dtype)."""
 
-    def __init__(self, module: DINOModule, batch: int, crops: tuple[int, int, int], device: torch.device,
-                 fused: bool = False, compiled: bool = False, bf16_weights: bool = False, autocast: bool = True) -> None:
+    def __init__(
+        self,
+        module: DINOModule,
+        batch: int,
+        crops: tuple[int, int, int],
+        device: torch.device,
+        fused: bool = False,
+        compiled: bool = False,
+        bf16_weights: bool = False,
+        autocast: bool = True,
+    ) -> None:
         self.module = m = module
         dtype = torch.bfloat16 if bf16_weights else torch.float32
         m.to(device, dtype)
@@ -99,8 +115,10 @@ class DinoStep:
         self.params = [p for p in m.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, fused=True if fused else None)
         g, loc, n_local = crops
-        self.crops = (torch.randn(2, batch, 3, g, g, device=device, dtype=dtype),
-                      torch.randn(n_local, batch, 3, loc, loc, device=device, dtype=dtype))
+        self.crops = (
+            torch.randn(2, batch, 3, g, g, device=device, dtype=dtype),
+            torch.randn(n_local, batch, 3, loc, loc, device=device, dtype=dtype),
+        )
         self.forward_loss = torch.compile(self._forward_loss) if compiled else self._forward_loss
 
     @classmethod
@@ -138,6 +156,7 @@ class DinoStep:
 
 def median_step_s(step: Callable[[], None], device: torch.device, warmup: int, reps: int) -> tuple[float, float]:
     """(first call in s, compilation included; median of ``reps`` calls after ``warmup``)."""
+
     def once() -> float:
         start = time.perf_counter()
         step()
@@ -165,16 +184,26 @@ class Row:
     first_call_s: float
 
 
-def ladder(model: str, batch: int, sizes: dict, device: torch.device, peak_tflops: float, warmup: int,
-           reps: int, configs: tuple[str, ...] = LADDER) -> list[Row]:
+def ladder(
+    model: str,
+    batch: int,
+    sizes: dict,
+    device: torch.device,
+    peak_tflops: float,
+    warmup: int,
+    reps: int,
+    configs: tuple[str, ...] = LADDER,
+) -> list[Row]:
     flops = DinoStep.of(MODELS[model], batch, sizes, device).model_flops()
     rows: list[Row] = []
-    for i, name in enumerate(configs):
-        switches = dict(fused=LADDER.index(name) >= 1, compiled=LADDER.index(name) >= 2,
-                        bf16_weights=LADDER.index(name) >= 3)
+    for _i, name in enumerate(configs):
+        switches = dict(
+            fused=LADDER.index(name) >= 1, compiled=LADDER.index(name) >= 2, bf16_weights=LADDER.index(name) >= 3
+        )
         try:
-            first, median = median_step_s(DinoStep.of(MODELS[model], batch, sizes, device, **switches), device,
-                                          warmup, reps)
+            first, median = median_step_s(
+                DinoStep.of(MODELS[model], batch, sizes, device, **switches), device, warmup, reps
+            )
         except Exception as exc:  # noqa: BLE001  (out of memory, a compile error: report the row, go on)
             print(f"{model} batch {batch} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             continue
@@ -183,11 +212,26 @@ def ladder(model: str, batch: int, sizes: dict, device: torch.device, peak_tflop
                 torch.cuda.empty_cache()
         achieved = flops / median / 1e12
         gain = rows[-1].step_ms / (median * 1e3) if rows else 1.0
-        rows.append(Row(model, batch, name, median * 1e3, batch / median, flops / 1e9, achieved,
-                        achieved / peak_tflops, gain, first))
+        rows.append(
+            Row(
+                model,
+                batch,
+                name,
+                median * 1e3,
+                batch / median,
+                flops / 1e9,
+                achieved,
+                achieved / peak_tflops,
+                gain,
+                first,
+            )
+        )
         r = rows[-1]
-        print(f"{model:<11} {batch:>5} {name:<15} {r.step_ms:9.1f} {r.images_per_s:9.1f} {r.gflop_per_step:8.1f} "
-              f"{r.achieved_tflops:9.2f} {100 * r.mfu:6.2f} {r.gain:6.2f}x {first:7.1f}", flush=True)
+        print(
+            f"{model:<11} {batch:>5} {name:<15} {r.step_ms:9.1f} {r.images_per_s:9.1f} {r.gflop_per_step:8.1f} "
+            f"{r.achieved_tflops:9.2f} {100 * r.mfu:6.2f} {r.gain:6.2f}x {first:7.1f}",
+            flush=True,
+        )
     return rows
 
 
@@ -208,17 +252,23 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = TOY if args.toy else FULL
-    print(f"torch {torch.__version__}, {device}"
-          f"{' ' + torch.cuda.get_device_name(device) if device.type == 'cuda' else ''}, peak {args.peak_tflops} "
-          f"TFLOP/s, crops 2 x {sizes['crops'][0]} + {sizes['crops'][2]} x {sizes['crops'][1]} px")
-    print(f"{'model':<11} {'batch':>5} {'config':<15} {'step ms':>9} {'img/s':>9} {'GFLOP':>8} {'TFLOP/s':>9} "
-          f"{'MFU %':>6} {'gain':>7} {'first s':>7}")
+    print(
+        f"torch {torch.__version__}, {device}"
+        f"{' ' + torch.cuda.get_device_name(device) if device.type == 'cuda' else ''}, peak {args.peak_tflops} "
+        f"TFLOP/s, crops 2 x {sizes['crops'][0]} + {sizes['crops'][2]} x {sizes['crops'][1]} px"
+    )
+    print(
+        f"{'model':<11} {'batch':>5} {'config':<15} {'step ms':>9} {'img/s':>9} {'GFLOP':>8} {'TFLOP/s':>9} "
+        f"{'MFU %':>6} {'gain':>7} {'first s':>7}"
+    )
     rows: list[Row] = []
     for model in args.models:
         for batch in args.batch:
             rows += ladder(model, batch, sizes, device, args.peak_tflops, args.warmup, args.reps, tuple(args.configs))
             # after every ladder: a run cut short keeps what it measured
-            write_results(args.results, "mfu.json", {"peak_tflops": args.peak_tflops, "rows": [asdict(r) for r in rows]})
+            write_results(
+                args.results, "mfu.json", {"peak_tflops": args.peak_tflops, "rows": [asdict(r) for r in rows]}
+            )
 
 
 if __name__ == "__main__":

@@ -40,15 +40,35 @@ def stop_time(how: str, collective_timeout: float | None, limit: float, launch: 
         tmp_path = Path(tmp)
         cluster = Cluster(tmp_path)
         extra = [] if collective_timeout is None else ["--collective_timeout", str(collective_timeout)]
-        flags = tiny_fit_flags(tmp_path, 10_000, *extra, "--trainer.callbacks+=rank_probe.PauseAt",
-                               "--trainer.callbacks.marker", str(tmp_path / "pause"), "--trainer.callbacks.rank", "1",
-                               "--trainer.callbacks.step", "3")
+        flags = tiny_fit_flags(
+            tmp_path,
+            10_000,
+            *extra,
+            "--trainer.callbacks+=rank_probe.PauseAt",
+            "--trainer.callbacks.marker",
+            str(tmp_path / "pause"),
+            "--trainer.callbacks.rank",
+            "1",
+            "--trainer.callbacks.step",
+            "3",
+        )
         port = free_port()
         try:
             script = "torchrun.sh" if launch == "static" else "torchrun_elastic.sh"
-            nodes = [cluster.start(["bash", str(ROOT / "launch" / script), *flags], f"node{k}.log", node=k,
-                                   NNODES="2", NODE_RANK=str(k), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                   GPUS_PER_NODE="1", JOB_ID=cluster.token[:8]) for k in (0, 1)]
+            nodes = [
+                cluster.start(
+                    ["bash", str(ROOT / "launch" / script), *flags],
+                    f"node{k}.log",
+                    node=k,
+                    NNODES="2",
+                    NODE_RANK=str(k),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    GPUS_PER_NODE="1",
+                    JOB_ID=cluster.token[:8],
+                )
+                for k in (0, 1)
+            ]
             cluster.wait_for(tmp_path / "pause", nodes, 300)
             signal_processes(cluster.node(1), signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
             start = time.monotonic()
@@ -58,9 +78,16 @@ def stop_time(how: str, collective_timeout: float | None, limit: float, launch: 
             cluster.cleanup()
         said = [line for line in cluster.output(nodes[0]).splitlines() if line.startswith("locatdino fit:")]
     join_timeout = int(os.environ.get("JOIN_TIMEOUT", 60)) if launch == "elastic" else None  # the script's default
-    return {"measure": "stop", "launch": launch, "how": how, "collective_timeout_s": collective_timeout,
-            "join_timeout_s": join_timeout, "stop_s": round(seconds, 1),
-            "exit_status": status, "line": said[0] if said else None}
+    return {
+        "measure": "stop",
+        "launch": launch,
+        "how": how,
+        "collective_timeout_s": collective_timeout,
+        "join_timeout_s": join_timeout,
+        "stop_s": round(seconds, 1),
+        "exit_status": status,
+        "line": said[0] if said else None,
+    }
 
 
 def checkpoint_write(folder: str) -> list[dict]:
@@ -76,8 +103,10 @@ def checkpoint_write(folder: str) -> list[dict]:
         return {"state_dict": module.state_dict(), "optimizer_states": [{"state": moments}]}
 
     def size(state: dict) -> int:
-        tensors = [*state["state_dict"].values(), *(t for m in state["optimizer_states"][0]["state"].values()
-                                                    for t in m.values())]
+        tensors = [
+            *state["state_dict"].values(),
+            *(t for m in state["optimizer_states"][0]["state"].values() for t in m.values()),
+        ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     out = []
@@ -88,12 +117,20 @@ def checkpoint_write(folder: str) -> list[dict]:
         start = time.monotonic()
         atomic_torch_save(state, path)  # temporary file, fsync, rename: what AtomicCheckpointIO does
         times.append(time.monotonic() - start)
-    out.append({"measure": "checkpoint write", "model": "DINO ViT-S/16 (dino_small_ddp)",
-                "gb": round(size(state) / 1e9, 2), "seconds": round(min(times), 2), "folder": folder})
+    out.append(
+        {
+            "measure": "checkpoint write",
+            "model": "DINO ViT-S/16 (dino_small_ddp)",
+            "gb": round(size(state) / 1e9, 2),
+            "seconds": round(min(times), 2),
+            "folder": folder,
+        }
+    )
     with torch.device("meta"):
         large = checkpoint(DINOModule(backbone="vit_large_patch16_224"))
-    out.append({"measure": "checkpoint size", "model": "DINO ViT-L/16 (dino_large_fsdp)",
-                "gb": round(size(large) / 1e9, 2)})
+    out.append(
+        {"measure": "checkpoint size", "model": "DINO ViT-L/16 (dino_large_fsdp)", "gb": round(size(large) / 1e9, 2)}
+    )
     return out
 
 
@@ -111,8 +148,14 @@ def hummingbird_monitor() -> list[dict]:
         start = time.monotonic()
         with torch.no_grad():
             monitor.evaluate(backbone)
-        out.append({"measure": "hummingbird monitor", "call": call, "threads": torch.get_num_threads(),
-                    "seconds": round(time.monotonic() - start, 1)})
+        out.append(
+            {
+                "measure": "hummingbird monitor",
+                "call": call,
+                "threads": torch.get_num_threads(),
+                "seconds": round(time.monotonic() - start, 1),
+            }
+        )
     return out
 
 
@@ -122,8 +165,12 @@ def main() -> None:
     stop = sub.add_parser("stop")
     stop.add_argument("--how", choices=["frozen", "killed"], required=True)
     stop.add_argument("--collective-timeout", type=float, default=None, help="default: fit's default")
-    stop.add_argument("--launch", choices=["static", "elastic"], default="static",
-                      help="launch/torchrun.sh or launch/torchrun_elastic.sh (its default MAX_RESTARTS)")
+    stop.add_argument(
+        "--launch",
+        choices=["static", "elastic"],
+        default="static",
+        help="launch/torchrun.sh or launch/torchrun_elastic.sh (its default MAX_RESTARTS)",
+    )
     stop.add_argument("--limit", type=float, default=3600, help="give up (and fail) after this many seconds")
     waits = sub.add_parser("waits")
     waits.add_argument("--folder", default=str(ROOT / "runs"), help="where the checkpoint is written")

@@ -66,13 +66,20 @@ def main() -> None:
             took = time.perf_counter() - start
             half = (torch.from_numpy(queries).to(dtype) @ torch.from_numpy(memory).to(dtype).T).float()
             label = "isotropic" if cosine is None else f"clusters, cosine ≈ {cosine}"
-            rows.append({"memory": label, "coarse_dtype": str(dtype).removeprefix("torch."),
-                         "recall": recall(ids, ref_ids, exact, args.k),
-                         "coarse_topk_recall": recall(half.topk(args.k).indices.numpy(), ref_ids, exact, args.k),
-                         "search_s": took})
+            rows.append(
+                {
+                    "memory": label,
+                    "coarse_dtype": str(dtype).removeprefix("torch."),
+                    "recall": recall(ids, ref_ids, exact, args.k),
+                    "coarse_topk_recall": recall(half.topk(args.k).indices.numpy(), ref_ids, exact, args.k),
+                    "search_s": took,
+                }
+            )
             r = rows[-1]
-            print(f"| {label} | {r['coarse_dtype']} | {r['recall']:.4f} | {r['coarse_topk_recall']:.3f} | {took:.2f} |",
-                  flush=True)
+            print(
+                f"| {label} | {r['coarse_dtype']} | {r['recall']:.4f} | {r['coarse_topk_recall']:.3f} | {took:.2f} |",
+                flush=True,
+            )
     write_results(args.results, "torch_knn_recall.json", {"k": args.k, "rows": rows})
 
 

@@ -31,17 +31,27 @@ from locatdino.comparison.intervals import attach_differences, model_differences
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED
 
 MODELS = ("vit-dino", "locatvit-dino", "vit-random", "locatvit-random")
-METRICS = (("mIoU", lambda m: m["hbird"]["miou"]), ("mIoU Hungarian", lambda m: m["hbird"]["miou_matched"]),
-           ("k-NN top-1", lambda m: m["probes"]["knn_top1"]), ("logistic top-1", lambda m: m["probes"]["logistic_top1"]))
-PAIRS = (("locatvit-dino", "vit-dino"), ("locatvit-random", "vit-random"),
-         ("vit-dino", "vit-random"), ("locatvit-dino", "locatvit-random"))
+METRICS = (
+    ("mIoU", lambda m: m["hbird"]["miou"]),
+    ("mIoU Hungarian", lambda m: m["hbird"]["miou_matched"]),
+    ("k-NN top-1", lambda m: m["probes"]["knn_top1"]),
+    ("logistic top-1", lambda m: m["probes"]["logistic_top1"]),
+)
+PAIRS = (
+    ("locatvit-dino", "vit-dino"),
+    ("locatvit-random", "vit-random"),
+    ("vit-dino", "vit-random"),
+    ("locatvit-dino", "locatvit-random"),
+)
 
 
 def run_demo(seed: int, out: Path, quick: bool) -> tuple[dict, float]:
     """One cold demo run; its report and wall time in seconds."""
     if out.exists():
         shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "locatdino", "demo", "--seed", str(seed), "--out", str(out)] + (["--quick"] if quick else [])
+    cmd = [sys.executable, "-m", "locatdino", "demo", "--seed", str(seed), "--out", str(out)] + (
+        ["--quick"] if quick else []
+    )
     print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -58,12 +68,20 @@ def table(reports: list[dict]) -> str:
     by_seed = [{m["spec"]["name"]: m for m in r["models"]} for r in reports]
     rows = ["| model | " + " | ".join(name for name, _ in METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
     for model in MODELS:
-        rows.append(f"| {model} | " + " | ".join(_mean_std([get(s[model]) for s in by_seed]) for _, get in METRICS) + " |")
-    rows += ["", "| paired difference | " + " | ".join(name for name, _ in METRICS) + " |",
-             "|" + "---|" * (len(METRICS) + 1)]
+        rows.append(
+            f"| {model} | " + " | ".join(_mean_std([get(s[model]) for s in by_seed]) for _, get in METRICS) + " |"
+        )
+    rows += [
+        "",
+        "| paired difference | " + " | ".join(name for name, _ in METRICS) + " |",
+        "|" + "---|" * (len(METRICS) + 1),
+    ]
     for a, b in PAIRS:
-        rows.append(f"| {a} − {b} | " + " | ".join(
-            _mean_std([get(s[a]) - get(s[b]) for s in by_seed]) for _, get in METRICS) + " |")
+        rows.append(
+            f"| {a} − {b} | "
+            + " | ".join(_mean_std([get(s[a]) - get(s[b]) for s in by_seed]) for _, get in METRICS)
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -83,13 +101,18 @@ def seed_intervals(reports: list[dict], folders: list[Path]) -> dict[tuple[str, 
 
 def per_seed_table(intervals: dict[tuple[str, str, str], list], seeds: list[int]) -> str:
     """Markdown: each seed's paired difference and its 95 % interval, per pair and metric."""
-    rows = ["| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-            "|" + "---|" * (len(seeds) + 2)]
+    rows = [
+        "| paired difference | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|" + "---|" * (len(seeds) + 2),
+    ]
     for a, b in PAIRS:
         for name, metric in INTERVAL_METRICS:
             if (a, b, metric) in intervals:
-                rows.append(f"| {a} − {b} | {name} | " + " | ".join(
-                    i.text(1) + (" ✓" if not i.covers_zero else "") for i in intervals[(a, b, metric)]) + " |")
+                rows.append(
+                    f"| {a} − {b} | {name} | "
+                    + " | ".join(i.text(1) + (" ✓" if not i.covers_zero else "") for i in intervals[(a, b, metric)])
+                    + " |"
+                )
     return "\n".join(rows)
 
 
@@ -122,22 +145,36 @@ def main() -> None:
     for name in reports[0]["figures"].values():
         shutil.copy(first / name, figures / Path(name).name)
     cfg = reports[0]["config"]
-    print(f"{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), demo{' --quick' if args.quick else ''}: "
-          f"{reports[0]['dataset']['num_train']} memory / {reports[0]['dataset']['num_val']} query scenes at "
-          f"{cfg['input_size']} px; wall time per demo run {min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min\n")
+    print(
+        f"{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), demo{' --quick' if args.quick else ''}: "
+        f"{reports[0]['dataset']['num_train']} memory / {reports[0]['dataset']['num_val']} query scenes at "
+        f"{cfg['input_size']} px; wall time per demo run {min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min\n"
+    )
     print(table(reports))
     folders = [Path(args.out) / f"seed{seed}" / "compare" for seed in args.seeds]
-    print(f"\nPer seed, with 95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query / test images, "
-          f"seed {SEED}; ✓: the interval excludes 0):\n")
+    print(
+        f"\nPer seed, with 95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query / test images, "
+        f"seed {SEED}; ✓: the interval excludes 0):\n"
+    )
     intervals = seed_intervals(reports, folders)
     print(per_seed_table(intervals, args.seeds))
     boot = [bootstrap_seconds(r, f) for r, f in zip(reports, folders)]
     by_seed = [{m["spec"]["name"]: m for m in r["models"]} for r in reports]
-    write_results(args.results, "compare.json", {
-        "seeds": args.seeds, "demo_minutes": [s / 60 for s in seconds], "bootstrap_s": boot,
-        "per_seed": {model: {name: [get(s[model]) for s in by_seed] for name, get in METRICS} for model in MODELS},
-        "paired_intervals": [{"a": a, "b": b, "metric": metric, "seed": seed, **i.to_dict()}
-                             for (a, b, metric), per_seed in intervals.items() for seed, i in zip(args.seeds, per_seed)]})
+    write_results(
+        args.results,
+        "compare.json",
+        {
+            "seeds": args.seeds,
+            "demo_minutes": [s / 60 for s in seconds],
+            "bootstrap_s": boot,
+            "per_seed": {model: {name: [get(s[model]) for s in by_seed] for name, get in METRICS} for model in MODELS},
+            "paired_intervals": [
+                {"a": a, "b": b, "metric": metric, "seed": seed, **i.to_dict()}
+                for (a, b, metric), per_seed in intervals.items()
+                for seed, i in zip(args.seeds, per_seed)
+            ],
+        },
+    )
     print(f"\nbootstrap of the three Δ of a compare (files read included): {min(boot):.2f}–{max(boot):.2f} s")
     print(f"\nfigures of seed {args.seeds[0]}: {figures}")
 

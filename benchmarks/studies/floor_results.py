@@ -35,20 +35,42 @@ from locatdino.comparison.intervals import model_differences
 # mean ± std over seeds, and the seed-mean Δ to random init [95 %] over the query scenes
 SSL_80_STEPS = {
     ("vit", "random"): {"hbird": [21.4, 0.5], "linprobe": [25.3, 0.3]},
-    ("vit", "dino"): {"hbird": [20.3, 0.6], "linprobe": [25.0, 0.6], "hbird_delta": [-1.1, -1.9, -0.1],
-                      "linprobe_delta": [-0.2, -0.8, 0.4]},
-    ("vit", "ibot"): {"hbird": [19.6, 0.6], "linprobe": [24.6, 0.2], "hbird_delta": [-1.8, -2.9, -0.6],
-                      "linprobe_delta": [-0.6, -1.2, -0.0]},
+    ("vit", "dino"): {
+        "hbird": [20.3, 0.6],
+        "linprobe": [25.0, 0.6],
+        "hbird_delta": [-1.1, -1.9, -0.1],
+        "linprobe_delta": [-0.2, -0.8, 0.4],
+    },
+    ("vit", "ibot"): {
+        "hbird": [19.6, 0.6],
+        "linprobe": [24.6, 0.2],
+        "hbird_delta": [-1.8, -2.9, -0.6],
+        "linprobe_delta": [-0.6, -1.2, -0.0],
+    },
     ("locatvit", "random"): {"hbird": [21.5, 0.2], "linprobe": [25.1, 0.4]},
-    ("locatvit", "dino"): {"hbird": [20.8, 0.4], "linprobe": [24.9, 0.5], "hbird_delta": [-0.7, -1.6, 0.2],
-                           "linprobe_delta": [-0.2, -0.7, 0.3]},
-    ("locatvit", "ibot"): {"hbird": [20.2, 0.3], "linprobe": [24.3, 0.3], "hbird_delta": [-1.3, -2.2, -0.3],
-                           "linprobe_delta": [-0.8, -1.3, -0.3]},
+    ("locatvit", "dino"): {
+        "hbird": [20.8, 0.4],
+        "linprobe": [24.9, 0.5],
+        "hbird_delta": [-0.7, -1.6, 0.2],
+        "linprobe_delta": [-0.2, -0.7, 0.3],
+    },
+    ("locatvit", "ibot"): {
+        "hbird": [20.2, 0.3],
+        "linprobe": [24.3, 0.3],
+        "hbird_delta": [-1.3, -2.2, -0.3],
+        "linprobe_delta": [-0.8, -1.3, -0.3],
+    },
 }
 # the tiny supervised recipe at its former lr, 3.2e-2 per 512 images (64x DeiT's rule), ViT, seeds 0-4:
 # supervised.py --steps 96 (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"; runs not kept)
-SUPERVISED_64X = {"seeds": [0, 1, 2, 3, 4], "hbird": [13.0, 1.6], "hbird_delta": [-8.3, -10.4, -5.9],
-                  "linprobe": [12.4, 1.6], "linprobe_delta": [-12.8, -15.4, -10.1], "top1": [32.5, 1.3]}
+SUPERVISED_64X = {
+    "seeds": [0, 1, 2, 3, 4],
+    "hbird": [13.0, 1.6],
+    "hbird_delta": [-8.3, -10.4, -5.9],
+    "linprobe": [12.4, 1.6],
+    "linprobe_delta": [-12.8, -15.4, -10.1],
+    "top1": [32.5, 1.3],
+}
 OBJECTIVE_NAMES = {"dino": "DINO", "ibot": "iBOT"}
 
 
@@ -83,7 +105,10 @@ def supervised_rows(folder: Path, steps: int) -> dict[str, dict]:
         row = {"seeds": [r["seed"] for r in rs], "lr_flags": rs[0].get("extra", [])}
         for key in ("hbird", "hbird_random", "linprobe", "linprobe_random", "top1"):
             values = [r[key] for r in rs]
-            row[key] = [round(statistics.mean(values), 2), round(statistics.stdev(values), 2) if len(values) > 1 else None]
+            row[key] = [
+                round(statistics.mean(values), 2),
+                round(statistics.stdev(values), 2) if len(values) > 1 else None,
+            ]
         for protocol in ("hbird", "linprobe"):
             trained = [_confusions(r, protocol, "trained") for r in rs]
             random = [_confusions(r, protocol, "random") for r in rs]
@@ -99,12 +124,17 @@ def ssl_rows(folder: Path, steps: int) -> dict[str, dict]:
     random = {(r["backbone"], r["seed"]): r for r in runs if r["objective"] == "random"}
     rows = {}
     for backbone, objective in dict.fromkeys((r["backbone"], r["objective"]) for r in runs if r["steps"] == steps):
-        rs = sorted((r for r in runs if (r["backbone"], r["objective"], r["steps"]) == (backbone, objective, steps)),
-                    key=lambda r: r["seed"])
+        rs = sorted(
+            (r for r in runs if (r["backbone"], r["objective"], r["steps"]) == (backbone, objective, steps)),
+            key=lambda r: r["seed"],
+        )
         row = {"seeds": [r["seed"] for r in rs], "extra": rs[0].get("extra", [])}
         for protocol in ("hbird", "linprobe"):
             values = [r[protocol] for r in rs]
-            row[protocol] = [round(statistics.mean(values), 2), round(statistics.stdev(values), 2) if len(values) > 1 else None]
+            row[protocol] = [
+                round(statistics.mean(values), 2),
+                round(statistics.stdev(values), 2) if len(values) > 1 else None,
+            ]
             trained = [_confusions(r, protocol, "trained") for r in rs]
             base = [_confusions(random[(backbone, r["seed"])], protocol, "random") for r in rs]
             row[f"{protocol}_delta"] = _interval(seed_mean_miou_interval(trained, base))
@@ -123,37 +153,54 @@ def _delta(d: list | None) -> str:
 def markdown(result: dict, chosen: str) -> str:
     """RESULTS' two tables: one row per feature (the supervised rows at lr ``chosen``), both
     protocols, Δ to random init; then the supervised lr sweep (ViT)."""
-    lines = ["| features | Hummingbird | Δ to random init [95 %] | linear probe | Δ to random init [95 %] | seeds |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| features | Hummingbird | Δ to random init [95 %] | linear probe | Δ to random init [95 %] | seeds |",
+        "|---|---|---|---|---|---|",
+    ]
     demo = result["compare"]
     for name in ("position-prior", "pixels"):
         row = demo[name]
         random = next(k for k in row if k.startswith("vs_") and k != "vs_pixels")
-        lines.append(f"| {name} | {row['hbird']:.1f} | {_delta(row[random]['miou'])} | {row['linprobe']:.1f} | "
-                     f"{_delta(row[random]['linprobe'])} | none needed |")
+        lines.append(
+            f"| {name} | {row['hbird']:.1f} | {_delta(row[random]['miou'])} | {row['linprobe']:.1f} | "
+            f"{_delta(row[random]['linprobe'])} | none needed |"
+        )
     for backbone in ("vit", "locatvit"):
         for objective in ("random", "dino", "ibot"):
             r = result["ssl_80_steps"][f"{backbone}/{objective}"]
             what = "random init" if objective == "random" else f"{OBJECTIVE_NAMES[objective]}, 80 steps"
-            lines.append(f"| {backbone}, {what} | {_cell(r['hbird'])} | {_delta(r.get('hbird_delta'))} | "
-                         f"{_cell(r['linprobe'])} | {_delta(r.get('linprobe_delta'))} | 3 |")
+            lines.append(
+                f"| {backbone}, {what} | {_cell(r['hbird'])} | {_delta(r.get('hbird_delta'))} | "
+                f"{_cell(r['linprobe'])} | {_delta(r.get('linprobe_delta'))} | 3 |"
+            )
         for label, rows in result["ssl_variants"].items():
             for key, r in rows.items():
                 if key.startswith(f"{backbone}/"):
-                    lines.append(f"| {backbone}, {OBJECTIVE_NAMES[key.split('/')[1]]}, 80 steps, {label} | {_cell(r['hbird'])} | "
-                                 f"{_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | "
-                                 f"{len(r['seeds'])} |")
+                    lines.append(
+                        f"| {backbone}, {OBJECTIVE_NAMES[key.split('/')[1]]}, 80 steps, {label} | "
+                        f"{_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | "
+                        f"{_delta(r['linprobe_delta'])} | "
+                        f"{len(r['seeds'])} |"
+                    )
         r = result["supervised"].get(chosen, {}).get(backbone)
         if r:
-            lines.append(f"| {backbone}, supervised, 96 steps, lr {chosen} | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | "
-                         f"{_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | {len(r['seeds'])} |")
-    lines += ["", "| lr per 512 images (ViT, 96 steps) | Hummingbird | Δ to random init [95 %] | linear probe | "
-              "Δ to random init [95 %] | held-out top-1 | seeds |", "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {backbone}, supervised, 96 steps, lr {chosen} | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | "
+                f"{_cell(r['linprobe'])} | {_delta(r['linprobe_delta'])} | {len(r['seeds'])} |"
+            )
+    lines += [
+        "",
+        "| lr per 512 images (ViT, 96 steps) | Hummingbird | Δ to random init [95 %] | linear probe | "
+        "Δ to random init [95 %] | held-out top-1 | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, rows in result["supervised"].items():
         if "vit" in rows:
             r = rows["vit"]
-            lines.append(f"| {label} | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | "
-                         f"{_delta(r['linprobe_delta'])} | {_cell(r['top1'])} | {len(r['seeds'])} |")
+            lines.append(
+                f"| {label} | {_cell(r['hbird'])} | {_delta(r['hbird_delta'])} | {_cell(r['linprobe'])} | "
+                f"{_delta(r['linprobe_delta'])} | {_cell(r['top1'])} | {len(r['seeds'])} |"
+            )
     return "\n".join(lines)
 
 
@@ -163,22 +210,28 @@ def main() -> None:
     p.add_argument("--supervised", nargs="*", default=[], metavar="LABEL=DIR", help="supervised.py folders")
     p.add_argument("--steps", type=int, default=96, help="the supervised runs' steps")
     p.add_argument("--chosen", default=None, help="the --supervised LABEL of the main table (default: the first)")
-    p.add_argument("--ssl-variants", nargs="*", default=[], metavar="LABEL=DIR",
-                   help="ibot.py folders of recipe variants")
+    p.add_argument(
+        "--ssl-variants", nargs="*", default=[], metavar="LABEL=DIR", help="ibot.py folders of recipe variants"
+    )
     p.add_argument("--token-stats", type=Path, default=None)
     add_results_option(p, "pretraining_floor.json")
     args = p.parse_args()
     args.results = results_file(args, "pretraining_floor.json")  # before any measuring
     result = {
         "protocol": "100 memory / 50 query held-out scenes at 128 px, fp32, exact search; Hummingbird k 30; "
-                    "linear probe 320 x 8 cached; mIoU in %; Δ [95 %]: seed-mean paired bootstrap over the scenes",
+        "linear probe 320 x 8 cached; mIoU in %; Δ [95 %]: seed-mean paired bootstrap over the scenes",
         "compare": compare_rows(args.report),
         "ssl_80_steps": {f"{b}/{o}": v for (b, o), v in SSL_80_STEPS.items()},
-        "supervised": {**{label: supervised_rows(Path(folder), args.steps)
-                          for label, folder in (s.split("=", 1) for s in args.supervised)},
-                       "3.2e-2 (64×, the former recipe)": {"vit": SUPERVISED_64X}},
-        "ssl_variants": {label: ssl_rows(Path(folder), 80)
-                         for label, folder in (s.split("=", 1) for s in args.ssl_variants)},
+        "supervised": {
+            **{
+                label: supervised_rows(Path(folder), args.steps)
+                for label, folder in (s.split("=", 1) for s in args.supervised)
+            },
+            "3.2e-2 (64×, the former recipe)": {"vit": SUPERVISED_64X},
+        },
+        "ssl_variants": {
+            label: ssl_rows(Path(folder), 80) for label, folder in (s.split("=", 1) for s in args.ssl_variants)
+        },
         "token_stats": json.loads(args.token_stats.read_text()) if args.token_stats else None,
     }
     write_results(args.results, "pretraining_floor.json", result)

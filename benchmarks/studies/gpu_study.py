@@ -1,7 +1,8 @@
 """A learning study sized for one GPU: do DINO, iBOT or supervised pretraining beat random init?
 
     python -m benchmarks.studies.gpu_study --out gpu_study_run      # one CUDA GPU: everything inside 9 minutes
-    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU (tests/benchmarks/test_gpu_study.py)
+    python -m benchmarks.studies.gpu_study --toy --out /tmp/study   # toy size on the CPU
+                                                                    # (tests/benchmarks/test_gpu_study.py)
 
 Six runs — DINO (``configs/dino_tiny_cpu.yaml``), iBOT (``configs/ibot_tiny_cpu.yaml``) and supervised
 (``configs/sup_tiny_cpu.yaml``) for tiny ViT and LocAtViT (patch 8, 64 px; the recipes' ``--model.backbone``
@@ -62,21 +63,25 @@ from webdataset.utils import make_seed  # noqa: E402
 
 from benchmarks.results_io import header  # noqa: E402
 from benchmarks.speed.dino_step import StepTimer  # noqa: E402
+
 # the evaluation protocol's names through studies.supervised: one import site for the evaluation/ move
 from benchmarks.studies.supervised import CachedSplit, ImageConfusions, miou_interval, open_split, score  # noqa: E402
+from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.data import MultiCropTransform, collate_multicrop  # noqa: E402
 from locatdino.data.labelled_datamodule import collate_labelled  # noqa: E402
 from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
 from locatdino.data.transforms.classification import ClassificationTransform  # noqa: E402
 from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
-from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone
-OBJECTIVES = {"dino": (DINOModule, "dino_tiny_cpu"), "ibot": (IBOTModule, "ibot_tiny_cpu"),
-              "supervised": (SupervisedModule, "sup_tiny_cpu")}
+OBJECTIVES = {
+    "dino": (DINOModule, "dino_tiny_cpu"),
+    "ibot": (IBOTModule, "ibot_tiny_cpu"),
+    "supervised": (SupervisedModule, "sup_tiny_cpu"),
+}
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,24 @@ class Size:
     input_px: int = 64  # the supervised input (the DINO recipes' global crop)
 
 
-TOY = Size(scenes=24, scene_px=48, batch=4, workers=0, eval_train=8, eval_val=4, eval_px=32, deadline_s=25.0,
-           warmup_steps=1, timed_steps=2, min_steps=2, log_every=1,
-           model=dict(backbone_kwargs=dict(img_size=32, patch_size=8, depth=2, embed_dim=64, num_heads=2)),
-           head=dict(out_dim=64, hidden_dim=64, bottleneck_dim=32),
-           multicrop=dict(global_crop_size=32, local_crop_size=16, num_local_crops=2), input_px=32)
+TOY = Size(
+    scenes=24,
+    scene_px=48,
+    batch=4,
+    workers=0,
+    eval_train=8,
+    eval_val=4,
+    eval_px=32,
+    deadline_s=25.0,
+    warmup_steps=1,
+    timed_steps=2,
+    min_steps=2,
+    log_every=1,
+    model=dict(backbone_kwargs=dict(img_size=32, patch_size=8, depth=2, embed_dim=64, num_heads=2)),
+    head=dict(out_dim=64, hidden_dim=64, bottleneck_dim=32),
+    multicrop=dict(global_crop_size=32, local_crop_size=16, num_local_crops=2),
+    input_px=32,
+)
 
 
 def elapsed() -> float:
@@ -143,8 +161,9 @@ def random_backbone(backbone: str, size: Size, seed: int) -> torch.nn.Module:
     """The network every run of ``backbone`` starts from (same seed, built first in each module)."""
     model = recipe("dino", backbone)["model"]
     torch.manual_seed(seed)
-    return create_backbone(model["backbone"], pos_embed="timm",
-                           **{**model["backbone_kwargs"], **size.model.get("backbone_kwargs", {})})
+    return create_backbone(
+        model["backbone"], pos_embed="timm", **{**model["backbone_kwargs"], **size.model.get("backbone_kwargs", {})}
+    )
 
 
 class _RenderedScene(torch.utils.data.Dataset):
@@ -161,8 +180,9 @@ class _RenderedScene(torch.utils.data.Dataset):
 
 def render(size: Size) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, 3, s, s]`` uint8 training scenes and their dominant-object labels, rendered by the workers."""
-    loader = torch.utils.data.DataLoader(_RenderedScene(ScenesSegmentation(size.scenes, size=size.scene_px)),
-                                         batch_size=64, num_workers=size.workers)
+    loader = torch.utils.data.DataLoader(
+        _RenderedScene(ScenesSegmentation(size.scenes, size=size.scene_px)), batch_size=64, num_workers=size.workers
+    )
     images, labels = zip(*[(x, y) for x, y in loader])
     return torch.cat(images), torch.cat(labels)
 
@@ -211,34 +231,65 @@ class DeviceMultiCrop(pl.LightningDataModule):
         return self.crops.to(batch.device)(batch, sizes, seed=make_seed(self.seed, 0, self.batches))
 
 
-def make_loader(objective: str, backbone: str, scenes: tuple[torch.Tensor, torch.Tensor], size: Size,
-                augment_on: str = "cpu", seed: int = 0):
+def make_loader(
+    objective: str,
+    backbone: str,
+    scenes: tuple[torch.Tensor, torch.Tensor],
+    size: Size,
+    augment_on: str = "cpu",
+    seed: int = 0,
+):
     """The recipe's augmentation over the rendered scenes: in CPU worker processes, or (DINO and
     iBOT with ``augment_on="gpu"``) batched on the training device."""
     data = recipe(objective, backbone)["data"]["init_args"]
     if objective != "supervised" and augment_on == "gpu":
         multicrop = MultiCropTransform(**{**data["multicrop"], **size.multicrop})
-        loader = torch.utils.data.DataLoader(_Scene(scenes[0]), batch_size=size.batch, shuffle=True, drop_last=True,
-                                             num_workers=min(size.workers, 2), persistent_workers=size.workers > 0,
-                                             pin_memory=torch.cuda.is_available())
+        loader = torch.utils.data.DataLoader(
+            _Scene(scenes[0]),
+            batch_size=size.batch,
+            shuffle=True,
+            drop_last=True,
+            num_workers=min(size.workers, 2),
+            persistent_workers=size.workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
         return DeviceMultiCrop(loader, multicrop, seed)
     if objective == "supervised":
         transform = ClassificationTransform(**{**data["transform"], "input_size": size.input_px}).train()
         dataset, collate = _Crops(scenes[0], transform, scenes[1]), collate_labelled
     else:
-        dataset, collate = _Crops(scenes[0], MultiCropTransform(**{**data["multicrop"], **size.multicrop})), collate_multicrop
-    return torch.utils.data.DataLoader(dataset, batch_size=size.batch, shuffle=True, drop_last=True,
-                                       num_workers=size.workers, persistent_workers=size.workers > 0,
-                                       pin_memory=torch.cuda.is_available(), collate_fn=collate)
+        dataset, collate = (
+            _Crops(scenes[0], MultiCropTransform(**{**data["multicrop"], **size.multicrop})),
+            collate_multicrop,
+        )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=size.batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=size.workers,
+        persistent_workers=size.workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        collate_fn=collate,
+    )
 
 
 def fit(module, loader, steps: int, size: Size, logger=None, clock: StepTimer | None = None) -> float:
     """Train ``steps`` optimizer steps (the schedules built for exactly that many); wall seconds."""
     cuda = torch.cuda.is_available()
-    trainer = pl.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true",
-                         max_steps=steps, max_epochs=-1, logger=logger or False, callbacks=[clock] if clock else None,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         log_every_n_steps=size.log_every)
+    trainer = pl.Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision="bf16-mixed" if cuda else "32-true",
+        max_steps=steps,
+        max_epochs=-1,
+        logger=logger or False,
+        callbacks=[clock] if clock else None,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=size.log_every,
+    )
     start = time.perf_counter()
     if isinstance(loader, pl.LightningDataModule):
         trainer.fit(module, datamodule=loader)
@@ -251,9 +302,10 @@ def fit(module, loader, steps: int, size: Size, logger=None, clock: StepTimer | 
 def measure(objective: str, backbone: str, loader, size: Size, seed: int) -> dict[str, float]:
     """Median seconds per step after the warm-up, and the per-run overhead (set-up, first steps)."""
     clock = StepTimer()
-    wall = fit(build_module(objective, backbone, size, seed), loader, size.warmup_steps + size.timed_steps, size,
-               clock=clock)
-    steps = [b - a for a, b in zip(clock.starts[size.warmup_steps:-1], clock.starts[size.warmup_steps + 1:])]
+    wall = fit(
+        build_module(objective, backbone, size, seed), loader, size.warmup_steps + size.timed_steps, size, clock=clock
+    )
+    steps = [b - a for a, b in zip(clock.starts[size.warmup_steps : -1], clock.starts[size.warmup_steps + 1 :])]
     per_step = statistics.median(steps)
     return {"s_per_step": per_step, "overhead_s": max(wall - per_step * (size.warmup_steps + size.timed_steps), 0.0)}
 
@@ -266,14 +318,23 @@ def interval_text(out: Path, protocol: str, run: str, backbone: str) -> tuple[st
 
 
 def write_outputs(out: Path, results: dict) -> str:
-    lines = ["| backbone | objective | steps (epochs) | s/step | fit s | Hummingbird | Δ vs random [95 %] | "
-             "linear probe | Δ vs random [95 %] |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backbone | objective | steps (epochs) | s/step | fit s | Hummingbird | Δ vs random [95 %] | "
+        "linear probe | Δ vs random [95 %] |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["rows"]:
         trained = r["objective"] != "random init"
-        lines.append(f"| {r['backbone']} | {r['objective']} | " + (
-            f"{r['steps']} ({r['epochs']:.1f}) | {r['s_per_step']:.3f} | {r['fit_s']:.0f} |" if trained else "— | — | — |")
+        lines.append(
+            f"| {r['backbone']} | {r['objective']} | "
+            + (
+                f"{r['steps']} ({r['epochs']:.1f}) | {r['s_per_step']:.3f} | {r['fit_s']:.0f} |"
+                if trained
+                else "— | — | — |"
+            )
             + f" {r['hbird']:.2f} | {r.get('hbird_delta_text', '—')} | {r['linprobe']:.2f} | "
-            f"{r.get('linprobe_delta_text', '—')} |")
+            f"{r.get('linprobe_delta_text', '—')} |"
+        )
     table = "\n".join(lines)
     atomic_write_text(out / "table.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1))
@@ -300,10 +361,17 @@ def plot(out: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str],
-              augment_on: str = "cpu") -> dict:
-    results: dict = {**header(), "size": asdict(size), "seed": seed, "augment_on": augment_on,
-                     "measured": {}, "rows": []}
+def run_study(
+    out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str], augment_on: str = "cpu"
+) -> dict:
+    results: dict = {
+        **header(),
+        "size": asdict(size),
+        "seed": seed,
+        "augment_on": augment_on,
+        "measured": {},
+        "rows": [],
+    }
     (out / "confusions").mkdir(parents=True, exist_ok=True)
     say(f"rendering {size.scenes} scenes at {size.scene_px} px ({size.workers} workers)")
     scenes = render(size)
@@ -314,8 +382,14 @@ def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives
     eval_s = []
     for backbone in backbones:
         start = time.perf_counter()
-        scores = score(random_backbone(backbone, size, seed).to(device), train_set, val_set, size.eval_px,
-                       out / "confusions", f"{backbone}_random")
+        scores = score(
+            random_backbone(backbone, size, seed).to(device),
+            train_set,
+            val_set,
+            size.eval_px,
+            out / "confusions",
+            f"{backbone}_random",
+        )
         eval_s.append(time.perf_counter() - start)
         results["rows"].append(dict(backbone=backbone, objective="random init", **scores))
         say(f"{backbone} random init: Hummingbird {scores['hbird']:.2f}, linear probe {scores['linprobe']:.2f}")
@@ -335,16 +409,27 @@ def run_study(out: Path, size: Size, seed: int, backbones: list[str], objectives
         name, m = f"{backbone}_{objective}", results["measured"][f"{backbone}_{objective}"]
         steps = max(size.min_steps, int((share - m["overhead_s"]) / m["s_per_step"]))
         module = build_module(objective, backbone, size, seed)
-        seconds = fit(module, loaders[(backbone, objective)], steps, size, CSVLogger(out / "logs", name=name, version=""))
+        seconds = fit(
+            module, loaders[(backbone, objective)], steps, size, CSVLogger(out / "logs", name=name, version="")
+        )
         scores = score(module.eval_backbone.to(device), train_set, val_set, size.eval_px, out / "confusions", name)
-        row = dict(backbone=backbone, objective=objective, steps=steps, epochs=steps * size.batch / size.scenes,
-                   s_per_step=m["s_per_step"], fit_s=seconds, **scores)
+        row = dict(
+            backbone=backbone,
+            objective=objective,
+            steps=steps,
+            epochs=steps * size.batch / size.scenes,
+            s_per_step=m["s_per_step"],
+            fit_s=seconds,
+            **scores,
+        )
         for protocol in ("hbird", "linprobe"):
             row[f"{protocol}_delta_text"], row[f"{protocol}_delta"] = interval_text(out, protocol, name, backbone)
         results["rows"].append(row)
         write_outputs(out, results)
-        say(f"{name}: {steps} steps in {seconds:.0f} s; Hummingbird {scores['hbird']:.2f} "
-            f"({row['hbird_delta_text']}), linear probe {scores['linprobe']:.2f} ({row['linprobe_delta_text']})")
+        say(
+            f"{name}: {steps} steps in {seconds:.0f} s; Hummingbird {scores['hbird']:.2f} "
+            f"({row['hbird_delta_text']}), linear probe {scores['linprobe']:.2f} ({row['linprobe_delta_text']})"
+        )
         del module
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -365,17 +450,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backbones", nargs="+", choices=BACKBONES, default=list(BACKBONES))
     p.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
     p.add_argument("--gaug-path", default="mask", help="GAug's attention path (mask | flex | auto | separable)")
-    p.add_argument("--augment-on", choices=("cpu", "gpu"), default=None,
-                   help="DINO / iBOT multi-crop in the loader's workers or batched on the device "
-                   "(default: gpu where CUDA is, else cpu)")
+    p.add_argument(
+        "--augment-on",
+        choices=("cpu", "gpu"),
+        default=None,
+        help="DINO / iBOT multi-crop in the loader's workers or batched on the device "
+        "(default: gpu where CUDA is, else cpu)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         print(f"gpu_study: --out {out} exists and is not an empty folder: choose a new one", flush=True)
         return 1
     size = TOY if args.toy else Size()
-    changes = {k: v for k, v in (("deadline_s", args.deadline), ("scenes", args.scenes), ("batch", args.batch),
-                                 ("workers", args.workers)) if v is not None}
+    changes = {
+        k: v
+        for k, v in (
+            ("deadline_s", args.deadline),
+            ("scenes", args.scenes),
+            ("batch", args.batch),
+            ("workers", args.workers),
+        )
+        if v is not None
+    }
     size = replace(size, **changes)
     GAugAttention.gaug_path = args.gaug_path
     augment_on = args.augment_on or ("gpu" if torch.cuda.is_available() else "cpu")

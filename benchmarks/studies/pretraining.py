@@ -2,12 +2,13 @@
 student's) Hummingbird mIoU against the same network at random initialisation, class-token k-NN
 on an image-level scene label, and the online monitor's curve.
 
-Each run is ``locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone <backbone> <setting's flags>
---seed_everything <seed>`` in this process; the random-init baseline is the recipe's backbone built with the same seed (the network
-the run starts from). Every run appends one JSON line to ``<out>/results.jsonl`` (the log the
-RESULTS table is made from) and the table rows are printed as they finish. Settings are flags on
-top of the recipe, so they stay reproducible after the recipe changes: ``p16`` is the 64 px /
-patch 16 recipe the project had before (4 × 4 tokens per global crop).
+Each run is ``locatdino fit --config configs/dino_tiny_cpu.yaml --model.backbone <backbone>
+<setting's flags> --seed_everything <seed>`` in this process; the random-init baseline is the
+recipe's backbone built with the same seed (the network the run starts from). Every run appends one
+JSON line to ``<out>/results.jsonl`` (the log the RESULTS table is made from) and the table rows are
+printed as they finish. Settings are flags on top of the recipe, so they stay reproducible after the
+recipe changes: ``p16`` is the 64 px / patch 16 recipe the project had before (4 × 4 tokens per
+global crop).
 
     python -m benchmarks.studies.pretraining --setting recipe --backbone locatvit_tiny_patch8_224 \\
         --seeds 3 --out runs/bench_pretraining
@@ -65,13 +66,22 @@ SETTINGS: dict[str, list[str]] = {
     # DINO's blur (sigma 0.1-2 px, always on the first global crop) is sized for 224 px crops: on
     # 64 / 32 px crops it wipes out the textures that tell the scenes' classes apart
     "blur_scaled": ["--data.init_args.multicrop.blur_sigma", "[0.03, 0.6]"],  # x 64 / 224
-    "no_blur": ["--data.init_args.multicrop.global_blur_prob", "[0.0, 0.0]",
-                "--data.init_args.multicrop.local_blur_prob", "0.0",
-                "--data.init_args.multicrop.global_solarize_prob", "[0.0, 0.0]"],
+    "no_blur": [
+        "--data.init_args.multicrop.global_blur_prob",
+        "[0.0, 0.0]",
+        "--data.init_args.multicrop.local_blur_prob",
+        "0.0",
+        "--data.init_args.multicrop.global_solarize_prob",
+        "[0.0, 0.0]",
+    ],
     # the scenes tell several classes apart by colour (SCENE_CLASSES' colour pairs): colour jitter
     # and grayscale teach an invariance to exactly that
-    "no_color": ["--data.init_args.multicrop.color_jitter_prob", "0.0",
-                 "--data.init_args.multicrop.grayscale_prob", "0.0"],
+    "no_color": [
+        "--data.init_args.multicrop.color_jitter_prob",
+        "0.0",
+        "--data.init_args.multicrop.grayscale_prob",
+        "0.0",
+    ],
     # a softer teacher (DINO's upper value): sharpening less, its targets carry more of each image
     "teacher_temp_07": ["--model.teacher_temp", "0.07", "--model.warmup_teacher_temp", "0.07"],
 }
@@ -99,7 +109,9 @@ def monitor_curve(fit_dir: Path) -> list[tuple[int, float]]:
     if not path.is_file():
         return []
     with open(path) as f:
-        rows = [(int(r["step"]) + 1, round(float(r["hbird/mIoU"]), 2)) for r in csv.DictReader(f) if r.get("hbird/mIoU")]
+        rows = [
+            (int(r["step"]) + 1, round(float(r["hbird/mIoU"]), 2)) for r in csv.DictReader(f) if r.get("hbird/mIoU")
+        ]
     # the logger repeats the last value on its next row: keep each evaluation once
     return [row for i, row in enumerate(rows) if i == 0 or row[1] != rows[i - 1][1]]
 
@@ -132,8 +144,10 @@ def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int =
     torch.manual_seed(0)
     batch = collate_multicrop([crops(scenes[i][0]) for i in range(len(scenes))])
     model_args = {k: v for k, v in recipe["model"].items() if k not in ("backbone", "backbone_kwargs")}
-    modules = {name: DINOModule(backbone, backbone_kwargs(recipe, SETTINGS[name]), batch_size=data["batch_size"],
-                                **model_args) for name in settings}
+    modules = {
+        name: DINOModule(backbone, backbone_kwargs(recipe, SETTINGS[name]), batch_size=data["batch_size"], **model_args)
+        for name in settings
+    }
     times: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as log_dir:
         for _ in range(rounds):
@@ -141,8 +155,11 @@ def throughput(backbone: str, settings: list[str], rounds: int = 2, steps: int =
                 times[name] += lightning_round(module, batch, steps, log_dir)
     medians = {name: statistics.median(times[name]) for name in settings}
     for name, med in medians.items():
-        print(f"{backbone} {name}: {med:.2f} s/step ({med / medians[settings[0]]:.2f}x {settings[0]}), "
-              f"{360 / med:.0f} steps in 6 min", flush=True)
+        print(
+            f"{backbone} {name}: {med:.2f} s/step ({med / medians[settings[0]]:.2f}x {settings[0]}), "
+            f"{360 / med:.0f} steps in 6 min",
+            flush=True,
+        )
     return medians
 
 
@@ -158,8 +175,10 @@ def token_similarity(model: torch.nn.Module, images: torch.Tensor) -> float:
 
 def eval_splits(args: argparse.Namespace) -> tuple[CachedSplit, CachedSplit]:
     """The held-out Hummingbird memory and query scenes every score of this script uses."""
-    return (CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size)),
-            CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size)))
+    return (
+        CachedSplit(open_split("scenes", None, "train", args.num_train, 0, args.input_size)),
+        CachedSplit(open_split("scenes", None, "val", args.num_val, 0, args.input_size)),
+    )
 
 
 def plain_scenes() -> None:
@@ -178,23 +197,31 @@ def diagnose(fit_dir: Path, layers: list[int], args: argparse.Namespace) -> dict
     backbone, kwargs = config["model"]["backbone"], config["model"].get("backbone_kwargs") or {}
     ckpt = fit_dir / "checkpoints" / "last.ckpt"
     torch.manual_seed(config["seed_everything"])
-    models = {"random": create_backbone(backbone, **kwargs),
-              "teacher": create_backbone(backbone, ckpt, which="teacher", **kwargs),
-              "student": create_backbone(backbone, ckpt, which="student", **kwargs)}
+    models = {
+        "random": create_backbone(backbone, **kwargs),
+        "teacher": create_backbone(backbone, ckpt, which="teacher", **kwargs),
+        "student": create_backbone(backbone, ckpt, which="student", **kwargs),
+    }
     train, val = eval_splits(args)
     images = ShownImages.from_split(val, len(val), args.input_size).images
     similarity = {name: token_similarity(m, images) for name, m in models.items()}
-    print(f"{fit_dir}: mean cosine similarity of two patch tokens of the same scene, last block "
-          "(higher = tokens more alike, less local information): " +
-          ", ".join(f"{name} {value:.3f}" for name, value in similarity.items()))
+    print(
+        f"{fit_dir}: mean cosine similarity of two patch tokens of the same scene, last block "
+        "(higher = tokens more alike, less local information): "
+        + ", ".join(f"{name} {value:.3f}" for name, value in similarity.items())
+    )
     print(f"{fit_dir}: Hummingbird mIoU per block ({args.num_train} / {args.num_val} scenes at {args.input_size} px)")
     print("| block | " + " | ".join(models) + " | teacher − random |\n|---|---|---|---|---|")
     per_block = {}
     for layer in layers:
         cfg = HummingbirdConfig(input_size=args.input_size, batch_size=32, progress=False, num_workers=0, layer=layer)
         miou = per_block[layer] = {name: hummingbird(m.eval(), train, val, cfg).miou for name, m in models.items()}
-        print(f"| {layer} | " + " | ".join(f"{v:.1f}" for v in miou.values()) +
-              f" | {miou['teacher'] - miou['random']:+.1f} |", flush=True)
+        print(
+            f"| {layer} | "
+            + " | ".join(f"{v:.1f}" for v in miou.values())
+            + f" | {miou['teacher'] - miou['random']:+.1f} |",
+            flush=True,
+        )
     return {"run": str(fit_dir), "token_similarity": similarity, "miou_per_block": per_block}
 
 
@@ -205,7 +232,12 @@ def main() -> None:
     p.add_argument("--backbone", default="locatvit_tiny_patch8_224", choices=BACKBONES)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps, lifting the recipe's max_epochs (default: the recipe's epochs)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="trainer.max_steps, lifting the recipe's max_epochs (default: the recipe's epochs)",
+    )
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more fit flags (logged)")
     p.add_argument("--input-size", type=int, default=128, help="Hummingbird eval px (the demo's)")
     p.add_argument("--num-train", type=int, default=100)
@@ -213,12 +245,18 @@ def main() -> None:
     p.add_argument("--knn-train", type=int, default=500)
     p.add_argument("--knn-val", type=int, default=200)
     p.add_argument("--out", default="runs/bench_pretraining")
-    p.add_argument("--plain-scenes", action="store_true",
-                   help="train and evaluate on scenes without their image-wide effects (haze, exposure, white balance)")
+    p.add_argument(
+        "--plain-scenes",
+        action="store_true",
+        help="train and evaluate on scenes without their image-wide effects (haze, exposure, white balance)",
+    )
     p.add_argument("--diagnose", type=Path, metavar="FIT_DIR", help="score a finished run per block instead")
     p.add_argument("--layers", type=int, nargs="+", default=[2, 5, 8, 11], help="blocks for --diagnose")
-    add_results_option(p, "pretraining-<backbone>-<setting>.json (--throughput, --diagnose: "
-                          "pretraining-throughput-<backbone>.json, pretraining-blocks.json)")
+    add_results_option(
+        p,
+        "pretraining-<backbone>-<setting>.json (--throughput, --diagnose: "
+        "pretraining-throughput-<backbone>.json, pretraining-blocks.json)",
+    )
     args = p.parse_args()
     if args.diagnose:
         path = results_file(args, "pretraining-blocks.json")  # before any measuring
@@ -245,17 +283,32 @@ def main() -> None:
     def hbird(model: torch.nn.Module) -> float:
         return round(hummingbird(model.eval(), train, val, cfg).miou, 2)
 
-    print("| backbone | setting | seed | steps | fit min | teacher | student | random | Δ | "
-          "k-NN teacher | k-NN random | monitor curve |\n|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print(
+        "| backbone | setting | seed | steps | fit min | teacher | student | random | Δ | "
+        "k-NN teacher | k-NN random | monitor curve |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     name = args.setting + ("+" + "_".join(a.lstrip("-").split(".")[-1] for a in args.extra) if args.extra else "")
     name += "+plain_scenes" * args.plain_scenes
     args.results = results_file(args, f"pretraining-{args.backbone}-{name}.json")  # before any training
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         fit_dir = out / args.backbone / name / f"seed{seed}"
-        argv = ["--config", str(RECIPE), "--model.backbone", args.backbone, *flags, "--seed_everything", str(seed),
-                "--trainer.default_root_dir", str(fit_dir), "--data.init_args.train_urls",
-                str(out / ("scenes_shards" + "_plain" * args.plain_scenes)), "--trainer.enable_progress_bar", "false"]
+        argv = [
+            "--config",
+            str(RECIPE),
+            "--model.backbone",
+            args.backbone,
+            *flags,
+            "--seed_everything",
+            str(seed),
+            "--trainer.default_root_dir",
+            str(fit_dir),
+            "--data.init_args.train_urls",
+            str(out / ("scenes_shards" + "_plain" * args.plain_scenes)),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
         if args.steps:
             # the recipe's max_epochs would stop the run first (and shorten the schedules with it)
             argv += ["--trainer.max_steps", str(args.steps), "--trainer.max_epochs", "-1"]
@@ -269,10 +322,20 @@ def main() -> None:
         random = create_backbone(args.backbone, **kwargs)
         teacher = create_backbone(args.backbone, ckpt, which="teacher", **kwargs)
         student = create_backbone(args.backbone, ckpt, which="student", **kwargs)
-        row = dict(backbone=args.backbone, setting=name, flags=flags, seed=seed, steps=steps,
-                   fit_min=round(fit_min, 2), teacher=hbird(teacher), student=hbird(student),
-                   random=hbird(random), knn_teacher=round(knn(teacher), 1), knn_random=round(knn(random), 1),
-                   curve=[(0, round(monitor.evaluate(random), 2)), *monitor_curve(fit_dir)])
+        row = dict(
+            backbone=args.backbone,
+            setting=name,
+            flags=flags,
+            seed=seed,
+            steps=steps,
+            fit_min=round(fit_min, 2),
+            teacher=hbird(teacher),
+            student=hbird(student),
+            random=hbird(random),
+            knn_teacher=round(knn(teacher), 1),
+            knn_random=round(knn(random), 1),
+            curve=[(0, round(monitor.evaluate(random), 2)), *monitor_curve(fit_dir)],
+        )
         row["delta"] = round(row["teacher"] - row["random"], 2)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "results.jsonl", "a") as f:
@@ -280,9 +343,12 @@ def main() -> None:
         rows.append(row)
         write_results(args.results, f"pretraining-{args.backbone}-{name}.json", {"rows": rows})
         curve = " ".join(f"{s}:{m:.1f}" for s, m in row["curve"])
-        print(f"| {args.backbone} | {name} | {seed} | {steps} | {fit_min:.1f} | {row['teacher']:.1f} | "
-              f"{row['student']:.1f} | {row['random']:.1f} | {row['delta']:+.1f} | {row['knn_teacher']:.1f} | "
-              f"{row['knn_random']:.1f} | {curve} |", flush=True)
+        print(
+            f"| {args.backbone} | {name} | {seed} | {steps} | {fit_min:.1f} | {row['teacher']:.1f} | "
+            f"{row['student']:.1f} | {row['random']:.1f} | {row['delta']:+.1f} | {row['knn_teacher']:.1f} | "
+            f"{row['knn_random']:.1f} | {curve} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

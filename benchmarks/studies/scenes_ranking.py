@@ -44,7 +44,7 @@ def supervised(name: str, img_size: int, steps: int, images: int, seed: int) -> 
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=5e-4, weight_decay=0.05)
     for _ in range(steps):
         idx = torch.randint(0, images, (32,))
-        tokens = model.forward_features(normalize(x[idx]))[:, model.num_prefix_tokens:]
+        tokens = model.forward_features(normalize(x[idx]))[:, model.num_prefix_tokens :]
         loss = F.cross_entropy(head(tokens).flatten(0, 1), target[idx].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -36,7 +36,7 @@ from locatdino.models.token_grid import patch_size
 
 def token_stats(extractor: FeatureExtractor, images: torch.Tensor) -> dict[str, float]:
     """The statistics of the module docstring for the raw tokens of ``images`` (uint8)."""
-    tokens = torch.cat([extractor(images[i:i + 16]) for i in range(0, len(images), 16)]).flatten(1, 2).double()
+    tokens = torch.cat([extractor(images[i : i + 16]) for i in range(0, len(images), 16)]).flatten(1, 2).double()
     scenes, per_scene, _ = tokens.shape
     flat = tokens.flatten(0, 1)
     variances = torch.linalg.svdvals(flat - flat.mean(0)) ** 2
@@ -46,8 +46,12 @@ def token_stats(extractor: FeatureExtractor, images: torch.Tensor) -> dict[str, 
     own = gram.diagonal()
     within = (own * per_scene**2 - per_scene) / (per_scene * (per_scene - 1))  # self-pairs left out
     across = (gram.sum() - own.sum()) / (scenes * (scenes - 1))
-    return {"norm": flat.norm(dim=-1).mean().item(), "top_share": (variances[0] / variances.sum()).item(),
-            "within_scene": within.mean().item(), "across_scenes": across.item()}
+    return {
+        "norm": flat.norm(dim=-1).mean().item(),
+        "top_share": (variances[0] / variances.sum()).item(),
+        "within_scene": within.mean().item(),
+        "across_scenes": across.item(),
+    }
 
 
 def main() -> None:
@@ -70,12 +74,18 @@ def main() -> None:
         rows[label or name] = token_stats(FeatureExtractor(backbone, l2_normalize=False), images)
     rows["pixels"] = token_stats(FeatureExtractor(PixelPatches(patch), l2_normalize=False), images)
     first = next(iter(rows.values()))["norm"]
-    print("| tokens | mean norm (× first) | top direction's share of variance | cosine within a scene | "
-          "cosine across scenes |\n|---|---|---|---|---|")
+    print(
+        "| tokens | mean norm (× first) | top direction's share of variance | cosine within a scene | "
+        "cosine across scenes |\n|---|---|---|---|---|"
+    )
     for name, r in rows.items():
-        print(f"| {name} | {r['norm']:.2f} ({r['norm'] / first:.1f}×) | {100 * r['top_share']:.0f} % | "
-              f"{r['within_scene']:.3f} | {r['across_scenes']:.3f} |")
-    write_results(args.results, "token_stats.json", {"num_val": args.num_val, "input_size": args.input_size, "rows": rows})
+        print(
+            f"| {name} | {r['norm']:.2f} ({r['norm'] / first:.1f}×) | {100 * r['top_share']:.0f} % | "
+            f"{r['within_scene']:.3f} | {r['across_scenes']:.3f} |"
+        )
+    write_results(
+        args.results, "token_stats.json", {"num_val": args.num_val, "input_size": args.input_size, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ class ArgumentParser(argparse.ArgumentParser):
     and whose ``--help`` leaves out option groups that hold no option (:class:`EmptyGroupsHidden`,
     mixed into the ``formatter_class`` given)."""
 
-    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = EmptyGroupsHidden,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, formatter_class: type[argparse.HelpFormatter] = EmptyGroupsHidden, **kwargs: Any
+    ) -> None:
         if not issubclass(formatter_class, EmptyGroupsHidden):
             formatter_class = type(formatter_class.__name__, (EmptyGroupsHidden, formatter_class), {})
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
@@ -174,38 +175,66 @@ class SharedOption:
 # every option more than one command takes, defined once (tests/common/test_shared_options.py walks every
 # command's parser against it); a command adds one with add_shared_option
 SHARED_OPTIONS: dict[str, SharedOption] = {
-    "--seed": SharedOption(at_least(0), "seed of what the run draws at random (subsets, views, initialisations, "
-                           "batch order, the built-in scenes): the same seed, the same run"),
-    "--workers": SharedOption(at_least(0), "worker processes that read and prepare the images (0: this process "
-                              "does it all)"),
-    "--input-size": SharedOption(at_least(1), "encoder input side in px, a multiple of every model's patch size; "
-                                 "the default is the protocol's: 224 for Hummingbird (hbird, compare: the LocAtViT "
-                                 "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
-                                 "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
-                                 "evaluation short side), 224 for the class-token protocols (knn, lincls: the "
-                                 "reference's centre crop; the short side is resized to S x 256 / 224 first)", "S"),
-    "--batch-size": SharedOption(at_least(1), "images per encoder forward outside a training step (Hummingbird's "
-                                 "memory and queries, the linear probe's queries, the class tokens of knn and lincls); a "
-                                 "probe's training batch is --train-batch-size (linprobe, lincls) or "
-                                 "--linprobe-batch-size (compare)"),
-    "--train-batch-size": SharedOption(at_least(1), "training batch of a probe's head: images per optimiser step "
-                                       "(at most the training images)"),
-    "--num-train": SharedOption(at_least(1), "memory (training) images: a seeded random subset of the split; for the "
-                                "built-in scenes, how many to render"),
-    "--num-val": SharedOption(at_least(1), "query images: a seeded random subset of the split; for the built-in "
-                              "scenes, how many to render"),
-    "--lr": SharedOption(positive_float, "learning rate of the probe's head (linprobe: the OneCycle schedule's "
-                         "peak; lincls --protocol full: the base rate, x batch / 256, cosine to 0)"),
-    "--cache-dir": SharedOption(None, "folder for features too large for RAM; without it, the system's temporary "
-                                "folder", "DIR"),
-    "--cache-ram-mb": SharedOption(at_least(0), "largest feature cache kept in RAM, in MB; larger ones are "
-                                   "memory-mapped files in --cache-dir"),
-    "--knn-backend": SharedOption(None, "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
-                                  "device) or auto (torch beside a GPU encoder, in hbird and compare only when "
-                                  "faiss has no GPU; faiss otherwise)", choices=("auto", "faiss", "torch")),
+    "--seed": SharedOption(
+        at_least(0),
+        "seed of what the run draws at random (subsets, views, initialisations, "
+        "batch order, the built-in scenes): the same seed, the same run",
+    ),
+    "--workers": SharedOption(
+        at_least(0), "worker processes that read and prepare the images (0: this process does it all)"
+    ),
+    "--input-size": SharedOption(
+        at_least(1),
+        "encoder input side in px, a multiple of every model's patch size; "
+        "the default is the protocol's: 224 for Hummingbird (hbird, compare: the LocAtViT "
+        "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
+        "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
+        "evaluation short side), 224 for the class-token protocols (knn, lincls: the "
+        "reference's centre crop; the short side is resized to S x 256 / 224 first)",
+        "S",
+    ),
+    "--batch-size": SharedOption(
+        at_least(1),
+        "images per encoder forward outside a training step (Hummingbird's "
+        "memory and queries, the linear probe's queries, the class tokens of knn and lincls); a "
+        "probe's training batch is --train-batch-size (linprobe, lincls) or "
+        "--linprobe-batch-size (compare)",
+    ),
+    "--train-batch-size": SharedOption(
+        at_least(1), "training batch of a probe's head: images per optimiser step (at most the training images)"
+    ),
+    "--num-train": SharedOption(
+        at_least(1),
+        "memory (training) images: a seeded random subset of the split; for the built-in scenes, how many to render",
+    ),
+    "--num-val": SharedOption(
+        at_least(1), "query images: a seeded random subset of the split; for the built-in scenes, how many to render"
+    ),
+    "--lr": SharedOption(
+        positive_float,
+        "learning rate of the probe's head (linprobe: the OneCycle schedule's "
+        "peak; lincls --protocol full: the base rate, x batch / 256, cosine to 0)",
+    ),
+    "--cache-dir": SharedOption(
+        None, "folder for features too large for RAM; without it, the system's temporary folder", "DIR"
+    ),
+    "--cache-ram-mb": SharedOption(
+        at_least(0), "largest feature cache kept in RAM, in MB; larger ones are memory-mapped files in --cache-dir"
+    ),
+    "--knn-backend": SharedOption(
+        None,
+        "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
+        "device) or auto (torch beside a GPU encoder, in hbird and compare only when "
+        "faiss has no GPU; faiss otherwise)",
+        choices=("auto", "faiss", "torch"),
+    ),
     "--epochs": SharedOption(positive_float, "training budget in passes over the training images"),
-    "--out": SharedOption(None, "output folder: everything the command writes goes here (its description lists "
-                          "what); one holding files the command did not write is refused", "DIR"),
+    "--out": SharedOption(
+        None,
+        "output folder: everything the command writes goes here (its description lists "
+        "what); one holding files the command did not write is refused",
+        "DIR",
+    ),
 }
 
 
@@ -213,5 +242,11 @@ def add_shared_option(group: Any, option: str, default: Any = None, note: str | 
     """Add the :data:`SHARED_OPTIONS` entry ``option`` to ``group`` with this command's ``default``;
     ``note``, when the default needs words (``None``: the recipes'), is shown as ``(default: note)``."""
     spec = SHARED_OPTIONS[option]
-    group.add_argument(option, type=spec.type, default=default, metavar=spec.metavar, choices=spec.choices,
-                       help=spec.help + (f" (default: {note})" if note else ""))
+    group.add_argument(
+        option,
+        type=spec.type,
+        default=default,
+        metavar=spec.metavar,
+        choices=spec.choices,
+        help=spec.help + (f" (default: {note})" if note else ""),
+    )

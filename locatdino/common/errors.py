@@ -1,9 +1,10 @@
 """One error style for every ``locatdino`` command.
 
-A :class:`UserError` is a mistake the user can fix (a wrong value, file, key or shape): the
-command line prints it as one line, ``locatdino <command>: <message>``, on stderr and exits
-with status 1 (2 for a :class:`UsageError`, as argparse does) — no traceback. Any other exception escaping a command is shortened the same way
-(its first line, and its type unless it is a ``ValueError`` or ``OSError``), unless ``--debug`` or ``LOCATDINO_DEBUG=1`` asks for the traceback.
+A :class:`UserError` is a mistake the user can fix (a wrong value, file, key or shape): the command
+line prints it as one line, ``locatdino <command>: <message>``, on stderr and exits with status 1 (2
+for a :class:`UsageError`, as argparse does) — no traceback. Any other exception escaping a command
+is shortened the same way (its first line, and its type unless it is a ``ValueError`` or
+``OSError``), unless ``--debug`` or ``LOCATDINO_DEBUG=1`` asks for the traceback.
 """
 
 from __future__ import annotations

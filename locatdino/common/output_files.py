@@ -151,8 +151,13 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
             entry.unlink(missing_ok=True)
         removed.append(entry)
     if removed:
-        log.info("removed %d stale temporar%s of killed writes in %s: %s", len(removed),
-                 "y" if len(removed) == 1 else "ies", folder, ", ".join(p.name for p in removed))
+        log.info(
+            "removed %d stale temporar%s of killed writes in %s: %s",
+            len(removed),
+            "y" if len(removed) == 1 else "ies",
+            folder,
+            ", ".join(p.name for p in removed),
+        )
     return removed
 
 
@@ -219,8 +224,9 @@ def reserved_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...])
 
 
 @contextlib.contextmanager
-def feature_rows(count: int, dim: int, cache_dir: str | os.PathLike | None, max_ram_bytes: int,
-                 name: str) -> Iterator[np.ndarray]:
+def feature_rows(
+    count: int, dim: int, cache_dir: str | os.PathLike | None, max_ram_bytes: int, name: str
+) -> Iterator[np.ndarray]:
     """A zeroed float32 ``[count, dim]`` array for the block: in RAM when it fits ``max_ram_bytes``,
     else a :func:`reserved_memmap` in a temporary folder ``name`` under ``cache_dir`` (the system's
     temporary folder when None), deleted when the block ends; a killed run's folder is removed by
@@ -242,8 +248,7 @@ def feature_rows(count: int, dim: int, cache_dir: str | os.PathLike | None, max_
 
 
 def _too_big(path: str | os.PathLike, nbytes: int, free: int, code: int) -> DiskFullError:
-    return DiskFullError(code, f"{path}: {os.strerror(code)}: needs {nbytes / 1e9:.3g} GB, "
-                               f"{free / 1e9:.3g} GB free")
+    return DiskFullError(code, f"{path}: {os.strerror(code)}: needs {nbytes / 1e9:.3g} GB, {free / 1e9:.3g} GB free")
 
 
 _HELD_LOCKS: set[int] = set()  # fds of the output locks this process holds now
@@ -277,11 +282,15 @@ def output_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             recorded = re.fullmatch(r"pid (\d+) on (\S+)", holder)
             if recorded and recorded[2] == _HOST and not _alive(int(recorded[1])):  # the run is gone, not its lock
-                raise UserError(f"{what} {folder} is locked by processes that the run with pid {recorded[1]} left "
-                                f"behind though it has ended (lock {path}; `fuser {path}` lists them): end them or "
-                                "choose another folder") from None
-            raise UserError(f"{what} {folder} is in use by another run ({holder}; lock {path}): wait for it "
-                            "to end or choose another folder") from None
+                raise UserError(
+                    f"{what} {folder} is locked by processes that the run with pid {recorded[1]} left "
+                    f"behind though it has ended (lock {path}; `fuser {path}` lists them): end them or "
+                    "choose another folder"
+                ) from None
+            raise UserError(
+                f"{what} {folder} is in use by another run ({holder}; lock {path}): wait for it "
+                "to end or choose another folder"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {_HOST}\n".encode(), 0)
         _HELD_LOCKS.add(fd)

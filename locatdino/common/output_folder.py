@@ -34,14 +34,21 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from locatdino.common.errors import UserError
-from locatdino.common.output_files import (LOCK_NAME, atomic_write_text, ensure_writable, output_lock,
-                                    remove_stale_temporaries)
+from locatdino.common.output_files import (
+    LOCK_NAME,
+    atomic_write_text,
+    ensure_writable,
+    output_lock,
+    remove_stale_temporaries,
+)
 
 RECORD_NAME = ".locatdino-output.json"
 # names an output folder holds for its own bookkeeping: no label, run or file may take them
 BOOKKEEPING_NAMES = (LOCK_NAME, RECORD_NAME)
-OVERWRITE_HELP = ("replace the output of an earlier run of this command (the files it recorded writing, removed "
-                  "when this run starts); a file this command did not write is never replaced")
+OVERWRITE_HELP = (
+    "replace the output of an earlier run of this command (the files it recorded writing, removed "
+    "when this run starts); a file this command did not write is never replaced"
+)
 
 
 def add_overwrite_option(group: Any) -> None:
@@ -67,8 +74,10 @@ class OutputFolder:
     def earlier_output(self, earlier: list[str]) -> UserError:
         """The one refusal of a folder holding ``earlier`` output (relative paths) without ``--overwrite``."""
         more = f" and {len(earlier) - 1} more" if len(earlier) > 1 else ""
-        return self._refuse(f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to replace "
-                            f"it, or choose another {self.option}")
+        return self._refuse(
+            f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to replace "
+            f"it, or choose another {self.option}"
+        )
 
     def recorded(self) -> tuple[str | None, list[str]]:
         """``(command, files)`` of the record in the folder (``(None, [])`` when there is none)."""
@@ -101,8 +110,10 @@ class OutputFolder:
             raise self.earlier_output(earlier)
         for name in self._existing(planned):
             if name not in recorded:
-                raise self._refuse(f"holds {name}, which locatdino {self.command} did not write: move it or choose "
-                                   f"another {self.option} (a run replaces only files it wrote)")
+                raise self._refuse(
+                    f"holds {name}, which locatdino {self.command} did not write: move it or choose "
+                    f"another {self.option} (a run replaces only files it wrote)"
+                )
         self._check_writable()
 
     def _check_writable(self) -> None:
@@ -160,8 +171,9 @@ class OutputFolder:
                 folder.rmdir()
 
     def _save(self) -> None:
-        atomic_write_text(self.path / RECORD_NAME,
-                          json.dumps({"command": self.command, "files": self._written}, indent=1) + "\n")
+        atomic_write_text(
+            self.path / RECORD_NAME, json.dumps({"command": self.command, "files": self._written}, indent=1) + "\n"
+        )
 
     def wrote(self, *paths: str | os.PathLike) -> None:
         """Record files this run has written (paths inside the folder, absolute or relative to it;
@@ -207,8 +219,10 @@ def check_output_file(path: str | os.PathLike, command: str, overwrite: bool, op
     if not ours:
         raise UserError(f"{option} {path} exists and was not written by locatdino {command}: choose another file")
     if not overwrite:
-        raise UserError(f"{option} {path} holds the output of an earlier run: pass --overwrite to replace it, or "
-                        f"choose another {option}")
+        raise UserError(
+            f"{option} {path} holds the output of an earlier run: pass --overwrite to replace it, or "
+            f"choose another {option}"
+        )
 
 
 def write_output_file(path: str | os.PathLike, command: str, text: str) -> Path:

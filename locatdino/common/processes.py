@@ -112,14 +112,19 @@ def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs
 
 
 @contextlib.contextmanager
-def worker_pool(workers: int, initializer: Callable[..., None] | None = None,
-                initargs: tuple[Any, ...] = ()) -> Iterator[ProcessPoolExecutor]:
+def worker_pool(
+    workers: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()
+) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` of ``workers`` forked processes that end with this one (see the
     module docstring). Leaving the block normally waits for the submitted work, as the executor
     does; leaving it by an exception (a failed task, :class:`Terminated`, Ctrl-C) kills the
     workers at once instead of waiting for their tasks."""
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
-                               initargs=(os.getpid(), initializer, initargs))
+    pool = ProcessPoolExecutor(
+        workers,
+        mp_context=mp.get_context("fork"),
+        initializer=_start_worker,
+        initargs=(os.getpid(), initializer, initargs),
+    )
     try:
         yield pool
     except BaseException:

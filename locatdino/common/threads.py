@@ -57,8 +57,10 @@ def choose_threads(requested: int | None) -> tuple[int, str | None]:
     if requested is None:
         value = os.environ.get("OMP_NUM_THREADS", _DROPPED.get("OMP_NUM_THREADS"))
         if value is not None and _positive(value) is None:
-            return cores, (f"ignoring OMP_NUM_THREADS={value!r} (not a positive whole number of threads): using "
-                           f"{cores}, the cores this process may use (--threads N sets the number)")
+            return cores, (
+                f"ignoring OMP_NUM_THREADS={value!r} (not a positive whole number of threads): using "
+                f"{cores}, the cores this process may use (--threads N sets the number)"
+            )
         requested, asked = (cores, "") if value is None else (_positive(value), f"OMP_NUM_THREADS={value!r}")
     else:
         asked = f"--threads {requested}"

@@ -52,7 +52,7 @@ def class_token_attention(model: nn.Module, images: Tensor) -> Tensor:
     with torch.inference_mode():
         q, k = _queries_keys(attn, inputs[last].float())
         weights = ((q[:, :, :1] * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)[:, :, 0]
-    return weights[:, :, -h * w:].reshape(weights.shape[0], weights.shape[1], h, w)
+    return weights[:, :, -h * w :].reshape(weights.shape[0], weights.shape[1], h, w)
 
 
 def locality_per_block(model: nn.Module, images: Tensor) -> list[dict[str, float]] | None:

@@ -21,8 +21,14 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from locatdino.comparison.measure import (ModelOutcome, ModelSpec, ShownImages, measure_hummingbird,
-                                          measure_linear_probe, retrieval_visuals)
+from locatdino.comparison.measure import (
+    ModelOutcome,
+    ModelSpec,
+    ShownImages,
+    measure_hummingbird,
+    measure_linear_probe,
+    retrieval_visuals,
+)
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.models.baselines import PatchPosition, PixelPatches
@@ -32,14 +38,18 @@ from locatdino.retrieval.position_prior import position_prior
 from locatdino.retrieval.transfer import predict
 
 NAMES = ("pixels", "position-prior")
-NO_NETWORK = {"parameters": "no network", "forward": "no network",
-              "probes": "no class token (the report's most-frequent-label top-1 is the class-token probes' floor)",
-              "locality": "no attention"}
+NO_NETWORK = {
+    "parameters": "no network",
+    "forward": "no network",
+    "probes": "no class token (the report's most-frequent-label top-1 is the class-token probes' floor)",
+    "locality": "no attention",
+}
 
 
 def _outcome(name: str, described: str) -> ModelOutcome:
-    return ModelOutcome(ModelSpec(name, name, None), parameters=None, forward=None, baseline=described,
-                        not_applicable=dict(NO_NETWORK))
+    return ModelOutcome(
+        ModelSpec(name, name, None), parameters=None, forward=None, baseline=described, not_applicable=dict(NO_NETWORK)
+    )
 
 
 def evaluate_baselines(
@@ -55,19 +65,37 @@ def evaluate_baselines(
     cfg = replace(cfg, precision="fp32")
     linprobe = linprobe and replace(linprobe, precision="fp32")
     grid = cfg.input_size // patch_size
-    pixels = _outcome("pixels", f"each patch's {patch_size} × {patch_size} × 3 normalised input values "
-                      f"({3 * patch_size * patch_size} numbers, a {grid} × {grid} grid)")
+    pixels = _outcome(
+        "pixels",
+        f"each patch's {patch_size} × {patch_size} × 3 normalised input values "
+        f"({3 * patch_size * patch_size} numbers, a {grid} × {grid} grid)",
+    )
     extractor = CachedExtractor(FeatureExtractor(PixelPatches(patch_size)))
-    measure_hummingbird(pixels, lambda c, look: hummingbird(extractor, train_set, val_set, c, inspect=look),
-                        len(train_set), cfg, fractions, retrieval_visuals(pixels, shown, cfg))
-    prior = _outcome("position-prior", f"the memory's class frequencies at each place of a {grid} × {grid} grid "
-                     "(Hummingbird column); the linear probe on a one-hot of the place")
+    measure_hummingbird(
+        pixels,
+        lambda c, look: hummingbird(extractor, train_set, val_set, c, inspect=look),
+        len(train_set),
+        cfg,
+        fractions,
+        retrieval_visuals(pixels, shown, cfg),
+    )
+    prior = _outcome(
+        "position-prior",
+        f"the memory's class frequencies at each place of a {grid} × {grid} grid "
+        "(Hummingbird column); the linear probe on a one-hot of the place",
+    )
 
     def show(scores_of: Any) -> None:
         prior.visuals["prediction"] = predict(scores_of(shown.images), tuple(shown.images.shape[-2:])).numpy()
 
-    measure_hummingbird(prior, lambda c, look: position_prior(patch_size, train_set, val_set, c, inspect=look),
-                        len(train_set), cfg, fractions, show)
+    measure_hummingbird(
+        prior,
+        lambda c, look: position_prior(patch_size, train_set, val_set, c, inspect=look),
+        len(train_set),
+        cfg,
+        fractions,
+        show,
+    )
     if linprobe is not None:
         measure_linear_probe(pixels, PixelPatches(patch_size), train_set, val_set, linprobe, shown)
         measure_linear_probe(prior, PatchPosition(patch_size, grid), train_set, val_set, linprobe, shown)

@@ -27,21 +27,21 @@ import numpy as np
 import torch
 
 from locatdino.common.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
+from locatdino.common.errors import UserError
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.comparison.baselines import NAMES as BASELINE_NAMES
 from locatdino.comparison.intervals import attach_differences, confusion_file
 from locatdino.comparison.measure import memory_sizes
-from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.comparison.report import headline_table, report_markdown
-from locatdino.common.errors import UserError
+from locatdino.comparison.runner import ModelSpec, ProbeSet, ShownImages, compare
 from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import patch_size
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.retrieval.index import check_index_device
@@ -54,21 +54,38 @@ LINPROBE_DEFAULTS = {"iterations": 320, "batch_size": 8, "augment": "off"}
 # of locatdino.retrieval.options)
 PROBE_TABLE = ConfigTable(
     LinearProbeConfig,
-    options={"--input-size": "input_size", "--linprobe-iters": "iterations", "--linprobe-batch-size": "batch_size",
-             "--linprobe-augment": "augment", "--layer": "layer", "--norm": "norm", "--prr": "prr",
-             "--precision": "precision", "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
-    internal={"epochs": "none: the budget is --linprobe-iters", "lr": "the paper's", "weight_decay": "the paper's",
-              "cache": "on: features computed once with --linprobe-augment off",
-              "cache_dir": "the system's temporary folder", "max_cache_ram_mb": "the probe's default",
-              "eval_batch_size": "the probe's default"},
+    options={
+        "--input-size": "input_size",
+        "--linprobe-iters": "iterations",
+        "--linprobe-batch-size": "batch_size",
+        "--linprobe-augment": "augment",
+        "--layer": "layer",
+        "--norm": "norm",
+        "--prr": "prr",
+        "--precision": "precision",
+        "--workers": "num_workers",
+        "--seed": "seed",
+        "--no-progress": "progress",
+    },
+    internal={
+        "epochs": "none: the budget is --linprobe-iters",
+        "lr": "the paper's",
+        "weight_decay": "the paper's",
+        "cache": "on: features computed once with --linprobe-augment off",
+        "cache_dir": "the system's temporary folder",
+        "max_cache_ram_mb": "the probe's default",
+        "eval_batch_size": "the probe's default",
+    },
     negated=frozenset({"--no-progress"}),
 )
 # what a report consists of: every file under its two folders is the report's (locatdino.common.output_folder)
 REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
 DEFAULT_FRACTIONS = (Fraction(1, 16), Fraction(1, 4), Fraction(1))
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
-SCENE_LABEL_RULE = ("scenes: image label = dominant object class (most pixels among tree, bush, building, "
-                    "rock, animal; locatdino.data.scenes.scene_class)")
+SCENE_LABEL_RULE = (
+    "scenes: image label = dominant object class (most pixels among tree, bush, building, "
+    "rock, animal; locatdino.data.scenes.scene_class)"
+)
 
 
 def _fraction(text: str) -> Fraction:
@@ -91,25 +108,45 @@ def _parser() -> ArgumentParser:
     groups = option_groups(p)
     add_model_arguments(groups.model, positional_hint=True)
     groups.model.add_argument(
-        "--baselines", action="store_true",
+        "--baselines",
+        action="store_true",
         help="add the rows that need no network: pixels (each patch's input values as its feature) and "
         "position-prior (the memory's class frequencies at each patch's place), on the first model's token "
-        "grid, through the same Hummingbird and linear probe (docs/evaluation.md)")
+        "grid, through the same Hummingbird and linear probe (docs/evaluation.md)",
+    )
     add_data_arguments(groups.data)
     add_protocol_arguments(groups)
     protocol = groups.protocol
-    protocol.add_argument("--memory-fractions", type=_fraction, nargs="+", default=None, metavar="F",
-                          help="memory sizes to score, as fractions of the full memory; one that cannot keep --k "
-                          "patches is refused (default: 1/16 1/4 1, those that can)")
+    protocol.add_argument(
+        "--memory-fractions",
+        type=_fraction,
+        nargs="+",
+        default=None,
+        metavar="F",
+        help="memory sizes to score, as fractions of the full memory; one that cannot keep --k "
+        "patches is refused (default: 1/16 1/4 1, those that can)",
+    )
     protocol.add_argument("--no-linprobe", action="store_true", help="skip the dense linear probe")
-    protocol.add_argument("--linprobe-iters", type=at_least(MIN_STEPS), default=LINPROBE_DEFAULTS["iterations"],
-                          help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
-                          "protocol: locatdino linprobe)")
-    protocol.add_argument("--linprobe-batch-size", type=at_least(1), default=LINPROBE_DEFAULTS["batch_size"],
-                          help="linear-probe training batch (the paper's: 32)")
-    protocol.add_argument("--linprobe-augment", choices=PROBE_AUGMENT, default=LINPROBE_DEFAULTS["augment"],
-                          help="linear-probe training views: off (whole images, features cached once) or "
-                          "reference (the paper's augmentation, backbone every iteration)")
+    protocol.add_argument(
+        "--linprobe-iters",
+        type=at_least(MIN_STEPS),
+        default=LINPROBE_DEFAULTS["iterations"],
+        help="linear-probe training iterations (a cheap budget for the scenes; the paper's "
+        "protocol: locatdino linprobe)",
+    )
+    protocol.add_argument(
+        "--linprobe-batch-size",
+        type=at_least(1),
+        default=LINPROBE_DEFAULTS["batch_size"],
+        help="linear-probe training batch (the paper's: 32)",
+    )
+    protocol.add_argument(
+        "--linprobe-augment",
+        choices=PROBE_AUGMENT,
+        default=LINPROBE_DEFAULTS["augment"],
+        help="linear-probe training views: off (whole images, features cached once) or "
+        "reference (the paper's augmentation, backbone every iteration)",
+    )
     add_shared_option(groups.output, "--out", "compare_results")
     add_overwrite_option(groups.output)
     groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
@@ -166,8 +203,12 @@ def _probe_set(args: argparse.Namespace, train: Any, val: Any) -> tuple[ProbeSet
         probes = ProbeSet.from_splits(train_labels, val_labels, int, args.input_size, SHARD_LABEL_RULE)
     else:
         return None, {"note": f"not run: {args.dataset} has no image-level labels"}
-    return probes, {"label_rule": probes.label_rule, "num_train": len(probes.train_labels),
-                    "num_test": len(probes.test_labels), "note": probes.label_rule}
+    return probes, {
+        "label_rule": probes.label_rule,
+        "num_train": len(probes.train_labels),
+        "num_test": len(probes.test_labels),
+        "note": probes.label_rule,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     specs = [ModelSpec(run.label, run.name, run.checkpoint) for run in runs]
     names = [s.name for s in specs]
     if args.baselines and set(names) & set(BASELINE_NAMES):
-        raise SystemExit(f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
-                         "baselines' rows: rename the model")
+        raise SystemExit(
+            f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
+            "baselines' rows: rename the model"
+        )
     folder = OutputFolder(args.out, "compare")
     out = folder.path
     try:
@@ -204,16 +247,34 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"locatdino compare: {err}") from None
     with folder.writing(args.overwrite):  # a second compare into --out is refused, not raced
         if train is None:
-            print(f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
-                  f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images", file=sys.stderr, flush=True)
+            print(
+                f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
+                f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images",
+                file=sys.stderr,
+                flush=True,
+            )
             shown = ShownImages.from_probes(probes, args.figure_images)
         else:
-            print(f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
-                  f"{args.input_size} px", file=sys.stderr, flush=True)
+            print(
+                f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
+                f"{args.input_size} px",
+                file=sys.stderr,
+                flush=True,
+            )
             shown = ShownImages.from_split(val, args.figure_images, args.input_size)
-        outcomes, failed = compare(specs, train, val, cfg, args.memory_fractions, shown, probes,
-                                   pos_embeds=[run.pos_embed for run in runs], device=device,
-                                   linprobe=linprobe if train is not None else None, baselines=args.baselines)
+        outcomes, failed = compare(
+            specs,
+            train,
+            val,
+            cfg,
+            args.memory_fractions,
+            shown,
+            probes,
+            pos_embeds=[run.pos_embed for run in runs],
+            device=device,
+            linprobe=linprobe if train is not None else None,
+            baselines=args.baselines,
+        )
         classes = report_classes(val) if val is not None else []
         models = [o.to_dict() for o in outcomes]
         for i, (outcome, model) in enumerate(zip(outcomes, models)):
@@ -226,13 +287,21 @@ def main(argv: list[str] | None = None) -> int:
         attach_differences(models, out, cfg.hungarian)
         report = {
             "command": "locatdino compare " + shlex.join(argv),
-            "dataset": {"name": args.dataset, "data_dir": args.data_dir, "train_split": args.train_split,
-                        "val_split": args.val_split,
-                        "num_train": len(train) if train is not None else len(probes.train_labels),
-                        "num_val": len(val) if val is not None else len(probes.test_labels), "class_names": classes},
-            "config": {**{k: v for k, v in vars(cfg).items() if k != "progress"}, "protocol": protocol_record(args),
-                       "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
-                       "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None},
+            "dataset": {
+                "name": args.dataset,
+                "data_dir": args.data_dir,
+                "train_split": args.train_split,
+                "val_split": args.val_split,
+                "num_train": len(train) if train is not None else len(probes.train_labels),
+                "num_val": len(val) if val is not None else len(probes.test_labels),
+                "class_names": classes,
+            },
+            "config": {
+                **{k: v for k, v in vars(cfg).items() if k != "progress"},
+                "protocol": protocol_record(args),
+                "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
+                "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None,
+            },
             "probes": probe_info,
             "models": models,
             "failed": failed,
@@ -286,8 +355,10 @@ def _unscorable(fractions: list[Fraction], patches: list[int], num_train: int, c
         most = most if cfg.memory_size is None else min(most, cfg.memory_size)
         scored = {f for f, _ in memory_sizes(fractions, most, views, cfg.k)}
         for fraction in sorted(f for f in set(fractions) if f < 1 and f not in scored and f not in found):
-            found[fraction] = (f"at most {int(fraction * most):,} memory patches (of {most:,} at patch {patch}), "
-                               f"fewer than --k {cfg.k} or than one per memory view ({views:,})")
+            found[fraction] = (
+                f"at most {int(fraction * most):,} memory patches (of {most:,} at patch {patch}), "
+                f"fewer than --k {cfg.k} or than one per memory view ({views:,})"
+            )
     return dict(sorted(found.items()))
 
 
@@ -304,18 +375,24 @@ def _figures(outcomes: list, shown: ShownImages, class_names: list[str], out: Pa
     images = shown.images.numpy()
     folder = out / "figures"
     with_masks = [o for o in outcomes if o.hbird is not None]
-    drawn = {"class-token attention": figures.attention_grid(
-        images[0], {o.spec.name: o.visuals["attention"] for o in outcomes if "attention" in o.visuals},
-        folder / "attention.png")}
+    drawn = {
+        "class-token attention": figures.attention_grid(
+            images[0],
+            {o.spec.name: o.visuals["attention"] for o in outcomes if "attention" in o.visuals},
+            folder / "attention.png",
+        )
+    }
     if with_masks:
         dense = [o.to_dict() for o in with_masks]
         drawn |= {
             "per-class IoU": figures.per_class_bars(dense, folder / "per_class_iou.png"),
             "mIoU vs memory size": figures.miou_vs_memory(dense, folder / "miou_vs_memory.png"),
-            "predictions": figures.qualitative_grid(images, shown.masks, _predictions(with_masks),
-                                                    class_names, folder / "predictions.png"),
+            "predictions": figures.qualitative_grid(
+                images, shown.masks, _predictions(with_masks), class_names, folder / "predictions.png"
+            ),
             "PCA of patch features": figures.pca_grid(
-                images, {o.spec.name: o.visuals["pca"] for o in with_masks if "pca" in o.visuals}, folder / "pca.png"),
+                images, {o.spec.name: o.visuals["pca"] for o in with_masks if "pca" in o.visuals}, folder / "pca.png"
+            ),
         }
     drawn["LocAtViT locality"] = figures.locality_curves(models, folder / "locality.png")
     return {title: str(path.relative_to(out)) for title, path in drawn.items() if path is not None}

@@ -57,8 +57,12 @@ def per_class_bars(models: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(classes) * max(1, len(models) / 2)), 3.6))
     for i, m in enumerate(models):
         values = [m["hbird"]["per_class_iou"].get(c) for c in classes]
-        ax.bar(x + (i - (len(models) - 1) / 2) * width, [np.nan if v is None else v for v in values], width,
-               label=f"{m['spec']['name']} (mIoU {m['hbird']['miou']:.1f})")
+        ax.bar(
+            x + (i - (len(models) - 1) / 2) * width,
+            [np.nan if v is None else v for v in values],
+            width,
+            label=f"{m['spec']['name']} (mIoU {m['hbird']['miou']:.1f})",
+        )
     ax.set_xticks(x, classes, rotation=45 if len(classes) > 8 else 0, ha="right" if len(classes) > 8 else "center")
     ax.set_ylabel("IoU (%)")
     ax.set_title("Hummingbird per-class IoU")
@@ -82,8 +86,13 @@ def miou_vs_memory(models: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     return _save(fig, path)
 
 
-def qualitative_grid(images: np.ndarray, masks: np.ndarray, predictions: dict[str, np.ndarray],
-                     class_names: Sequence[str], path: str | os.PathLike) -> Path:
+def qualitative_grid(
+    images: np.ndarray,
+    masks: np.ndarray,
+    predictions: dict[str, np.ndarray],
+    class_names: Sequence[str],
+    path: str | os.PathLike,
+) -> Path:
     """Rows: query images; columns: image, ground truth, each model's prediction (Hummingbird's, and
     the linear probe's in a column named ``"<model> (probe)"``)."""
     palette = class_palette(len(class_names))
@@ -93,7 +102,9 @@ def qualitative_grid(images: np.ndarray, masks: np.ndarray, predictions: dict[st
     for r, image in enumerate(images):
         for c, (title, maps) in enumerate(panels):
             ax = axes[r, c]
-            ax.imshow(image.transpose(1, 2, 0) if maps is None else colour_labels(maps[r], palette), interpolation="nearest")
+            ax.imshow(
+                image.transpose(1, 2, 0) if maps is None else colour_labels(maps[r], palette), interpolation="nearest"
+            )
             ax.set_xticks([]), ax.set_yticks([])
             if r == 0:
                 ax.set_title(title, fontsize=9)
@@ -129,8 +140,9 @@ def pca_grid(images: np.ndarray, pca_maps: dict[str, np.ndarray], path: str | os
 def attention_grid(image: np.ndarray, attention: dict[str, np.ndarray], path: str | os.PathLike) -> Path:
     """Rows: models; columns: the image, then the class token's last-block attention per head."""
     heads = max(a.shape[0] for a in attention.values())
-    fig, axes = plt.subplots(len(attention), 1 + heads, figsize=(1.6 * (1 + heads), 1.7 * len(attention) + 0.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(attention), 1 + heads, figsize=(1.6 * (1 + heads), 1.7 * len(attention) + 0.4), squeeze=False
+    )
     size = image.shape[1:]
     for r, (name, maps) in enumerate(attention.items()):
         axes[r, 0].imshow(image.transpose(1, 2, 0))

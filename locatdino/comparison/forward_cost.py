@@ -54,8 +54,9 @@ def forward_cost(extractor: Any, input_size: int, batch_size: int, min_seconds: 
     """Images/s of ``extractor`` on random uint8 batches of ``batch_size`` × ``input_size`` px
     (one warm-up batch, then batches until ``min_seconds``, at least 2) and the peak memory of
     those forwards in MB."""
-    images = torch.randint(0, 256, (batch_size, 3, input_size, input_size), dtype=torch.uint8,
-                           generator=torch.Generator().manual_seed(0))
+    images = torch.randint(
+        0, 256, (batch_size, 3, input_size, input_size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     device = getattr(extractor, "device", torch.device("cpu"))
     cuda = device.type == "cuda"
     extractor(images)  # warm-up: one-time allocations are not the forward's

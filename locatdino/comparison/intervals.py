@@ -1,10 +1,10 @@
 """Intervals of a comparison and what they allow to be said (docs/evaluation.md).
 
-Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and
-Δ Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image confusion matrices,
-written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each class-token
-probe with the same bootstrap over the test images (from each model's per-image hits, kept in
-``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
+Between two models of one ``locatdino compare`` run (same query and test images): Δ mIoU (and Δ
+Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image
+confusion matrices, written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each
+class-token probe with the same bootstrap over the test images (from each model's per-image hits,
+kept in ``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
 
 "A beats B" is said only when the interval excludes 0; otherwise the text says "no measurable
 difference". The report, the demo's conclusion and ``benchmarks/studies/compare.py`` all word a
@@ -35,12 +35,16 @@ def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
     """``{name}_top1`` (percent), its 95 % Wilson interval and the per-image hits of one probe."""
     hits = np.asarray(hits, bool)
     low, high = wilson_interval(int(hits.sum()), len(hits))
-    return {f"{name}_top1": 100 * float(hits.mean()), f"{name}_top1_interval": [100 * low, 100 * high],
-            f"{name}_hits": hits.astype(int).tolist()}
+    return {
+        f"{name}_top1": 100 * float(hits.mean()),
+        f"{name}_top1_interval": [100 * low, 100 * high],
+        f"{name}_hits": hits.astype(int).tolist(),
+    }
 
 
-def model_differences(a: dict[str, Any], b: dict[str, Any], folder: str | Path,
-                      hungarian: str = "iou") -> dict[str, PairedInterval]:
+def model_differences(
+    a: dict[str, Any], b: dict[str, Any], folder: str | Path, hungarian: str = "iou"
+) -> dict[str, PairedInterval]:
     """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
     with intervals: ``miou`` and ``miou_matched`` (Hummingbird, identity and Hungarian-matched
     under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU) and

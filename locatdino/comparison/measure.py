@@ -73,6 +73,7 @@ class ProbeSet:
     def from_splits(cls, train: Any, test: Any, label: Callable[[Any], int], size: int, rule: str) -> ProbeSet:
         """Images and labels of two datasets of ``(PIL image, target)``; the label of a sample is
         ``label(target)`` (e.g. ``scene_class`` of its mask, or the class index itself)."""
+
         def read(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:
             images, labels = [], []
             for i in range(len(dataset)):
@@ -133,8 +134,14 @@ def retrieval_visuals(outcome: ModelOutcome, shown: ShownImages, cfg: Hummingbir
     return inspect
 
 
-def measure_hummingbird(outcome: ModelOutcome, run: Callable[[HummingbirdConfig, Any], Any], num_train: int,
-                        cfg: HummingbirdConfig, fractions: list[Fraction], inspect: Any = None) -> None:
+def measure_hummingbird(
+    outcome: ModelOutcome,
+    run: Callable[[HummingbirdConfig, Any], Any],
+    num_train: int,
+    cfg: HummingbirdConfig,
+    fractions: list[Fraction],
+    inspect: Any = None,
+) -> None:
     """Fill ``outcome.hbird`` (and its per-image matrices) and ``memory_curve``: ``run(cfg, inspect)``
     (a Hummingbird result) with the full memory first — it fills the feature cache and sets the size
     the fractions refer to — then with each smaller memory (``inspect`` only at the full one)."""
@@ -147,8 +154,10 @@ def measure_hummingbird(outcome: ModelOutcome, run: Callable[[HummingbirdConfig,
     # compare refuses up front a fraction that no memory of the input size can score; one that the
     # patches actually stored (fewer, e.g. zoomed-out views) cannot is said here, not dropped silently
     for fraction in sorted({f for f in fractions if f < 1} - {f for f, _ in sizes}):
-        say(f"{name}: memory {fraction} not scored: {int(fraction * outcome.hbird['memory_patches']):,} patches, "
-            f"fewer than k {cfg.k} or than one per memory view")
+        say(
+            f"{name}: memory {fraction} not scored: {int(fraction * outcome.hbird['memory_patches']):,} patches, "
+            f"fewer than k {cfg.k} or than one per memory view"
+        )
     for fraction, size in reversed(sizes):
         say(f"{name}: Hummingbird, memory {fraction} ({size:,} patches)")
         result = run(replace(cfg, memory_size=size), None)
@@ -156,11 +165,19 @@ def measure_hummingbird(outcome: ModelOutcome, run: Callable[[HummingbirdConfig,
     outcome.memory_curve = curve
 
 
-def measure_linear_probe(outcome: ModelOutcome, backbone: torch.nn.Module, train_set: Any, val_set: Any,
-                         linprobe: LinearProbeConfig, shown: ShownImages) -> None:
+def measure_linear_probe(
+    outcome: ModelOutcome,
+    backbone: torch.nn.Module,
+    train_set: Any,
+    val_set: Any,
+    linprobe: LinearProbeConfig,
+    shown: ShownImages,
+) -> None:
     """Fill ``outcome.linprobe`` (and its per-image matrices) and the probe's figure predictions."""
-    say(f"{outcome.spec.name}: linear probe ({linprobe.total_iterations(len(train_set))} iterations x "
-         f"{linprobe.batch_size}, augmentation {linprobe.augment})")
+    say(
+        f"{outcome.spec.name}: linear probe ({linprobe.total_iterations(len(train_set))} iterations x "
+        f"{linprobe.batch_size}, augmentation {linprobe.augment})"
+    )
 
     def show(ext: Any, head: Any) -> None:
         outcome.visuals["probe_prediction"] = predict_images(ext, head, shown.images, val_set.ignore_index).numpy()

@@ -16,9 +16,12 @@ from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
 from locatdino.evaluation.tables import number_cell
 from locatdino.retrieval.report import search_text
 
-_METRICS = {"miou": "Hummingbird mIoU", "miou_matched": "Hummingbird mIoU (Hungarian-matched)",
-            "knn_top1": "class-token k-NN top-1",
-            "logistic_top1": "class-token logistic top-1"}
+_METRICS = {
+    "miou": "Hummingbird mIoU",
+    "miou_matched": "Hummingbird mIoU (Hungarian-matched)",
+    "knn_top1": "class-token k-NN top-1",
+    "logistic_top1": "class-token logistic top-1",
+}
 
 
 def _delta(value: float | None, ref: float | None) -> str:
@@ -64,9 +67,12 @@ def headline_table(models: list[dict[str, Any]]) -> str:
     """One row per model: Hummingbird mIoU (Δ to the first, with its interval), Hungarian mIoU,
     linear-probe mIoU (Δ, with its interval), class-token probes (with their intervals), size and speed."""
     ref = models[0]
-    rows = ["| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | linear probe mIoU | "
-            "Δ linear probe [95 %] | k-NN top-1 [95 %] | logistic top-1 [95 %] | parameters | images/s | "
-            "peak forward MB |", "|" + "---|" * 13]
+    rows = [
+        "| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | linear probe mIoU | "
+        "Δ linear probe [95 %] | k-NN top-1 [95 %] | logistic top-1 [95 %] | parameters | images/s | "
+        "peak forward MB |",
+        "|" + "---|" * 13,
+    ]
     for m in models:
         probes = m.get("probes") or {}
         fwd = m.get("forward") or {}
@@ -90,8 +96,12 @@ def difference_lines(models: list[dict[str, Any]]) -> list[str]:
     """One sentence per model after the first and metric: the measured difference to the first
     model, "no measurable difference" when its interval holds 0."""
     ref = _model_cell(models[0])
-    return [f"- {label}: {difference_text(_model_cell(m), ref, interval)}" for m in models[1:]
-            for metric, label in _METRICS.items() if (interval := _difference(m, metric)) is not None]
+    return [
+        f"- {label}: {difference_text(_model_cell(m), ref, interval)}"
+        for m in models[1:]
+        for metric, label in _METRICS.items()
+        if (interval := _difference(m, metric)) is not None
+    ]
 
 
 def memory_table(models: list[dict[str, Any]]) -> str:
@@ -100,8 +110,10 @@ def memory_table(models: list[dict[str, Any]]) -> str:
     rows = ["| model | " + " | ".join(f"memory {f}" for f in fractions) + " |", "|" + "---|" * (len(fractions) + 1)]
     for m in models:
         by_fraction = {p["fraction"]: p for p in m["memory_curve"]}
-        cells = [f"{number_cell(by_fraction[f]['miou'])} ({by_fraction[f]['memory_patches']:,})" if f in by_fraction else "–"
-                 for f in fractions]
+        cells = [
+            f"{number_cell(by_fraction[f]['miou'])} ({by_fraction[f]['memory_patches']:,})" if f in by_fraction else "–"
+            for f in fractions
+        ]
         rows.append(f"| {_model_cell(m)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -126,8 +138,10 @@ def locality_table(models: list[dict[str, Any]]) -> str | None:
     if not local:
         return None
     depth = max(len(m["locality"]) for m in local)
-    rows = ["| block | " + " | ".join(f"{_model_cell(m)} σ | {_model_cell(m)} α" for m in local) + " |",
-            "|" + "---|" * (2 * len(local) + 1)]
+    rows = [
+        "| block | " + " | ".join(f"{_model_cell(m)} σ | {_model_cell(m)} α" for m in local) + " |",
+        "|" + "---|" * (2 * len(local) + 1),
+    ]
     for b in range(depth):
         cells = []
         for m in local:
@@ -149,14 +163,25 @@ def report_markdown(report: dict[str, Any]) -> str:
     """The whole markdown report of a comparison."""
     models, data, cfg = report["models"], report["dataset"], report["config"]
     if any(m.get("hbird") for m in models) or not models:
-        setting = (f"{data['num_train']} memory images × {cfg['aug_epochs']} views, {data['num_val']} query images, "
-                   f"{cfg['input_size']} px, k = {cfg['k']}, {_arithmetic(cfg, models)}, seed "
-                   f"{cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched for comparison with "
-                   "published tables); Δ = model − first model.")
+        setting = (
+            f"{data['num_train']} memory images × {cfg['aug_epochs']} views, {data['num_val']} query images, "
+            f"{cfg['input_size']} px, k = {cfg['k']}, {_arithmetic(cfg, models)}, seed "
+            f"{cfg['seed']}. mIoU in % with identity class mapping (Hungarian-matched for comparison with "
+            "published tables); Δ = model − first model."
+        )
     else:
-        setting = (f"no segmentation masks, class-token probes only: {data['num_train']} train / {data['num_val']} "
-                   f"test images at {cfg['input_size']} px, {cfg['precision']}.")
-    lines = ["# Model comparison", "", f"Command: `{report['command']}`", "", f"Dataset: {data['name']} — {setting}", ""]
+        setting = (
+            f"no segmentation masks, class-token probes only: {data['num_train']} train / {data['num_val']} "
+            f"test images at {cfg['input_size']} px, {cfg['precision']}."
+        )
+    lines = [
+        "# Model comparison",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Dataset: {data['name']} — {setting}",
+        "",
+    ]
     for name, error in report.get("failed", {}).items():
         lines.append(f"**{name} failed**: {error}")
     if report.get("failed"):
@@ -167,38 +192,70 @@ def report_markdown(report: dict[str, Any]) -> str:
     lines += ["## Summary", "", headline_table(models), ""]
     baselines = [m for m in models if m.get("baseline")]
     if baselines:
-        lines += ["Rows without a network, the floors the models are read against (n/a: needs a network; "
-                  "docs/evaluation.md):", ""] + [f"- {_model_cell(m)}: {m['baseline']}." for m in baselines] + [""]
+        lines += (
+            [
+                "Rows without a network, the floors the models are read against (n/a: needs a network; "
+                "docs/evaluation.md):",
+                "",
+            ]
+            + [f"- {_model_cell(m)}: {m['baseline']}." for m in baselines]
+            + [""]
+        )
     differences = difference_lines(models)
     if differences:
-        lines += [f"## Differences to {_model_cell(models[0])}", "",
-                  f"95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query images — of the test "
-                  f"images for the probes —, the same draws for both models, seed {SEED}); a difference is "
-                  "named only when its interval excludes 0.", "", *differences, ""]
+        lines += [
+            f"## Differences to {_model_cell(models[0])}",
+            "",
+            f"95 % paired-bootstrap intervals ({RESAMPLES:,} resamples of the query images — of the test "
+            f"images for the probes —, the same draws for both models, seed {SEED}); a difference is "
+            "named only when its interval excludes 0.",
+            "",
+            *differences,
+            "",
+        ]
     if cfg.get("linprobe"):
         lp = cfg["linprobe"]
-        lines += [f"Linear probe: the paper's head (1×1 conv → 512, GroupNorm(1, 512), GELU, 1×1 conv) trained on "
-                  f"the frozen patch tokens of the memory images for {lp['iterations']} iterations × batch "
-                  f"{lp['batch_size']} (AdamW, OneCycle), augmentation {lp['augment']}, scored on the query images; "
-                  "Δ = model − first model. `locatdino linprobe` runs the paper's full protocol.", ""]
+        lines += [
+            f"Linear probe: the paper's head (1×1 conv → 512, GroupNorm(1, 512), GELU, 1×1 conv) trained on "
+            f"the frozen patch tokens of the memory images for {lp['iterations']} iterations × batch "
+            f"{lp['batch_size']} (AdamW, OneCycle), augmentation {lp['augment']}, scored on the query images; "
+            "Δ = model − first model. `locatdino linprobe` runs the paper's full protocol.",
+            "",
+        ]
     if probes.get("note"):
         majority = next((m["probes"]["majority_top1"] for m in models if m.get("probes")), None)
-        baseline = f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""
-        lines += [f"Class-token probes (DINO's weighted k-NN, k = 20 capped at the train images, votes "
-                  f"exp(sim / 0.07), as `locatdino knn`; logistic regression), top-1 in % with its 95 % Wilson "
-                  f"interval: {probes['note']}{baseline}.", ""]
+        baseline = (
+            f"; always predicting the most frequent train label scores {majority:.1f} %" if majority is not None else ""
+        )
+        lines += [
+            f"Class-token probes (DINO's weighted k-NN, k = 20 capped at the train images, votes "
+            f"exp(sim / 0.07), as `locatdino knn`; logistic regression), top-1 in % with its 95 % Wilson "
+            f"interval: {probes['note']}{baseline}.",
+            "",
+        ]
     dense = [m for m in models if m.get("hbird")]
     if dense:
-        lines += ["## mIoU vs memory size", "", "Fraction of the full memory (patches in brackets).", "",
-                  memory_table(dense), ""]
+        lines += [
+            "## mIoU vs memory size",
+            "",
+            "Fraction of the full memory (patches in brackets).",
+            "",
+            memory_table(dense),
+            "",
+        ]
         lines += ["## Per-class IoU", "", per_class_table(dense), ""]
     local = locality_table(models)
     if local:
-        lines += ["## Learned locality (LocAtViT)", "",
-                  "Mean GAug σ (in patches, at the evaluation grid) and α over all heads and patch "
-                  "queries of the figure images, per block.", "", local, ""]
+        lines += [
+            "## Learned locality (LocAtViT)",
+            "",
+            "Mean GAug σ (in patches, at the evaluation grid) and α over all heads and patch "
+            "queries of the figure images, per block.",
+            "",
+            local,
+            "",
+        ]
     if report.get("figures"):
         lines += ["## Figures", ""] + [f"![{name}]({path})" for name, path in report["figures"].items()] + [""]
     lines += ["## Config", "", "```json", json.dumps(report["config"], indent=2, default=str), "```", ""]
     return "\n".join(lines)
-

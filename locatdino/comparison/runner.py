@@ -33,19 +33,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from locatdino.common.errors import first_line
 from locatdino.comparison.attention_maps import class_token_attention, locality_per_block
 from locatdino.comparison.baselines import evaluate_baselines
 from locatdino.comparison.forward_cost import count_parameters, forward_cost
 from locatdino.comparison.intervals import probe_record
-from locatdino.comparison.measure import (ModelOutcome, ModelSpec, ProbeSet, ShownImages, measure_hummingbird,
-                                          measure_linear_probe, retrieval_visuals, say)
-from locatdino.common.errors import first_line
+from locatdino.comparison.measure import (
+    ModelOutcome,
+    ModelSpec,
+    ProbeSet,
+    ShownImages,
+    measure_hummingbird,
+    measure_linear_probe,
+    retrieval_visuals,
+    say,
+)
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
 from locatdino.models.token_grid import patch_size
 from locatdino.probes.class_token import class_embeddings, knn_hits, logistic_hits
 from locatdino.probes.dense_probe import LinearProbeConfig
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
+
 
 def load_model(spec: ModelSpec, cfg: HummingbirdConfig, pos_embed: str = "auto") -> torch.nn.Module:
     """The frozen backbone of ``spec`` (raises on a checkpoint or model that cannot be used, or an
@@ -77,24 +86,35 @@ def evaluate_model(
     extractor = CachedExtractor(base)
     outcome = ModelOutcome(spec, parameters=count_parameters(backbone), pos_embed=backbone.pos_embed_rule)
     if train_set is not None:  # None: a dataset with image labels only (probes, no masks)
-        measure_hummingbird(outcome, lambda c, look: hummingbird(extractor, train_set, val_set, c, inspect=look),
-                            len(train_set), cfg, fractions, retrieval_visuals(outcome, shown, cfg))
+        measure_hummingbird(
+            outcome,
+            lambda c, look: hummingbird(extractor, train_set, val_set, c, inspect=look),
+            len(train_set),
+            cfg,
+            fractions,
+            retrieval_visuals(outcome, shown, cfg),
+        )
         if linprobe is not None:
             measure_linear_probe(outcome, backbone, train_set, val_set, linprobe, shown)
     say(f"{spec.name}: attention maps and locality")
     outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
     outcome.locality = locality_per_block(backbone, shown.images)
     if probes is not None:
-        say(f"{spec.name}: class-token probes ({len(probes.train_labels)} train / {len(probes.test_labels)} test images)")
+        say(
+            f"{spec.name}: class-token probes ({len(probes.train_labels)} train / "
+            f"{len(probes.test_labels)} test images)"
+        )
         n_train = len(probes.train_images)
-        both = class_embeddings(backbone, torch.cat([probes.train_images, probes.test_images]), cfg.batch_size,
-                                cfg.precision)
+        both = class_embeddings(
+            backbone, torch.cat([probes.train_images, probes.test_images]), cfg.batch_size, cfg.precision
+        )
         train, test = both[:n_train], both[n_train:]
         outcome.probes = {
             **probe_record("knn", knn_hits(train, probes.train_labels, test, probes.test_labels)),
             **probe_record("logistic", logistic_hits(train, probes.train_labels, test, probes.test_labels)),
             "majority_top1": 100 * float(np.mean(probes.test_labels == np.bincount(probes.train_labels).argmax())),
-            "num_train": len(train), "num_test": len(test),
+            "num_train": len(train),
+            "num_test": len(test),
         }
     say(f"{spec.name}: forward speed and memory at {cfg.input_size} px")
     outcome.forward = forward_cost(base, cfg.input_size, cfg.batch_size)
@@ -132,13 +152,19 @@ def compare(
             return None
 
     rules = pos_embeds or ["auto"] * len(specs)
-    loaded = [(spec, attempt(spec, lambda spec=spec, rule=rule: load_model(spec, cfg, rule).to(device)))
-              for spec, rule in zip(specs, rules)]
+    loaded = [
+        (spec, attempt(spec, lambda spec=spec, rule=rule: load_model(spec, cfg, rule).to(device)))
+        for spec, rule in zip(specs, rules)
+    ]
     outcomes, patch_sizes = [], []
     for spec, backbone in loaded:
         if backbone is not None:
-            outcome = attempt(spec, lambda: evaluate_model(spec, backbone, train_set, val_set, cfg, fractions,
-                                                           shown, probes, linprobe))
+            outcome = attempt(
+                spec,
+                lambda spec=spec, backbone=backbone: evaluate_model(
+                    spec, backbone, train_set, val_set, cfg, fractions, shown, probes, linprobe
+                ),
+            )
             if outcome is not None:
                 outcomes.append(outcome)
                 patch_sizes.append(patch_size(backbone)[0])

@@ -2,9 +2,10 @@
 
 ``default.yaml`` holds every key and is always loaded first; each other file is a recipe holding
 only what changes. One recipe per objective and scale, named ``<objective>_<scale>_<strategy>``
-(``dino_tiny_cpu``, ``sup_small_ddp``, ``dino_large_fsdp``, ...); its backbone is the vanilla ViT and
-``--model.backbone`` switches it (``locatvit_tiny_patch8_224``, ``locatvit_small_patch16_224``). A checkout also shows them as ``configs/`` at the repository root (a symlink
-to this folder), so ``--config configs/<recipe>.yaml`` works there as everywhere else.
+(``dino_tiny_cpu``, ``sup_small_ddp``, ``dino_large_fsdp``, ...); its backbone is the vanilla ViT
+and ``--model.backbone`` switches it (``locatvit_tiny_patch8_224``, ``locatvit_small_patch16_224``).
+A checkout also shows them as ``configs/`` at the repository root (a symlink to this folder), so
+``--config configs/<recipe>.yaml`` works there as everywhere else.
 """
 
 from __future__ import annotations

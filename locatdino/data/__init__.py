@@ -23,16 +23,35 @@ from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls
 from locatdino.data.shards.writer import write_shards
 from locatdino.data.transforms.multicrop import MultiCropTransform, collate_multicrop
 
-_LAZY = {"ShardDataModule": "locatdino.data.datamodule", "SkippedSamplesLogger": "locatdino.data.shards.skipped",
-         "LabelledShardDataModule": "locatdino.data.labelled_datamodule"}
+_LAZY = {
+    "ShardDataModule": "locatdino.data.datamodule",
+    "SkippedSamplesLogger": "locatdino.data.shards.skipped",
+    "LabelledShardDataModule": "locatdino.data.labelled_datamodule",
+}
 
 __all__ = [
-    "ADE20K_CLASSES", "COCO_STUFF_CLASSES", "PASCAL_CONTEXT_CLASSES", "SCENE_CLASSES", "VOC_CLASSES",
-    "ADE20KSegmentation", "COCOStuffSegmentation", "LabelledShardDataModule", "MultiCropTransform",
+    "ADE20K_CLASSES",
+    "COCO_STUFF_CLASSES",
+    "PASCAL_CONTEXT_CLASSES",
+    "SCENE_CLASSES",
+    "VOC_CLASSES",
+    "ADE20KSegmentation",
+    "COCOStuffSegmentation",
+    "LabelledShardDataModule",
+    "MultiCropTransform",
     "PascalContextSegmentation",
-    "ScenesSegmentation", "ShardDataModule", "ShardLoader", "ShardSegmentation", "ShardStream",
-    "SkippedSamplesLogger", "VOCSegmentation", "build_segmentation_dataset", "build_source",
-    "collate_multicrop", "expand_urls", "write_shards",
+    "ScenesSegmentation",
+    "ShardDataModule",
+    "ShardLoader",
+    "ShardSegmentation",
+    "ShardStream",
+    "SkippedSamplesLogger",
+    "VOCSegmentation",
+    "build_segmentation_dataset",
+    "build_source",
+    "collate_multicrop",
+    "expand_urls",
+    "write_shards",
 ]
 
 

@@ -46,8 +46,12 @@ from webdataset.utils import make_seed
 from locatdino.data.shards.sources import ScenesSource
 from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls, shard_sizes
 from locatdino.data.shards.writer import write_shards
-from locatdino.data.transforms.decoded_images import (DecodedImage, check_decoded_size, collate_decoded,
-                                                      default_image_size)
+from locatdino.data.transforms.decoded_images import (
+    DecodedImage,
+    check_decoded_size,
+    collate_decoded,
+    default_image_size,
+)
 from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop
 from locatdino.data.transforms.multicrop import MultiCropTransform
 
@@ -84,12 +88,23 @@ class ShardDataModule(L.LightningDataModule):
             least the largest crop).
     """
 
-    def __init__(self, train_urls: str | list[str] = "shards/scenes", batch_size: int = 64, num_workers: int = 8,
-                 multicrop: MultiCropTransform | None = None, resampled: bool = False,
-                 batches_per_epoch: int | None = None, shuffle_buffer: int = 1000, seed: int = 0,
-                 pin_memory: bool = True, synthetic: int = 0, synthetic_size: int = 224,
-                 synthetic_seed: int = 0, augment_on: Literal["cpu", "gpu"] = "cpu",
-                 decoded_size: int | None = None) -> None:
+    def __init__(
+        self,
+        train_urls: str | list[str] = "shards/scenes",
+        batch_size: int = 64,
+        num_workers: int = 8,
+        multicrop: MultiCropTransform | None = None,
+        resampled: bool = False,
+        batches_per_epoch: int | None = None,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        pin_memory: bool = True,
+        synthetic: int = 0,
+        synthetic_size: int = 224,
+        synthetic_seed: int = 0,
+        augment_on: Literal["cpu", "gpu"] = "cpu",
+        decoded_size: int | None = None,
+    ) -> None:
         super().__init__()
         if augment_on not in ("cpu", "gpu"):
             raise ValueError(f"augment_on must be 'cpu' or 'gpu', got {augment_on!r}")
@@ -99,8 +114,11 @@ class ShardDataModule(L.LightningDataModule):
         self.shuffle_buffer, self.seed, self.pin_memory = shuffle_buffer, seed, pin_memory
         self.synthetic, self.synthetic_size, self.synthetic_seed = synthetic, synthetic_size, synthetic_seed
         self.augment_on = augment_on
-        self.decoded_size = (default_image_size(self.multicrop) if decoded_size is None
-                             else check_decoded_size(decoded_size, self.multicrop))
+        self.decoded_size = (
+            default_image_size(self.multicrop)
+            if decoded_size is None
+            else check_decoded_size(decoded_size, self.multicrop)
+        )
         self.gpu_multicrop: GPUMultiCrop | None = None
         self.stream: ShardStream | None = None
         self._epoch = 0
@@ -119,8 +137,12 @@ class ShardDataModule(L.LightningDataModule):
             raise ValueError(f"synthetic={num_images} needs a directory to write {split} scenes to, got {urls!r}")
         shards = max(8, 2 * (os.cpu_count() or 1))  # enough shards for every rank and worker to start
         log.info("writing %d built-in %s scenes to %s", num_images, split, urls)
-        write_shards(ScenesSource(num_images, self.synthetic_seed, self.synthetic_size, split), urls,
-                     maxcount=max(1, math.ceil(num_images / shards)), progress=False)
+        write_shards(
+            ScenesSource(num_images, self.synthetic_seed, self.synthetic_size, split),
+            urls,
+            maxcount=max(1, math.ceil(num_images / shards)),
+            progress=False,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         trainer = self.trainer
@@ -137,12 +159,26 @@ class ShardDataModule(L.LightningDataModule):
                 raise ValueError("cannot count the samples of remote shards without index.json: set batches_per_epoch")
             n = sum(sizes) // (self.batch_size * world_size)
             if n == 0:
-                log.warning("%d samples < batch_size %d x world_size %d: using 1 batch per epoch (samples repeat)",
-                            sum(sizes), self.batch_size, world_size)
+                log.warning(
+                    "%d samples < batch_size %d x world_size %d: using 1 batch per epoch (samples repeat)",
+                    sum(sizes),
+                    self.batch_size,
+                    world_size,
+                )
                 n = 1
-        stream = ShardStream(urls, self.train_transform(), self.batch_size, num_batches=n, rank=rank,
-                             world_size=world_size, resampled=self.resampled, shuffle_buffer=self.shuffle_buffer,
-                             seed=self.seed, shard_sizes=sizes, **self.stream_options())
+        stream = ShardStream(
+            urls,
+            self.train_transform(),
+            self.batch_size,
+            num_batches=n,
+            rank=rank,
+            world_size=world_size,
+            resampled=self.resampled,
+            shuffle_buffer=self.shuffle_buffer,
+            seed=self.seed,
+            shard_sizes=sizes,
+            **self.stream_options(),
+        )
         stream.epoch = self._epoch
         return stream
 

@@ -93,14 +93,38 @@ class LabelledShardDataModule(ShardDataModule):
         synthetic_seed: seed of the generated scenes.
     """
 
-    def __init__(self, train_urls: str | list[str] = "shards/scenes", val_urls: str | list[str] | None = None,
-                 batch_size: int = 64, num_workers: int = 8, transform: ClassificationTransform | None = None,
-                 labels: Literal["cls", "classes.json"] = "cls", resampled: bool = False,
-                 batches_per_epoch: int | None = None, shuffle_buffer: int = 1000, seed: int = 0,
-                 pin_memory: bool = True, synthetic: int = 0, synthetic_val: int = 0, synthetic_size: int = 224,
-                 synthetic_seed: int = 0) -> None:
-        super().__init__(train_urls, batch_size, num_workers, None, resampled, batches_per_epoch, shuffle_buffer,
-                         seed, pin_memory, synthetic, synthetic_size, synthetic_seed)
+    def __init__(
+        self,
+        train_urls: str | list[str] = "shards/scenes",
+        val_urls: str | list[str] | None = None,
+        batch_size: int = 64,
+        num_workers: int = 8,
+        transform: ClassificationTransform | None = None,
+        labels: Literal["cls", "classes.json"] = "cls",
+        resampled: bool = False,
+        batches_per_epoch: int | None = None,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        pin_memory: bool = True,
+        synthetic: int = 0,
+        synthetic_val: int = 0,
+        synthetic_size: int = 224,
+        synthetic_seed: int = 0,
+    ) -> None:
+        super().__init__(
+            train_urls,
+            batch_size,
+            num_workers,
+            None,
+            resampled,
+            batches_per_epoch,
+            shuffle_buffer,
+            seed,
+            pin_memory,
+            synthetic,
+            synthetic_size,
+            synthetic_seed,
+        )
         self.val_urls, self.labels, self.synthetic_val = val_urls, labels, synthetic_val
         self.transform = transform or ClassificationTransform()
         self.class_names: list[str] | None = None
@@ -137,8 +161,16 @@ class LabelledShardDataModule(ShardDataModule):
             return []
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        stream = ShardStream(expand_urls(self.val_urls), self.transform.eval(), self.batch_size, rank=rank,
-                             world_size=world, shuffle_shards=False, shuffle_buffer=1, **self.stream_options())
+        stream = ShardStream(
+            expand_urls(self.val_urls),
+            self.transform.eval(),
+            self.batch_size,
+            rank=rank,
+            world_size=world,
+            shuffle_shards=False,
+            shuffle_buffer=1,
+            **self.stream_options(),
+        )
         return ShardLoader(stream, num_workers=min(self.num_workers, 1))
 
 
@@ -148,8 +180,10 @@ def _class_names(urls: str | list[str], labels: str) -> list[str]:
     index = Path(os.path.dirname(first) or ".") / INDEX_NAME
     names = json.loads(index.read_text()).get("classes") if index.is_file() else None
     if not names:
-        raise UserError(f"data.init_args.train_urls: {index} lists no classes, so the {labels} labels cannot be "
-                        "sized (write the shards with `locatdino shards` from a class-folder tree or the scenes)")
+        raise UserError(
+            f"data.init_args.train_urls: {index} lists no classes, so the {labels} labels cannot be "
+            "sized (write the shards with `locatdino shards` from a class-folder tree or the scenes)"
+        )
     return list(names)
 
 
@@ -164,6 +198,8 @@ def _check_labelled(key: str, urls: str | list[str], labels: str) -> None:
     sample = next(iter(wds.tarfile_to_samples()([{"url": first}])), {})
     if labels not in sample:
         found = ", ".join(k for k in sample if not k.startswith("__")) or "nothing"
-        raise UserError(f"data.init_args.{key}: {first} holds no '{labels}' image-level label (found {found}); "
-                        "scenes written before labels existed need rewriting (delete the folder), image folders "
-                        "need one sub-folder per class")
+        raise UserError(
+            f"data.init_args.{key}: {first} holds no '{labels}' image-level label (found {found}); "
+            "scenes written before labels existed need rewriting (delete the folder), image folders "
+            "need one sub-folder per class"
+        )

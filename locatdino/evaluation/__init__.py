@@ -20,5 +20,12 @@ from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import ConfusionMatrix, IoUResult
 from locatdino.evaluation.splits import open_split
 
-__all__ = ["ConfusionMatrix", "FeatureExtractor", "ImageConfusions", "IoUResult", "eval_mode", "load_backbone",
-           "open_split"]
+__all__ = [
+    "ConfusionMatrix",
+    "FeatureExtractor",
+    "ImageConfusions",
+    "IoUResult",
+    "eval_mode",
+    "load_backbone",
+    "open_split",
+]

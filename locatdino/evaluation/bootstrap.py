@@ -84,8 +84,9 @@ def paired_bootstrap(
     same ``N`` images and ``score`` maps summed counts ``[R, ...]`` to ``[R]`` scores."""
     counts_a, counts_b = np.asarray(counts_a, np.float64), np.asarray(counts_b, np.float64)
     if counts_a.shape != counts_b.shape:
-        raise ValueError(f"paired bootstrap needs the same images for both models: counts {counts_a.shape} "
-                         f"vs {counts_b.shape}")
+        raise ValueError(
+            f"paired bootstrap needs the same images for both models: counts {counts_a.shape} vs {counts_b.shape}"
+        )
     n = len(counts_a)
     weights = resample_weights(n, resamples, seed).astype(np.float64)
     both = np.concatenate([counts_a.reshape(n, -1), counts_b.reshape(n, -1)], axis=1)
@@ -107,18 +108,23 @@ def miou_score(class_mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda counts: 100 * mean_iou(class_iou(counts[:, 0], counts[:, 1], counts[:, 2], class_mask))
 
 
-def miou_interval(a: ImageConfusions, b: ImageConfusions, resamples: int = RESAMPLES,
-                  seed: int = SEED) -> PairedInterval:
+def miou_interval(
+    a: ImageConfusions, b: ImageConfusions, resamples: int = RESAMPLES, seed: int = SEED
+) -> PairedInterval:
     """Δ mIoU (percent) of model ``a`` over model ``b`` on the same query images, with its interval."""
     if a.num_images != b.num_images or a.num_classes != b.num_classes:
-        raise ValueError(f"paired bootstrap needs the same query images and classes: {a.num_images} images × "
-                         f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}")
-    return paired_bootstrap(a.class_counts(), b.class_counts(), miou_score(a.class_mask & b.class_mask),
-                            resamples, seed)
+        raise ValueError(
+            f"paired bootstrap needs the same query images and classes: {a.num_images} images × "
+            f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}"
+        )
+    return paired_bootstrap(
+        a.class_counts(), b.class_counts(), miou_score(a.class_mask & b.class_mask), resamples, seed
+    )
 
 
-def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfusions],
-                            resamples: int = RESAMPLES, seed: int = SEED) -> PairedInterval:
+def seed_mean_miou_interval(
+    a: Sequence[ImageConfusions], b: Sequence[ImageConfusions], resamples: int = RESAMPLES, seed: int = SEED
+) -> PairedInterval:
     """Δ of the mean over training seeds: ``mean_s mIoU(a[s]) − mean_s mIoU(b[s])``, where ``a[s]``
     and ``b[s]`` are the two models' runs of seed ``s`` scored on the same query images.
 
@@ -130,8 +136,10 @@ def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfu
         raise ValueError(f"seed-mean interval needs the same seeds for both models, got {len(a)} and {len(b)} runs")
     runs = [*a, *b]
     if len({(r.num_images, r.num_classes) for r in runs}) != 1:
-        raise ValueError("seed-mean interval needs every run scored on the same query images and classes: "
-                         + ", ".join(f"{r.num_images}×{r.num_classes}" for r in runs))
+        raise ValueError(
+            "seed-mean interval needs every run scored on the same query images and classes: "
+            + ", ".join(f"{r.num_images}×{r.num_classes}" for r in runs)
+        )
     mask = np.logical_and.reduce([r.class_mask for r in runs])
     per_seed = miou_score(mask)
 
@@ -142,9 +150,11 @@ def seed_mean_miou_interval(a: Sequence[ImageConfusions], b: Sequence[ImageConfu
     return paired_bootstrap(stack(a), stack(b), seed_mean, resamples, seed)
 
 
-def accuracy_interval(correct_a: np.ndarray, correct_b: np.ndarray, resamples: int = RESAMPLES,
-                      seed: int = SEED) -> PairedInterval:
+def accuracy_interval(
+    correct_a: np.ndarray, correct_b: np.ndarray, resamples: int = RESAMPLES, seed: int = SEED
+) -> PairedInterval:
     """Δ top-1 (percent) of two classifiers from their per-image hits (booleans ``[N]``)."""
+
     def top1(hits: np.ndarray) -> np.ndarray:
         return 100 * hits[:, 0] / hits[:, 1]
 
@@ -161,22 +171,29 @@ def _resampled_matrices(confusions: ImageConfusions, weights: np.ndarray) -> np.
     return np.asarray((confusions.sparse().T @ weights.T).T).reshape(len(weights), c, c)
 
 
-def matched_miou_interval(a: ImageConfusions, b: ImageConfusions, criterion: str = "iou",
-                          resamples: int = RESAMPLES, seed: int = SEED, chunk: int = 100) -> PairedInterval:
+def matched_miou_interval(
+    a: ImageConfusions,
+    b: ImageConfusions,
+    criterion: str = "iou",
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    chunk: int = 100,
+) -> PairedInterval:
     """Δ Hungarian-matched mIoU (percent) of model ``a`` over model ``b`` on the same query images,
     with its paired interval: every resample (the draws of :func:`miou_interval`) is matched anew."""
     if a.num_images != b.num_images or a.num_classes != b.num_classes:
-        raise ValueError(f"paired bootstrap needs the same query images and classes: {a.num_images} images × "
-                         f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}")
+        raise ValueError(
+            f"paired bootstrap needs the same query images and classes: {a.num_images} images × "
+            f"{a.num_classes} classes vs {b.num_images} × {b.num_classes}"
+        )
     mask = a.class_mask & b.class_mask
     score = lambda cm: matrix_miou(hungarian_matched(cm, mask, criterion), mask)  # noqa: E731
     weights = resample_weights(a.num_images, resamples, seed).astype(np.float64)
     diffs = []
     for start in range(0, resamples, chunk):
-        block = weights[start:start + chunk]
+        block = weights[start : start + chunk]
         for cm_a, cm_b in zip(_resampled_matrices(a, block), _resampled_matrices(b, block)):
             diffs.append(score(cm_a) - score(cm_b))
     ones = np.ones((1, a.num_images))
     full = score(_resampled_matrices(a, ones)[0]) - score(_resampled_matrices(b, ones)[0])
     return _interval(full, np.asarray(diffs), resamples, seed, LEVEL)
-

@@ -39,8 +39,9 @@ def check_layer(depth: int, layer: int, model_name: str) -> None:
     """:class:`UserError` unless ``layer`` indexes one of the ``depth`` blocks of ``model_name``
     (``-depth .. depth - 1``): checked when the model is built, before any feature is computed."""
     if not -depth <= layer < depth:
-        raise UserError(f"--layer {layer}: {model_name} has {depth} blocks (use 0 to {depth - 1}, or -1 to -{depth} "
-                        "from the end)")
+        raise UserError(
+            f"--layer {layer}: {model_name} has {depth} blocks (use 0 to {depth - 1}, or -1 to -{depth} from the end)"
+        )
 
 
 @contextlib.contextmanager
@@ -108,12 +109,12 @@ class FeatureExtractor:
     def __call__(self, images: Tensor) -> Tensor:
         x = normalize(images.to(self.device, non_blocking=True))
         with eval_mode(self.model), torch.inference_mode(), autocast(self.precision, self.device):
-            feats = dense_features(
-                self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC"
-            )
+            feats = dense_features(self.model, x, layer=self.layer, norm=self.norm, prr=self.prr, output_fmt="NHWC")
             if not torch.isfinite(feats).all():  # else NaN neighbours and labels get scored as an mIoU
-                raise UserError(f"the encoder's patch features (block {self.layer}) are not finite in {self.precision}: "
-                                "its weights overflow (a diverged run, or a checkpoint with huge values?); nothing "
-                                "was scored")
+                raise UserError(
+                    f"the encoder's patch features (block {self.layer}) are not finite in {self.precision}: "
+                    "its weights overflow (a diverged run, or a checkpoint with huge values?); nothing "
+                    "was scored"
+                )
             feats = F.normalize(feats.float(), dim=-1) if self.l2_normalize else feats.float()
             return feats.cpu() if self.to_cpu else feats

@@ -53,8 +53,9 @@ class ImageConfusions:
         return cls(num_classes, mask)
 
     @classmethod
-    def from_matrices(cls, matrices: Iterable[np.ndarray] | np.ndarray,
-                      class_mask: np.ndarray | None = None) -> ImageConfusions:
+    def from_matrices(
+        cls, matrices: Iterable[np.ndarray] | np.ndarray, class_mask: np.ndarray | None = None
+    ) -> ImageConfusions:
         """From dense per-image matrices (a list of ``[C, C]`` or one ``[N, C, C]`` array)."""
         stack = np.stack([np.asarray(m) for m in matrices]) if not isinstance(matrices, np.ndarray) else matrices
         if stack.ndim != 3 or stack.shape[1] != stack.shape[2]:
@@ -114,9 +115,18 @@ class ImageConfusions:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically as a compressed ``.npz``."""
         self._merge()
-        return atomic_write(path, lambda f: np.savez_compressed(
-            f, num_classes=self.num_classes, class_mask=self.class_mask, num_images=self.num_images,
-            image=self.image, cell=self.cell, count=self.count))
+        return atomic_write(
+            path,
+            lambda f: np.savez_compressed(
+                f,
+                num_classes=self.num_classes,
+                class_mask=self.class_mask,
+                num_images=self.num_images,
+                image=self.image,
+                cell=self.cell,
+                count=self.count,
+            ),
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ImageConfusions:
@@ -132,13 +142,20 @@ class ImageConfusions:
         except zipfile.BadZipFile as err:
             raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
         if unpacked > MAX_BYTES:  # compressed zeros: a few kB that unpack to gigabytes
-            raise ValueError(f"{path}: its arrays unpack to {unpacked / 2**20:.0f} MiB, more than a per-image "
-                             f"confusion file ever holds ({MAX_BYTES / 2**20:.0f} MiB)")
+            raise ValueError(
+                f"{path}: its arrays unpack to {unpacked / 2**20:.0f} MiB, more than a per-image "
+                f"confusion file ever holds ({MAX_BYTES / 2**20:.0f} MiB)"
+            )
         try:
             with np.load(content) as arrays:
-                loaded = cls(int(arrays["num_classes"]), arrays["class_mask"].astype(bool), int(arrays["num_images"]),
-                             arrays["image"].astype(np.int64), arrays["cell"].astype(np.int64),
-                             arrays["count"].astype(np.int64))
+                loaded = cls(
+                    int(arrays["num_classes"]),
+                    arrays["class_mask"].astype(bool),
+                    int(arrays["num_images"]),
+                    arrays["image"].astype(np.int64),
+                    arrays["cell"].astype(np.int64),
+                    arrays["count"].astype(np.int64),
+                )
         except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path}: not a per-image confusion file ({first_line(err)})") from None
         problem = loaded.inconsistency()

@@ -30,8 +30,10 @@ def label_problem(label: str, reserved: Iterable[str] = ()) -> str | None:
     bad = sorted({c for c in label if c in FORBIDDEN or unicodedata.category(c) == "Cc"})
     if bad:
         shown = " ".join(repr(c)[1:-1] for c in bad)
-        return f"holds {shown}: a label names its run's folder and table row, so it may not hold / \\ | : * ? \" < > " \
-               "or control characters"
+        return (
+            f"holds {shown}: a label names its run's folder and table row, so it may not hold / \\ | : * ? \" < > "
+            "or control characters"
+        )
     if not label or label.startswith(".") or label != label.strip():
         return "starts with '.' or a space, or ends in one: choose a plain name"
     if len(label) > MAX_LENGTH:
@@ -54,6 +56,8 @@ def check_labels(labels: Sequence[str], option: str, reserved: Iterable[str] = (
         if earlier == label:
             raise ValueError(f"{option} label {label!r} is given twice: give each run its own label")
         if earlier is not None:
-            raise ValueError(f"{option} labels {earlier!r} and {label!r} differ in case only (one folder on a "
-                             "case-insensitive file system): give each run its own label")
+            raise ValueError(
+                f"{option} labels {earlier!r} and {label!r} differ in case only (one folder on a "
+                "case-insensitive file system): give each run its own label"
+            )
         seen[label.casefold()] = label

@@ -30,9 +30,11 @@ from locatdino.models.token_grid import fitting_sizes, patch_size
 
 MODEL_METAVAR = "[LABEL=]NAME[:CHECKPOINT]"
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
-POS_EMBED_HELP = ("position-embedding resampling at other grids: dino (the reference ViT's), timm, or auto "
-                  "(each release's own: dino for full DINO checkpoints and plain state dicts of vanilla ViTs, "
-                  "timm for DINOv2 with registers; timm otherwise)")
+POS_EMBED_HELP = (
+    "position-embedding resampling at other grids: dino (the reference ViT's), timm, or auto "
+    "(each release's own: dino for full DINO checkpoints and plain state dicts of vanilla ViTs, "
+    "timm for DINOv2 with registers; timm otherwise)"
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,10 @@ def parse_model(text: str) -> tuple[str | None, str, str | None]:
     head, _, checkpoint = text.partition(":")
     label, has_label, name = head.partition("=") if "=" in head else (None, "", head)
     if not name or (has_label and not label):
-        raise ValueError(f"--model {text!r}: expected {MODEL_METAVAR}, e.g. vit_small_patch16_224:dino.pth "
-                         "or vanilla=vit_small_patch16_224:dino.pth")
+        raise ValueError(
+            f"--model {text!r}: expected {MODEL_METAVAR}, e.g. vit_small_patch16_224:dino.pth "
+            "or vanilla=vit_small_patch16_224:dino.pth"
+        )
     return label, name, None if checkpoint in ("", "none") else checkpoint
 
 
@@ -61,13 +65,24 @@ def add_model_arguments(group: Any, positional_hint: bool = False) -> None:
     """``--model`` and ``--pos-embed``, repeatable: one run per model; and the retired
     ``--checkpoint`` (with ``positional_hint``, ``compare``'s positional models), hidden, caught
     to say what to write instead (:func:`model_runs`)."""
-    group.add_argument("--model", action="append", default=[], metavar=MODEL_METAVAR,
-                       help="required, repeatable: a timm / LocAtViT model NAME, its CHECKPOINT (a file in any "
-                       "format of locatdino.models.create_backbone; none or nothing: random init from --seed) and "
-                       "the run's LABEL (default: NAME, or NAME-<checkpoint file stem>); the first model is the "
-                       "reference of every Δ")
-    group.add_argument("--pos-embed", action="append", choices=POS_EMBED_CHOICES, default=[], metavar="RULE",
-                       help=POS_EMBED_HELP + "; once for all models or once per --model")
+    group.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar=MODEL_METAVAR,
+        help="required, repeatable: a timm / LocAtViT model NAME, its CHECKPOINT (a file in any "
+        "format of locatdino.models.create_backbone; none or nothing: random init from --seed) and "
+        "the run's LABEL (default: NAME, or NAME-<checkpoint file stem>); the first model is the "
+        "reference of every Δ",
+    )
+    group.add_argument(
+        "--pos-embed",
+        action="append",
+        choices=POS_EMBED_CHOICES,
+        default=[],
+        metavar="RULE",
+        help=POS_EMBED_HELP + "; once for all models or once per --model",
+    )
     group.add_argument("--checkpoint", action="append", default=[], help=argparse.SUPPRESS)
     if positional_hint:
         group.add_argument("retired_models", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -95,10 +110,14 @@ def model_runs(args: argparse.Namespace, parser: ArgumentParser, reserved: Itera
     _retired_forms(args, parser)
     if not args.model:
         parser.error("the following arguments are required: --model")
-    rules = args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
+    rules = (
+        args.pos_embed * len(args.model) if len(args.pos_embed) == 1 else args.pos_embed or ["auto"] * len(args.model)
+    )
     if len(rules) != len(args.model):
-        parser.refuse(f"{len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
-                      "(give one for all models or one per model)")
+        parser.refuse(
+            f"{len(args.model)} --model but {len(args.pos_embed)} --pos-embed "
+            "(give one for all models or one per model)"
+        )
     try:
         parsed = [parse_model(text) for text in args.model]
     except ValueError as err:
@@ -137,8 +156,10 @@ def load_backbones(runs: list[ModelRun], seed: int, input_size: int, layer: int 
             raise UserError(str(err) if named else f"--model {name}: {err}") from err
         patch = patch_size(model)[0]
         if input_size % patch:
-            raise UserError(f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
-                            f"use {fitting_sizes(input_size, patch)}")
+            raise UserError(
+                f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
+                f"use {fitting_sizes(input_size, patch)}"
+            )
         check_layer(len(model.blocks), layer, name)
         models.append(model)
     return models

@@ -30,16 +30,16 @@ class PeriodicMonitor(pl.Callback):
     def report(self, pl_module: pl.LightningModule, step: int, value: float, seconds: float) -> None:
         """What a monitor logs besides :attr:`metric` (nothing by default)."""
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
-                           batch_idx) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step == 0 or step % self.every_n_steps or step == self._last_step:
             return
         self._last_step = step
         backbone = getattr(pl_module, "eval_backbone", None)
         if backbone is None:
-            raise AttributeError(f"{type(self).__name__} needs {type(pl_module).__name__}.eval_backbone "
-                                 "(see PretrainingObjective)")
+            raise AttributeError(
+                f"{type(self).__name__} needs {type(pl_module).__name__}.eval_backbone (see PretrainingObjective)"
+            )
         start = time.perf_counter()
         value = self.evaluate(backbone)
         seconds = time.perf_counter() - start

@@ -37,15 +37,17 @@ def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
     """The labelled dataset (one of ``datasets``: the segmentation sets by default, the
     class-labelled sources for ``knn`` and ``lincls``) and its memory (training) / query splits
     (``g``: the data group), with one help per option for every command."""
-    text = {"--dataset": "labelled dataset: a segmentation set, class-labelled images (imagefolder: "
-                         "ROOT/<split>/<class>/<image>), shards or the built-in scenes (the choices: what this "
-                         "command reads)",
-            "--data-dir": "dataset root (shards: a shard URL pattern for hbird, linprobe and compare; ROOT of "
-                          "ROOT/<split>/*.tar, locatdino shards of an image-folder tree, for knn and lincls); not "
-                          "needed for the built-in scenes",
-            "--train-split": "memory (training) split: the images Hummingbird retrieves from, a probe trains on, a "
-                             "k-NN votes with (VOC: trainaug as in the paper)",
-            "--val-split": "query split: the images that are scored"}
+    text = {
+        "--dataset": "labelled dataset: a segmentation set, class-labelled images (imagefolder: "
+        "ROOT/<split>/<class>/<image>), shards or the built-in scenes (the choices: what this "
+        "command reads)",
+        "--data-dir": "dataset root (shards: a shard URL pattern for hbird, linprobe and compare; ROOT of "
+        "ROOT/<split>/*.tar, locatdino shards of an image-folder tree, for knn and lincls); not "
+        "needed for the built-in scenes",
+        "--train-split": "memory (training) split: the images Hummingbird retrieves from, a probe trains on, a "
+        "k-NN votes with (VOC: trainaug as in the paper)",
+        "--val-split": "query split: the images that are scored",
+    }
     g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
     g.add_argument("--data-dir", default=None, help=text["--data-dir"])
     g.add_argument("--train-split", default="train", help=text["--train-split"])
@@ -61,11 +63,19 @@ def add_feature_arguments(groups: OptionGroups, d: Any) -> None:
     ``layer``, ``norm`` and ``precision`` the options default to (``HummingbirdConfig()``,
     ``LinearProbeConfig()``)."""
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--layer", type=integer, default=d.layer,
-                          help="block whose patch tokens are used (negative: from the end, -1 the last)")
-    protocol.add_argument("--norm", action=argparse.BooleanOptionalAction, default=d.norm,
-                          help="apply the final norm to the features (the Hummingbird reference's default "
-                          "wrapper does for timm models: it takes forward_features)")
+    protocol.add_argument(
+        "--layer",
+        type=integer,
+        default=d.layer,
+        help="block whose patch tokens are used (negative: from the end, -1 the last)",
+    )
+    protocol.add_argument(
+        "--norm",
+        action=argparse.BooleanOptionalAction,
+        default=d.norm,
+        help="apply the final norm to the features (the Hummingbird reference's default "
+        "wrapper does for timm models: it takes forward_features)",
+    )
     add_prr_argument(protocol)
     add_encoder_arguments(runtime, d.precision)
 
@@ -77,12 +87,17 @@ def add_prr_argument(g: Any) -> None:
 
 def add_encoder_arguments(g: Any, precision: str) -> None:
     """The encoder's ``--device`` and ``--precision`` (default ``precision``; ``g``: the runtime group)."""
-    g.add_argument("--device", default="auto",
-                   help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    g.add_argument("--precision", choices=PRECISIONS, default=precision,
-                   help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 or AMX; "
-                   "int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), bf16 (autocast; "
-                   "several times slower where bf16 is emulated, AVX2-only CPUs), int8 (CPU only)")
+    g.add_argument(
+        "--device", default="auto", help="encoder device: auto (CUDA when available), cpu, cuda, cuda:1, ..."
+    )
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=precision,
+        help="encoder precision: auto (bf16 on GPUs and on CPUs with native bf16, AVX512-BF16 or AMX; "
+        "int8 Linear layers on other x86 CPUs; fp32 elsewhere), fp32 (the reference's), bf16 (autocast; "
+        "several times slower where bf16 is emulated, AVX2-only CPUs), int8 (CPU only)",
+    )
 
 
 def add_loader_arguments(g: Any) -> None:
@@ -96,17 +111,26 @@ def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     each refused (one line) when it has fewer images than asked for or none that can be used
     (:func:`~locatdino.evaluation.views.check_usable`): before any model is loaded."""
     common = dict(seed=args.seed, scene_size=args.scene_size)
-    train = open_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300,
-                       option="--num-train", **common)
-    val = open_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
-                     option="--num-val", **common)
+    train = open_split(
+        args.dataset,
+        args.data_dir,
+        args.train_split,
+        args.num_train,
+        default_scenes=300,
+        option="--num-train",
+        **common,
+    )
+    val = open_split(
+        args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, option="--num-val", **common
+    )
     check_usable(train, f"--train-split {args.train_split}")
     check_usable(val, f"--val-split {args.val_split}")
     return train, val
 
 
-def check_outputs(out: str, command: str, planned: Iterable[str], cache_dir: str | None,
-                  overwrite: bool) -> OutputFolder:
+def check_outputs(
+    out: str, command: str, planned: Iterable[str], cache_dir: str | None, overwrite: bool
+) -> OutputFolder:
     """``command``'s output folder ``--out``, checked before any work (it holds no earlier run's
     output but with ``overwrite``, no file the command did not write among ``planned``, and can be
     written: :meth:`~locatdino.common.output_folder.OutputFolder.check`), and ``--cache-dir``, when
@@ -138,9 +162,18 @@ def encoder_device(name: str, command: str) -> torch.device:
 def record_run(result: dict, args: argparse.Namespace, run: ModelRun, model: nn.Module) -> dict:
     """Add to a run's ``results.json`` dict what was run: the model, the dataset (in its config)
     and the checkpoint file's record (in its provenance). Returns ``result``."""
-    result["model"] = {"name": run.name, "checkpoint": run.checkpoint, "label": run.label,
-                       "pos_embed": model.pos_embed_rule}
-    result["config"].update(dataset=args.dataset, data_dir=args.data_dir, train_split=args.train_split,
-                            val_split=args.val_split, scene_size=args.scene_size if args.dataset == "scenes" else None)
+    result["model"] = {
+        "name": run.name,
+        "checkpoint": run.checkpoint,
+        "label": run.label,
+        "pos_embed": model.pos_embed_rule,
+    }
+    result["config"].update(
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        train_split=args.train_split,
+        val_split=args.val_split,
+        scene_size=args.scene_size if args.dataset == "scenes" else None,
+    )
     result["provenance"]["checkpoint"] = checkpoint_record(run.checkpoint)
     return result

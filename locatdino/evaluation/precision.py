@@ -67,7 +67,8 @@ def int8_encoder(model: nn.Module) -> nn.Module:
     quantized to int8; ``model`` itself is left untouched. GAug's small Linear layers keep fp32:
     its bias code reads their weights directly."""
     names = {
-        name for name, module in model.named_modules()
+        name
+        for name, module in model.named_modules()
         if type(module) is nn.Linear and name.startswith("blocks.") and ".gaug." not in name
     }
     if not names:

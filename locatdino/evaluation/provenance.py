@@ -1,12 +1,12 @@
 """Where an evaluation result was measured: software, machine, checkpoint and time.
 
-Two ``results.json`` can only be compared honestly when it is known what produced each: a
-library upgrade changes kernels, another CPU changes speed by integer factors (bf16 is fast only
-with AVX512-BF16 or AMX; torch, oneDNN, MKL and FAISS pick AVX-512 or AVX2 code paths at run
-time, and environment variables such as ``ATEN_CPU_CAPABILITY`` or ``FAISS_SIMD_LEVEL`` force
-them lower), and a checkpoint file can be replaced under the same name. So every run records the versions, the CPU model and its vector
-extensions as the libraries see them, the GPUs, the environment variables that change kernels,
-a UTC timestamp and the SHA-256 of the checkpoint file.
+Two ``results.json`` can only be compared honestly when it is known what produced each: a library
+upgrade changes kernels, another CPU changes speed by integer factors (bf16 is fast only with
+AVX512-BF16 or AMX; torch, oneDNN, MKL and FAISS pick AVX-512 or AVX2 code paths at run time, and
+environment variables such as ``ATEN_CPU_CAPABILITY`` or ``FAISS_SIMD_LEVEL`` force them lower), and
+a checkpoint file can be replaced under the same name. So every run records the versions, the CPU
+model and its vector extensions as the libraries see them, the GPUs, the environment variables that
+change kernels, a UTC timestamp and the SHA-256 of the checkpoint file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hashlib
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,17 @@ from typing import Any
 # Distributions whose versions change the numbers or the timings.
 _PACKAGES = ("torch", "torchvision", "timm", "numpy", "scipy", "pillow")
 # Environment variables that select kernels or thread counts.
-_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS",
-               "FAISS_OPT_LEVEL", "FAISS_SIMD_LEVEL", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_KERNEL_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "FAISS_OPT_LEVEL",
+    "FAISS_SIMD_LEVEL",
+    "OPENBLAS_CORETYPE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
 # /proc/cpuinfo flags that decide the fast paths: AVX-512, its bf16 dot products, Intel AMX.
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -108,10 +117,16 @@ def _git_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")
@@ -143,7 +158,7 @@ def software_versions() -> dict[str, str | None]:
 def run_provenance(checkpoint: str | os.PathLike | None = None) -> dict[str, Any]:
     """Everything above for one run, timestamped now (UTC)."""
     return {
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "software": software_versions(),
         "cpu": cpu_info(),

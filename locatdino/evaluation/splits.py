@@ -62,15 +62,21 @@ def open_split(
         raise ValueError(f"the number of {split} images must be at least 1, got {count}")
     if name == "scenes":
         return build_segmentation_dataset(
-            "scenes", data_dir, split, num_images=default_scenes if count is None else count, size=scene_size,
+            "scenes",
+            data_dir,
+            split,
+            num_images=default_scenes if count is None else count,
+            size=scene_size,
             seed=seed,
         )
     if data_dir is None:
         raise ValueError(f"dataset {name!r} needs a data directory (--data-dir)")
     dataset = build_segmentation_dataset(name, data_dir, split)
     if option is not None and count is not None and count > len(dataset):
-        raise ValueError(f"{option} {count}: split {split!r} of {name} has only {len(dataset)} images (ask for at most "
-                         f"{len(dataset)}, or leave {option} out to use them all)")
+        raise ValueError(
+            f"{option} {count}: split {split!r} of {name} has only {len(dataset)} images (ask for at most "
+            f"{len(dataset)}, or leave {option} out to use them all)"
+        )
     if count is not None and count < len(dataset):
         rng = np.random.default_rng(seed)
         dataset = SubsetSplit(dataset, np.sort(rng.choice(len(dataset), size=count, replace=False)))

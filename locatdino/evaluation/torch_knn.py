@@ -62,8 +62,9 @@ class TorchExactSearch:
         memory_chunk: int = 32768,
     ):
         if features.ndim != 2 or features.dtype not in (*_STORED, *_STORED.values()):
-            raise ValueError(f"torch k-NN expects float32/float16 features [N, D], got "
-                             f"{features.dtype} {tuple(features.shape)}")
+            raise ValueError(
+                f"torch k-NN expects float32/float16 features [N, D], got {features.dtype} {tuple(features.shape)}"
+            )
         self.device = torch.device(device)
         self.search_dtype = search_dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         if self.search_dtype not in (torch.float32, *_ROUNDOFF):
@@ -128,8 +129,10 @@ class TorchExactSearch:
     def _score_error(self) -> float:
         """Bound on ``|coarse score − exact score| / ‖q‖`` (the module docstring's ``δ / ‖q‖``)."""
         if self._max_norm is None:
-            self._max_norm = max(self.memory[start : start + self.memory_chunk].float().norm(dim=1).max().item()
-                                 for start in range(0, self.ntotal, self.memory_chunk))
+            self._max_norm = max(
+                self.memory[start : start + self.memory_chunk].float().norm(dim=1).max().item()
+                for start in range(0, self.ntotal, self.memory_chunk)
+            )
         u = _ROUNDOFF[self.search_dtype]
         return (3 * u + u * u + self.memory.shape[1] * 2.0**-23) * self._max_norm
 

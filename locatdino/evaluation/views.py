@@ -53,16 +53,19 @@ def read_pair(dataset: Any, index: int) -> tuple[Tensor, Tensor]:
     except (OSError, ValueError, SyntaxError, TypeError) as err:
         raise BadSample(f"{sample_name(dataset, index)}: {err}") from None
     if mask.shape != image.shape[-2:]:
-        raise BadSample(f"{sample_name(dataset, index)}: mask {tuple(mask.shape)} does not match image "
-                        f"{tuple(image.shape[-2:])}")
+        raise BadSample(
+            f"{sample_name(dataset, index)}: mask {tuple(mask.shape)} does not match image {tuple(image.shape[-2:])}"
+        )
     c, ignore = dataset.num_classes, dataset.ignore_index
     if mask.numel() and (int(mask.min()) < 0 or int(mask.max()) >= c):
         values = mask.unique()
         bad = values[((values < 0) | (values >= c)) & (values != ignore if ignore is not None else True)]
         if len(bad):
             shown = ", ".join(map(str, bad[:5].tolist())) + (", ..." if len(bad) > 5 else "")
-            raise BadSample(f"{sample_name(dataset, index)}: label {shown} out of range: classes are 0..{c - 1}"
-                            + (f", ignore index {ignore}" if ignore is not None else ""))
+            raise BadSample(
+                f"{sample_name(dataset, index)}: label {shown} out of range: classes are 0..{c - 1}"
+                + (f", ignore index {ignore}" if ignore is not None else "")
+            )
     return image, mask
 
 
@@ -88,8 +91,9 @@ def check_usable(dataset: Any, what: str) -> None:
             return
         except BadSample as err:
             first = first or str(err)
-    raise BadSample(f"{what}: none of its {len(dataset)} images can be used (first: {first})" if first else
-                    f"{what} has no image")
+    raise BadSample(
+        f"{what}: none of its {len(dataset)} images can be used (first: {first})" if first else f"{what} has no image"
+    )
 
 
 class MemoryViews(Dataset):

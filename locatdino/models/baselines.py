@@ -61,7 +61,9 @@ class PatchPosition(PatchBaseline):
     def forward(self, x: Tensor) -> Tensor:
         h, w = self.grid(x)
         if (h, w) != (self.side, self.side):
-            raise ValueError(f"input {tuple(x.shape[-2:])} px makes a {h}×{w} grid, this position feature is for "
-                             f"{self.side}×{self.side}")
+            raise ValueError(
+                f"input {tuple(x.shape[-2:])} px makes a {h}×{w} grid, this position feature is for "
+                f"{self.side}×{self.side}"
+            )
         one_hot = torch.eye(h * w, device=x.device).view(1, h, w, h * w)
         return one_hot.expand(x.shape[0], -1, -1, -1).clone()

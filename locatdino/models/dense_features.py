@@ -67,7 +67,7 @@ def dense_features(
         pool = model.attn_pool if isinstance(model.attn_pool, AttentionPoolPrr) else None
         num_heads = pool.num_heads if pool is not None else model.blocks[0].attn.num_heads
         refined = prr_tokens(torch.cat([prefix, patches], dim=1), num_heads, pool)
-        tokens = refined[:, prefix.shape[1]:]
+        tokens = refined[:, prefix.shape[1] :]
 
     features = tokens.reshape(tokens.shape[0], h, w, tokens.shape[-1])
     return features.permute(0, 3, 1, 2) if output_fmt == "NCHW" else features

@@ -46,7 +46,9 @@ def _add_prr(model: VisionTransformer) -> None:
     if isinstance(model.attn_pool, AttentionPoolPrr):
         return
     if model.attn_pool is not None:
-        raise ValueError(f"model already pools with {type(model.attn_pool).__name__} (global_pool='{model.global_pool}')")
+        raise ValueError(
+            f"model already pools with {type(model.attn_pool).__name__} (global_pool='{model.global_pool}')"
+        )
     weight = model.blocks[0].attn.qkv.weight
     model.attn_pool = AttentionPoolPrr(
         model.embed_dim,
@@ -57,4 +59,3 @@ def _add_prr(model: VisionTransformer) -> None:
     )
     model.global_pool = "prr"
     model.pool_include_prefix = True
-

@@ -109,8 +109,11 @@ def locatvit_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTrans
     return _create_locatvit("locatvit_base_patch16_224", pretrained, **{**_BASE, "patch_size": 16, **kwargs})
 
 
-register_model_deprecations(__name__, {
-    "locatvit_tiny": "locatvit_tiny_patch16_224",
-    "locatvit_small": "locatvit_small_patch16_224",
-    "locatvit_base": "locatvit_base_patch16_224",
-})
+register_model_deprecations(
+    __name__,
+    {
+        "locatvit_tiny": "locatvit_tiny_patch16_224",
+        "locatvit_small": "locatvit_small_patch16_224",
+        "locatvit_base": "locatvit_base_patch16_224",
+    },
+)

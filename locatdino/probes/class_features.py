@@ -75,10 +75,19 @@ def _collate(batch: list[tuple[int, torch.Tensor | None]]) -> tuple[list[int], t
 
 
 @contextlib.contextmanager
-def class_token_embeddings(model: nn.Module, images: LabelledImages, input_size: int, *, precision: str = "fp32",
-                           batch_size: int = 64, workers: int | None = None, cache_dir: str | None = None,
-                           max_ram_bytes: int = 4 << 30, desc: str = "embeddings",
-                           show_progress: bool = True) -> Iterator[Embeddings]:
+def class_token_embeddings(
+    model: nn.Module,
+    images: LabelledImages,
+    input_size: int,
+    *,
+    precision: str = "fp32",
+    batch_size: int = 64,
+    workers: int | None = None,
+    cache_dir: str | None = None,
+    max_ram_bytes: int = 4 << 30,
+    desc: str = "embeddings",
+    show_progress: bool = True,
+) -> Iterator[Embeddings]:
     """The :class:`Embeddings` of ``images`` under ``model`` (on its device, in ``precision``),
     valid for the block (a memory-mapped array is deleted at its end)."""
     device = next(model.parameters()).device

@@ -50,8 +50,12 @@ class LabelledImages:
 
     def subset(self, indices: np.ndarray) -> LabelledImages:
         indices = np.asarray(indices)
-        return LabelledImages(self.labels[indices], self.class_names, lambda i: self.load(int(indices[i])),
-                              lambda i: self.name(int(indices[i])))
+        return LabelledImages(
+            self.labels[indices],
+            self.class_names,
+            lambda i: self.load(int(indices[i])),
+            lambda i: self.name(int(indices[i])),
+        )
 
 
 def _image_folder(root: Path) -> LabelledImages:
@@ -66,11 +70,14 @@ def _image_folder(root: Path) -> LabelledImages:
     counts = np.bincount([label for _, label in samples], minlength=len(classes))
     if (counts == 0).any():
         empty = [classes[c] for c in np.flatnonzero(counts == 0)]
-        raise ValueError(f"class folder {root / empty[0]} holds no image ({', '.join(IMG_EXTENSIONS)})"
-                         + (f", nor do {len(empty) - 1} more" if len(empty) > 1 else ""))
+        raise ValueError(
+            f"class folder {root / empty[0]} holds no image ({', '.join(IMG_EXTENSIONS)})"
+            + (f", nor do {len(empty) - 1} more" if len(empty) > 1 else "")
+        )
     paths = [path for path, _ in samples]
-    return LabelledImages(np.array([label for _, label in samples], np.int64), classes,
-                          lambda i: decode_rgb(paths[i]), lambda i: paths[i])
+    return LabelledImages(
+        np.array([label for _, label in samples], np.int64), classes, lambda i: decode_rgb(paths[i]), lambda i: paths[i]
+    )
 
 
 def _shards(root: Path) -> LabelledImages:
@@ -92,8 +99,16 @@ def _scenes(split: str, count: int, size: int, seed: int) -> LabelledImages:
     return LabelledImages(labels, list(SCENE_CLASSES), lambda i: scenes[i][0], lambda i: f"{split} scene {i}")
 
 
-def open_class_split(dataset: str, data_dir: str | None, split: str, count: int | None, seed: int,
-                     scene_size: int, default_scenes: int, option: str) -> LabelledImages:
+def open_class_split(
+    dataset: str,
+    data_dir: str | None,
+    split: str,
+    count: int | None,
+    seed: int,
+    scene_size: int,
+    default_scenes: int,
+    option: str,
+) -> LabelledImages:
     """Split ``split`` of ``dataset``, limited to a seeded random subset of ``count`` images
     (scenes: ``count`` scenes are rendered, ``default_scenes`` when None); a ``count`` above the
     split's size is refused naming ``option``."""
@@ -103,8 +118,10 @@ def open_class_split(dataset: str, data_dir: str | None, split: str, count: int 
         raise ValueError(f"--dataset {dataset} needs --data-dir ROOT (ROOT/{split}/...)")
     images = (_image_folder if dataset == "imagefolder" else _shards)(Path(data_dir) / split)
     if count is not None and count > len(images):
-        raise ValueError(f"{option} {count}: split {split!r} has only {len(images)} images (ask for at most "
-                         f"{len(images)}, or leave {option} out to use them all)")
+        raise ValueError(
+            f"{option} {count}: split {split!r} has only {len(images)} images (ask for at most "
+            f"{len(images)}, or leave {option} out to use them all)"
+        )
     if count is not None and count < len(images):
         images = images.subset(np.sort(np.random.default_rng(seed).choice(len(images), size=count, replace=False)))
     return images
@@ -118,9 +135,11 @@ def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) ->
     val_names = [val.class_names[c] for c in np.unique(val.labels)]
     missing = [name for name in val_names if name not in index or not present[index[name]]]
     if missing:
-        raise ValueError(f"--val-split {val_split}: class {missing[0]!r} has no train image"
-                         + (f" (nor do {len(missing) - 1} more)" if len(missing) > 1 else "")
-                         + ": a k-NN can never predict it")
+        raise ValueError(
+            f"--val-split {val_split}: class {missing[0]!r} has no train image"
+            + (f" (nor do {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + ": a k-NN can never predict it"
+        )
     relabel = np.array([index.get(name, -1) for name in val.class_names], np.int64)
     return LabelledImages(relabel[val.labels], train.class_names, val.load, val.name)
 
@@ -130,10 +149,18 @@ def open_class_splits(args: Any) -> tuple[LabelledImages, LabelledImages]:
     options (``locatdino.evaluation.options.add_data_arguments``), validation labels numbered as
     the train split's classes: ``knn`` and ``lincls`` read them alike."""
     common = {"seed": args.seed, "scene_size": args.scene_size}
-    train = open_class_split(args.dataset, args.data_dir, args.train_split, args.num_train, default_scenes=300,
-                             option="--num-train", **common)
-    val = open_class_split(args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100,
-                           option="--num-val", **common)
+    train = open_class_split(
+        args.dataset,
+        args.data_dir,
+        args.train_split,
+        args.num_train,
+        default_scenes=300,
+        option="--num-train",
+        **common,
+    )
+    val = open_class_split(
+        args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, option="--num-val", **common
+    )
     return train, align_classes(train, val, args.val_split)
 
 
@@ -141,8 +168,12 @@ def note_skipped(command: str, split: str, names: list[str]) -> None:
     """Say on stderr how many ``split`` images did not decode, naming the first three (``results.json`` names all)."""
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        print(f"[{command}] skipped {len(names)} {split} image{'s' * (len(names) != 1)} that do not decode: {shown} "
-              "(all named in results.json)", file=sys.stderr, flush=True)
+        print(
+            f"[{command}] skipped {len(names)} {split} image{'s' * (len(names) != 1)} that do not decode: {shown} "
+            "(all named in results.json)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def split_record(images: LabelledImages) -> dict[str, Any]:

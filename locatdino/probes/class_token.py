@@ -33,7 +33,9 @@ def _check(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.nda
     if train_feats.ndim != 2 or test_feats.ndim != 2 or train_feats.shape[1] != test_feats.shape[1]:
         raise ValueError(f"probe features must be [N, D] with one D, got {train_feats.shape} and {test_feats.shape}")
     if len(train_labels) != len(train_feats) or len(test_labels) != len(test_feats):
-        raise ValueError(f"{len(train_feats)}/{len(test_feats)} features but {len(train_labels)}/{len(test_labels)} labels")
+        raise ValueError(
+            f"{len(train_feats)}/{len(test_feats)} features but {len(train_labels)}/{len(test_labels)} labels"
+        )
     if len(train_feats) == 0 or len(test_feats) == 0:
         raise ValueError("probe needs at least one train and one test embedding")
     return train_feats, train_labels, test_feats, test_labels
@@ -52,13 +54,25 @@ def knn_hits(
     train_feats, train_labels, test_feats, test_labels = _check(train_feats, train_labels, test_feats, test_labels)
     classes, train_ids = np.unique(train_labels, return_inverse=True)
     k = min(k, len(train_feats))
-    rankings = knn_classify(torch.from_numpy(train_feats), torch.from_numpy(train_ids), torch.from_numpy(test_feats),
-                            (k,), temperature, num_classes=len(classes))[k]
+    rankings = knn_classify(
+        torch.from_numpy(train_feats),
+        torch.from_numpy(train_ids),
+        torch.from_numpy(test_feats),
+        (k,),
+        temperature,
+        num_classes=len(classes),
+    )[k]
     return classes[rankings[:, 0].numpy()] == test_labels
 
 
-def knn_accuracy(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray,
-                 test_labels: np.ndarray, k: int = 20, temperature: float = 0.07) -> float:
+def knn_accuracy(
+    train_feats: np.ndarray,
+    train_labels: np.ndarray,
+    test_feats: np.ndarray,
+    test_labels: np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
+) -> float:
     """Top-1 accuracy of :func:`knn_hits`."""
     return float(np.mean(knn_hits(train_feats, train_labels, test_feats, test_labels, k, temperature)))
 
@@ -83,7 +97,9 @@ def logistic_accuracy(
     return float(np.mean(logistic_hits(train_feats, train_labels, test_feats, test_labels)))
 
 
-def class_embeddings(model: nn.Module, images: torch.Tensor, batch_size: int = 32, precision: str = "fp32") -> np.ndarray:
+def class_embeddings(
+    model: nn.Module, images: torch.Tensor, batch_size: int = 32, precision: str = "fp32"
+) -> np.ndarray:
     """``[N, D]`` float32 image embeddings of uint8 ``images [N, 3, S, S]`` (frozen, eval mode;
     ``precision`` as ``FeatureExtractor``'s)."""
     device = next(model.parameters()).device

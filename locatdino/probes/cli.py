@@ -19,29 +19,55 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.common.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, non_negative_float,
-                                 option_groups, positive_float)
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import (add_data_arguments, add_feature_arguments, add_loader_arguments,
-                                          check_outputs, encoder_device, open_splits, record_run)
-from locatdino.evaluation.splits import CachedSplit
+from locatdino.common.arguments import (
+    ArgumentParser,
+    ConfigTable,
+    add_shared_option,
+    at_least,
+    non_negative_float,
+    option_groups,
+)
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import DiskFullError
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
+from locatdino.evaluation.options import (
+    add_data_arguments,
+    add_feature_arguments,
+    add_loader_arguments,
+    check_outputs,
+    encoder_device,
+    open_splits,
+    record_run,
+)
+from locatdino.evaluation.splits import CachedSplit
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
 
-
 # which option sets which LinearProbeConfig field
 PROBE_TABLE = ConfigTable(
     LinearProbeConfig,
-    options={"--input-size": "input_size", "--iters": "iterations", "--epochs": "epochs",
-             "--train-batch-size": "batch_size", "--lr": "lr", "--weight-decay": "weight_decay",
-             "--train-augment": "augment", "--no-cache": "cache",
-             "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--layer": "layer", "--norm": "norm",
-             "--prr": "prr", "--precision": "precision", "--batch-size": "eval_batch_size",
-             "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
+    options={
+        "--input-size": "input_size",
+        "--iters": "iterations",
+        "--epochs": "epochs",
+        "--train-batch-size": "batch_size",
+        "--lr": "lr",
+        "--weight-decay": "weight_decay",
+        "--train-augment": "augment",
+        "--no-cache": "cache",
+        "--cache-dir": "cache_dir",
+        "--cache-ram-mb": "max_cache_ram_mb",
+        "--layer": "layer",
+        "--norm": "norm",
+        "--prr": "prr",
+        "--precision": "precision",
+        "--batch-size": "eval_batch_size",
+        "--workers": "num_workers",
+        "--seed": "seed",
+        "--no-progress": "progress",
+    },
     internal={},
     negated=frozenset({"--no-cache", "--no-progress"}),
 )
@@ -61,21 +87,31 @@ def _parser() -> ArgumentParser:
     protocol, runtime = groups.protocol, groups.runtime
     add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()
-    budget.add_argument("--iters", type=at_least(MIN_STEPS), default=d.iterations,
-                        help=f"training iterations (default {d.iterations:,}, the paper's)")
+    budget.add_argument(
+        "--iters",
+        type=at_least(MIN_STEPS),
+        default=d.iterations,
+        help=f"training iterations (default {d.iterations:,}, the paper's)",
+    )
     add_shared_option(budget, "--epochs", note="--iters instead")
     add_shared_option(protocol, "--train-batch-size", d.batch_size, note=f"{d.batch_size}, the paper's")
     add_shared_option(protocol, "--lr", d.lr)
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
-    protocol.add_argument("--train-augment", choices=PROBE_AUGMENT, default=d.augment,
-                          help="training views of the head: reference (the paper's resize / crop / flip / "
-                          "photometric augmentation, backbone every iteration) or off (whole images resized to "
-                          "S x S, features cached once)")
+    protocol.add_argument(
+        "--train-augment",
+        choices=PROBE_AUGMENT,
+        default=d.augment,
+        help="training views of the head: reference (the paper's resize / crop / flip / "
+        "photometric augmentation, backbone every iteration) or off (whole images resized to "
+        "S x S, features cached once)",
+    )
     add_feature_arguments(groups, d)
     add_shared_option(protocol, "--seed", d.seed)
-    runtime.add_argument("--no-cache", action="store_true",
-                         help="with --train-augment off, recompute the features every iteration (the cached path's "
-                         "check)")
+    runtime.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="with --train-augment off, recompute the features every iteration (the cached path's check)",
+    )
     add_shared_option(runtime, "--cache-dir")
     add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_shared_option(runtime, "--batch-size", d.eval_batch_size)
@@ -92,8 +128,11 @@ def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
 
 def _planned(labels: list[str]) -> list[str]:
     """The files of a run of ``labels``: one model's in ``--out``, several models' per label plus the comparison."""
-    return PROBE_FILES if len(labels) == 1 else ["summary.md", *(f"{label}/{name}" for label in labels
-                                                               for name in PROBE_FILES)]
+    return (
+        PROBE_FILES
+        if len(labels) == 1
+        else ["summary.md", *(f"{label}/{name}" for label in labels for name in PROBE_FILES)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"locatdino linprobe: {err}") from None
     asked = cfg.epoch_iterations(len(train_set))
     if asked is not None and asked < MIN_STEPS:
-        print(f"[linprobe] note: --epochs {args.epochs:g} is {asked} iteration{'s' * (asked != 1)} of {cfg.batch_size} "
-              f"over {len(train_set)} images; raised to {MIN_STEPS}, the OneCycle schedule's minimum",
-              file=sys.stderr)
+        print(
+            f"[linprobe] note: --epochs {args.epochs:g} is {asked} iteration{'s' * (asked != 1)} of {cfg.batch_size} "
+            f"over {len(train_set)} images; raised to {MIN_STEPS}, the OneCycle schedule's minimum",
+            file=sys.stderr,
+        )
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
@@ -121,16 +162,28 @@ def main(argv: list[str] | None = None) -> int:
         return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
 
 
-def _probe_all(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set: Any, val_set: Any,
-               cfg: LinearProbeConfig, device: torch.device, folder: OutputFolder) -> int:
+def _probe_all(
+    args: argparse.Namespace,
+    runs: list[ModelRun],
+    models: list[nn.Module],
+    train_set: Any,
+    val_set: Any,
+    cfg: LinearProbeConfig,
+    device: torch.device,
+    folder: OutputFolder,
+) -> int:
     """Every model's probe, each written (and recorded) as it finishes, then the comparison of them all."""
     out = folder.path
     results = []
     for run, model in zip(runs, models):
         label, iterations = run.label, cfg.total_iterations(len(train_set))
-        print(f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
-              f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
-              f"{' (features cached)' if cfg.cached else ''}", file=sys.stderr, flush=True)
+        print(
+            f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
+            f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
+            f"{' (features cached)' if cfg.cached else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
         probe = linear_probe(model.to(device), train_set, val_set, cfg)
         result = record_run(probe.to_dict(), args, run, model)
         try:

@@ -80,7 +80,9 @@ class LinearProbeConfig:
         if self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("batch sizes must be >= 1")
         if self.epochs is None and self.iterations < MIN_STEPS:
-            raise ValueError(f"iterations (--iters) must be >= {MIN_STEPS} (the OneCycle schedule), got {self.iterations}")
+            raise ValueError(
+                f"iterations (--iters) must be >= {MIN_STEPS} (the OneCycle schedule), got {self.iterations}"
+            )
         if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -103,8 +105,10 @@ class LinearProbeConfig:
         several times per batch; a huge batch once allocated its whole draw order and was
         killed for memory)."""
         if self.batch_size > num_train:
-            raise ValueError(f"batch size ({flag}) {self.batch_size} is more than the {num_train} training "
-                             f"images: use at most {num_train}")
+            raise ValueError(
+                f"batch size ({flag}) {self.batch_size} is more than the {num_train} training "
+                f"images: use at most {num_train}"
+            )
 
     @property
     def cached(self) -> bool:
@@ -158,8 +162,9 @@ def _loss(head: nn.Module, feats: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / targets.numel()
 
 
-def _store_features(extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int,
-                    clock: PhaseClock) -> tuple[FeatureStore, int]:
+def _store_features(
+    extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int, clock: PhaseClock
+) -> tuple[FeatureStore, int]:
     """Every training image's tokens and targets, computed once (augmentation off)."""
     grid = extractor.grid(cfg.input_size)
     store = FeatureStore(len(dataset), extractor.dim, grid, cfg.input_size, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
@@ -195,8 +200,15 @@ def _tokens(extractor: FeatureExtractor, images: Tensor) -> Tensor:
     return extractor(images).permute(0, 3, 1, 2).clone()
 
 
-def _batches(extractor: FeatureExtractor, train_set: Any, order: np.ndarray, cfg: LinearProbeConfig,
-             workers: int, clock: PhaseClock, skipped: list[int]) -> Iterator[tuple[Tensor, Tensor]]:
+def _batches(
+    extractor: FeatureExtractor,
+    train_set: Any,
+    order: np.ndarray,
+    cfg: LinearProbeConfig,
+    workers: int,
+    clock: PhaseClock,
+    skipped: list[int],
+) -> Iterator[tuple[Tensor, Tensor]]:
     """``(features, targets)`` of each iteration, from the feature store or from the backbone."""
     device = extractor.device
     if cfg.cached:
@@ -229,12 +241,15 @@ def _empty_batch(extractor: FeatureExtractor, size: int) -> tuple[Tensor, Tensor
     """A batch without a labelled pixel (every sample failed to decode): the iteration still
     counts, so the schedule stays the same, but nothing is learned from it."""
     grid = extractor.grid(size)
-    return (torch.zeros(1, extractor.dim, grid, grid, device=extractor.device),
-            torch.full((1, size, size), IGNORE, device=extractor.device))
+    return (
+        torch.zeros(1, extractor.dim, grid, grid, device=extractor.device),
+        torch.full((1, size, size), IGNORE, device=extractor.device),
+    )
 
 
-def train_head(extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig,
-               clock: PhaseClock | None = None) -> tuple[LinearSegHead, list[tuple[int, float]], int]:
+def train_head(
+    extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig, clock: PhaseClock | None = None
+) -> tuple[LinearSegHead, list[tuple[int, float]], int]:
     """Train the head on the frozen tokens of ``train_set``; returns it, the loss curve
     ``[(iteration, mean loss since the previous point)]`` and the number of skipped samples
     (corrupt images: once on the cached path, at every draw on the uncached one)."""
@@ -283,16 +298,18 @@ def predict_images(extractor: FeatureExtractor, head: nn.Module, images: Tensor,
 
 
 @torch.no_grad()
-def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cfg: LinearProbeConfig,
-                  clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, int]:
+def evaluate_head(
+    extractor: FeatureExtractor, head: nn.Module, dataset: Any, cfg: LinearProbeConfig, clock: PhaseClock | None = None
+) -> tuple[ConfusionMatrix, int]:
     """Score ``head`` on every image of ``dataset`` at its original resolution: the confusion matrix,
     with one matrix per scored image (``.images``), and the number of skipped samples."""
     clock = clock or PhaseClock()
     ignore = dataset.ignore_index
     cm, skipped = ConfusionMatrix(dataset.num_classes, ignore, keep_images=True), 0
     views = EvalViews(dataset, cfg.input_size, extractor.patch_size)
-    loader = DataLoader(views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device),
-                        collate_fn=collate_items)
+    loader = DataLoader(
+        views, batch_size=cfg.eval_batch_size, num_workers=_workers(cfg, extractor.device), collate_fn=collate_items
+    )
     for items, n_bad in clock.iterate(progress(loader, desc="evaluate", disable=not cfg.progress, leave=False), "data"):
         skipped += n_bad
         groups: dict[tuple[int, ...], list[tuple[Tensor, tuple[int, int], Tensor]]] = {}
@@ -306,15 +323,21 @@ def evaluate_head(extractor: FeatureExtractor, head: nn.Module, dataset: Any, cf
                 logits = head(feats, tuple(images.shape[-2:]))
             for (_, (h, w), mask), one in zip(group, logits):
                 with clock("head"):
-                    one = F.interpolate(one[None, :, :h, :w], size=tuple(mask.shape), mode="bilinear",
-                                        align_corners=False)
+                    one = F.interpolate(
+                        one[None, :, :h, :w], size=tuple(mask.shape), mode="bilinear", align_corners=False
+                    )
                     pred = predict_labels(one, ignore)[0].cpu()
                 cm.update(pred, mask)
     return cm, skipped
 
 
-def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProbeConfig | None = None,
-                 inspect: Callable[[FeatureExtractor, LinearSegHead], None] | None = None) -> LinearProbeResult:
+def linear_probe(
+    model: nn.Module,
+    train_set: Any,
+    val_set: Any,
+    cfg: LinearProbeConfig | None = None,
+    inspect: Callable[[FeatureExtractor, LinearSegHead], None] | None = None,
+) -> LinearProbeResult:
     """Train the paper's head on the frozen tokens of ``model`` over ``train_set``, score it on
     ``val_set``. ``inspect(extractor, head)``, when given, is called with the trained head (not
     timed; ``locatdino compare`` draws its predictions)."""
@@ -325,8 +348,9 @@ def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProb
         raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
     cfg.check_train_size(len(train_set))
     model.eval().requires_grad_(False)
-    extractor = FeatureExtractor(model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision,
-                                 l2_normalize=False, to_cpu=False)
+    extractor = FeatureExtractor(
+        model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision, l2_normalize=False, to_cpu=False
+    )
     extractor.grid(cfg.input_size)  # an input size the patch does not divide fails before any work
     clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()
     head, curve, skipped_train = train_head(extractor, train_set, cfg, clock)
@@ -348,8 +372,12 @@ def linear_probe(model: nn.Module, train_set: Any, val_set: Any, cfg: LinearProb
         loss_curve=curve,
         timings=timings,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        features={"precision": extractor.precision, "dim": extractor.dim, "patch_size": extractor.patch_size,
-                  "cached": cfg.cached},
+        features={
+            "precision": extractor.precision,
+            "dim": extractor.dim,
+            "patch_size": extractor.patch_size,
+            "cached": cfg.cached,
+        },
         config=asdict(cfg),
         provenance=provenance,
         image_confusions=cm.images,

@@ -30,8 +30,15 @@ TARGET_DTYPE = np.int16
 class FeatureStore:
     """``features [N, D, h, w]`` and ``targets [N, S, S]`` of ``N`` images, filled by :meth:`put`."""
 
-    def __init__(self, count: int, dim: int, grid: int, size: int, directory: str | Path | None = None,
-                 max_ram_bytes: int = 4 << 30):
+    def __init__(
+        self,
+        count: int,
+        dim: int,
+        grid: int,
+        size: int,
+        directory: str | Path | None = None,
+        max_ram_bytes: int = 4 << 30,
+    ):
         shapes = {"features": ((count, dim, grid, grid), np.float32), "targets": ((count, size, size), TARGET_DTYPE)}
         nbytes = sum(np.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
         self.folder: Path | None = None
@@ -42,8 +49,10 @@ class FeatureStore:
             remove_stale_temporaries(parent)
             self.folder = make_temporary_dir(parent / "linprobe-features")
             try:
-                self.features, self.targets = (reserved_memmap(self.folder / f"{name}.bin", dtype, shape)
-                                               for name, (shape, dtype) in shapes.items())
+                self.features, self.targets = (
+                    reserved_memmap(self.folder / f"{name}.bin", dtype, shape)
+                    for name, (shape, dtype) in shapes.items()
+                )
             except BaseException:
                 self.close()
                 raise

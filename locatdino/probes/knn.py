@@ -37,8 +37,9 @@ def check_knn_settings(ks: Sequence[int], temperature: float, num_train: int) ->
     if not ks or min(ks) < 1:
         raise ValueError(f"k must be at least 1, got {list(ks)}")
     if max(ks) > num_train:
-        raise ValueError(f"k={max(ks)} neighbours asked for but the train set holds {num_train} images: "
-                         f"use k <= {num_train}")
+        raise ValueError(
+            f"k={max(ks)} neighbours asked for but the train set holds {num_train} images: use k <= {num_train}"
+        )
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
@@ -74,8 +75,10 @@ def knn_classify(
         ``{k: rankings [M, min(5, C)] int64}`` on the CPU.
     """
     if train_feats.ndim != 2 or test_feats.ndim != 2 or train_feats.shape[1] != test_feats.shape[1]:
-        raise ValueError(f"k-NN features must be [N, D] and [M, D] with one D, got {tuple(train_feats.shape)} "
-                         f"and {tuple(test_feats.shape)}")
+        raise ValueError(
+            f"k-NN features must be [N, D] and [M, D] with one D, got {tuple(train_feats.shape)} "
+            f"and {tuple(test_feats.shape)}"
+        )
     if train_labels.shape != (train_feats.shape[0],):
         raise ValueError(f"{train_feats.shape[0]} train features but labels of shape {tuple(train_labels.shape)}")
     if backend not in BACKENDS:
@@ -84,8 +87,9 @@ def knn_classify(
     check_knn_settings(ks, temperature, train_feats.shape[0])
     num_classes = int(train_labels.max()) + 1 if num_classes is None else num_classes
     if int(train_labels.min()) < 0 or int(train_labels.max()) >= num_classes:
-        raise ValueError(f"train labels must lie in [0, {num_classes}), got [{int(train_labels.min())}, "
-                         f"{int(train_labels.max())}]")
+        raise ValueError(
+            f"train labels must lie in [0, {num_classes}), got [{int(train_labels.min())}, {int(train_labels.max())}]"
+        )
     train = torch.nn.functional.normalize(train_feats.float(), dim=1)
     test = torch.nn.functional.normalize(test_feats.float(), dim=1)
     ranked = min(RANKED, num_classes)
@@ -98,12 +102,14 @@ def knn_classify(
             votes.scatter_add_(1, labels[:, :k], weights[:, :k])
             order = torch.sort(votes, dim=1, descending=True, stable=True).indices  # ties: smallest id first
             rankings[k].append(order[:, :ranked].cpu())
-    return {k: torch.cat(parts) if parts else torch.empty(0, ranked, dtype=torch.int64)
-            for k, parts in rankings.items()}
+    return {
+        k: torch.cat(parts) if parts else torch.empty(0, ranked, dtype=torch.int64) for k, parts in rankings.items()
+    }
 
 
-def _neighbours(train: Tensor, test: Tensor, k: int, backend: str, query_chunk: int,
-                memory_chunk: int) -> Iterator[tuple[Tensor, Tensor]]:
+def _neighbours(
+    train: Tensor, test: Tensor, k: int, backend: str, query_chunk: int, memory_chunk: int
+) -> Iterator[tuple[Tensor, Tensor]]:
     """``(sims [q, k], ids [q, k])`` of the ``k`` nearest train rows, one query chunk at a time."""
     if backend == "torch":
         search = TorchExactSearch(train, train.device, None, query_chunk, memory_chunk)

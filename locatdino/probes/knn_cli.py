@@ -26,19 +26,31 @@ import numpy as np
 import torch
 from torch import nn
 
-from locatdino.common.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups, positive_float
-from locatdino.evaluation.bootstrap import accuracy_interval
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import (add_data_arguments, add_encoder_arguments, add_loader_arguments,
-                                          check_outputs, encoder_device, record_run)
-from locatdino.evaluation.provenance import run_provenance
-from locatdino.evaluation.wilson import wilson_interval
+from locatdino.common.arguments import (
+    ArgumentParser,
+    ConfigTable,
+    add_shared_option,
+    at_least,
+    option_groups,
+    positive_float,
+)
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import DiskFullError
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.evaluation.bootstrap import accuracy_interval
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
+from locatdino.evaluation.options import (
+    add_data_arguments,
+    add_encoder_arguments,
+    add_loader_arguments,
+    check_outputs,
+    encoder_device,
+    record_run,
+)
+from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.wilson import wilson_interval
 from locatdino.probes.class_features import class_token_embeddings
-from locatdino.probes.class_splits import (CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits,
-                                           split_record)
+from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits, split_record
 from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
 from locatdino.probes.knn_report import KNN_FILES, knn_report, knn_table
 
@@ -62,10 +74,19 @@ class KnnConfig:
 
 KNN_TABLE = ConfigTable(
     KnnConfig,
-    options={"--neighbours": "ks", "--temperature": "temperature", "--input-size": "input_size",
-             "--batch-size": "batch_size", "--knn-backend": "backend", "--precision": "precision",
-             "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb", "--workers": "num_workers", "--seed": "seed",
-             "--no-progress": "progress"},
+    options={
+        "--neighbours": "ks",
+        "--temperature": "temperature",
+        "--input-size": "input_size",
+        "--batch-size": "batch_size",
+        "--knn-backend": "backend",
+        "--precision": "precision",
+        "--cache-dir": "cache_dir",
+        "--cache-ram-mb": "max_cache_ram_mb",
+        "--workers": "num_workers",
+        "--seed": "seed",
+        "--no-progress": "progress",
+    },
     internal={},
     negated=frozenset({"--no-progress"}),
 )
@@ -84,10 +105,17 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data, CLASS_DATASETS)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--neighbours", type=at_least(1), nargs="+", default=list(d.ks), metavar="K",
-                          help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)")
-    protocol.add_argument("--temperature", type=positive_float, default=d.temperature, metavar="T",
-                          help="vote weight exp(cos / T)")
+    protocol.add_argument(
+        "--neighbours",
+        type=at_least(1),
+        nargs="+",
+        default=list(d.ks),
+        metavar="K",
+        help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)",
+    )
+    protocol.add_argument(
+        "--temperature", type=positive_float, default=d.temperature, metavar="T", help="vote weight exp(cos / T)"
+    )
     add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
     add_shared_option(protocol, "--seed", d.seed)
     add_shared_option(runtime, "--knn-backend", d.backend)
@@ -113,30 +141,47 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino knn: {err}") from None
     if max(cfg.ks) > len(train):
-        raise SystemExit(f"locatdino knn: --neighbours {max(cfg.ks)}: the train split {args.train_split!r} holds "
-                         f"{len(train)} images (use k <= {len(train)})")
+        raise SystemExit(
+            f"locatdino knn: --neighbours {max(cfg.ks)}: the train split {args.train_split!r} holds "
+            f"{len(train)} images (use k <= {len(train)})"
+        )
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
     folder = check_outputs(args.out, "knn", KNN_FILES, cfg.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _score_all(argv, args, cfg, runs, models, train, val, device, folder)
 
 
-def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: list[ModelRun],
-               models: list[nn.Module], train: LabelledImages, val: LabelledImages, device: torch.device,
-               folder: OutputFolder) -> int:
+def _score_all(
+    argv: list[str],
+    args: argparse.Namespace,
+    cfg: KnnConfig,
+    runs: list[ModelRun],
+    models: list[nn.Module],
+    train: LabelledImages,
+    val: LabelledImages,
+    device: torch.device,
+    folder: OutputFolder,
+) -> int:
     """Every model's k-NN with its Δ to the first; the reports are rewritten (and recorded) as
     each model finishes, so a later model's failure keeps the earlier ones' results."""
     results, hits = [], []
     for run, model in zip(runs, models):
-        print(f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)['classes']} "
-              f"classes, {cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)['classes']} "
+            f"classes, {cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}",
+            file=sys.stderr,
+            flush=True,
+        )
         result, model_hits = _score(cfg, model.to(device), train, val)
         model.cpu()
         if hits and len(model_hits[cfg.ks[0]][0]) == len(hits[0][cfg.ks[0]][0]):  # the same images decoded
             result["differences"] = {
-                str(k): {name: accuracy_interval(model_hits[k][i], hits[0][k][i]).to_dict()
-                         for i, name in enumerate(("top1", "top5"))} for k in cfg.ks}
+                str(k): {
+                    name: accuracy_interval(model_hits[k][i], hits[0][k][i]).to_dict()
+                    for i, name in enumerate(("top1", "top5"))
+                }
+                for k in cfg.ks
+            }
         results.append(record_run(result, args, run, model))
         hits.append(model_hits)
         report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
@@ -150,14 +195,23 @@ def _score_all(argv: list[str], args: argparse.Namespace, cfg: KnnConfig, runs: 
     return 0
 
 
-def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
-           val: LabelledImages) -> tuple[dict[str, Any], dict[int, tuple[np.ndarray, np.ndarray]]]:
+def _score(
+    cfg: KnnConfig, model: nn.Module, train: LabelledImages, val: LabelledImages
+) -> tuple[dict[str, Any], dict[int, tuple[np.ndarray, np.ndarray]]]:
     """One model's record (``results.json``) and its per-image top-1 / top-5 hits per k."""
     start, timings = time.perf_counter(), {}
-    embed = dict(precision=cfg.precision, batch_size=cfg.batch_size, workers=cfg.num_workers,
-                 cache_dir=cfg.cache_dir, max_ram_bytes=cfg.max_cache_ram_mb << 20, show_progress=cfg.progress)
-    with class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory, \
-            class_token_embeddings(model, val, cfg.input_size, desc="validation class tokens", **embed) as queries:
+    embed = dict(
+        precision=cfg.precision,
+        batch_size=cfg.batch_size,
+        workers=cfg.num_workers,
+        cache_dir=cfg.cache_dir,
+        max_ram_bytes=cfg.max_cache_ram_mb << 20,
+        show_progress=cfg.progress,
+    )
+    with (
+        class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory,
+        class_token_embeddings(model, val, cfg.input_size, desc="validation class tokens", **embed) as queries,
+    ):
         timings["features"] = time.perf_counter() - start
         note_skipped("knn", "train", memory.skipped)
         note_skipped("knn", "validation", queries.skipped)
@@ -167,21 +221,34 @@ def _score(cfg: KnnConfig, model: nn.Module, train: LabelledImages,
             raise SystemExit(f"locatdino knn: {err} (after skipping images that do not decode)") from None
         search_start, backend = time.perf_counter(), _backend(cfg.backend, model)
         device = next(model.parameters()).device if backend == "torch" else torch.device("cpu")  # search there
-        rankings = knn_classify(torch.from_numpy(np.asarray(memory.features)).to(device),
-                                torch.from_numpy(memory.labels), torch.from_numpy(np.asarray(queries.features)),
-                                cfg.ks, cfg.temperature, num_classes=len(train.class_names), backend=backend)
+        rankings = knn_classify(
+            torch.from_numpy(np.asarray(memory.features)).to(device),
+            torch.from_numpy(memory.labels),
+            torch.from_numpy(np.asarray(queries.features)),
+            cfg.ks,
+            cfg.temperature,
+            num_classes=len(train.class_names),
+            backend=backend,
+        )
         timings["search"] = time.perf_counter() - search_start
         labels = torch.from_numpy(queries.labels)
-        hits = {k: (topk_hits(rankings[k], labels, 1).numpy(), topk_hits(rankings[k], labels, min(5, k)).numpy())
-                for k in cfg.ks}
-        data = {"train": {**split_record(train), "skipped": memory.skipped},
-                "val": {**split_record(val), "scored": len(queries.labels), "skipped": queries.skipped}}
+        hits = {
+            k: (topk_hits(rankings[k], labels, 1).numpy(), topk_hits(rankings[k], labels, min(5, k)).numpy())
+            for k in cfg.ks
+        }
+        data = {
+            "train": {**split_record(train), "skipped": memory.skipped},
+            "val": {**split_record(val), "scored": len(queries.labels), "skipped": queries.skipped},
+        }
     timings["total"] = time.perf_counter() - start
     scores = {str(k): {**_accuracy("top1", top1), **_accuracy("top5", top5)} for k, (top1, top5) in hits.items()}
-    config = {**asdict(cfg), "ks": list(cfg.ks), "search": backend,
-              "resize": "short side floor(S * 256 / 224), bicubic; centre crop S"}
-    return {"knn": scores, "data": data, "config": config, "timings": timings,
-            "provenance": run_provenance()}, hits
+    config = {
+        **asdict(cfg),
+        "ks": list(cfg.ks),
+        "search": backend,
+        "resize": "short side floor(S * 256 / 224), bicubic; centre crop S",
+    }
+    return {"knn": scores, "data": data, "config": config, "timings": timings, "provenance": run_provenance()}, hits
 
 
 def _backend(name: str, model: nn.Module) -> str:

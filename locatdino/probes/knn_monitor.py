@@ -26,7 +26,6 @@ kept in RAM; the global RNG and the model's train/eval mode are left as they wer
 
 from __future__ import annotations
 
-
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -96,10 +95,12 @@ class KnnMonitor(PeriodicMonitor):
         """The train and validation sets (labels of the train split's classes), decoded once."""
         if self._splits is None:
             dataset, data_dir, train_split, val_split, num_train, num_val, seed = self.source
-            train = open_class_split(dataset, data_dir, train_split, num_train, seed, self.input_size, num_train,
-                                     "KnnMonitor num_train")
-            val = open_class_split(dataset, data_dir, val_split, num_val, seed, self.input_size, num_val,
-                                   "KnnMonitor num_val")
+            train = open_class_split(
+                dataset, data_dir, train_split, num_train, seed, self.input_size, num_train, "KnnMonitor num_train"
+            )
+            val = open_class_split(
+                dataset, data_dir, val_split, num_val, seed, self.input_size, num_val, "KnnMonitor num_val"
+            )
             self._splits = _in_ram(train), _in_ram(align_classes(train, val, val_split))
         return self._splits
 
@@ -110,17 +111,26 @@ class KnnMonitor(PeriodicMonitor):
         """k-NN top-1 (percent) of ``backbone``'s class tokens on the monitor's sets."""
         train, val = self.splits()
         embed = dict(precision=self.precision, batch_size=self.batch_size, workers=0, show_progress=False)
-        with torch.random.fork_rng(devices=[]), \
-                class_token_embeddings(backbone, train, self.input_size, **embed) as memory, \
-                class_token_embeddings(backbone, val, self.input_size, **embed) as queries:
-            rankings = knn_classify(torch.from_numpy(np.asarray(memory.features)), torch.from_numpy(memory.labels),
-                                    torch.from_numpy(np.asarray(queries.features)), (self.k,), self.temperature,
-                                    num_classes=len(train.class_names))
+        with (
+            torch.random.fork_rng(devices=[]),
+            class_token_embeddings(backbone, train, self.input_size, **embed) as memory,
+            class_token_embeddings(backbone, val, self.input_size, **embed) as queries,
+        ):
+            rankings = knn_classify(
+                torch.from_numpy(np.asarray(memory.features)),
+                torch.from_numpy(memory.labels),
+                torch.from_numpy(np.asarray(queries.features)),
+                (self.k,),
+                self.temperature,
+                num_classes=len(train.class_names),
+            )
             hits = topk_hits(rankings[self.k], torch.from_numpy(queries.labels), 1)
         return 100 * float(hits.float().mean())
 
     def report(self, pl_module: pl.LightningModule, step: int, value: float, seconds: float) -> None:
         pl_module.log("monitor/knn_seconds", seconds, on_step=True, on_epoch=False)
         train, val = self.splits()
-        rank_zero_info(f"[knn monitor] step {step}: top-1 {value:.2f} % (k {self.k}, {len(train)} train / {len(val)} "
-                       f"validation images, {self.input_size} px) in {seconds:.1f} s")
+        rank_zero_info(
+            f"[knn monitor] step {step}: top-1 {value:.2f} % (k {self.k}, {len(train)} train / {len(val)} "
+            f"validation images, {self.input_size} px) in {seconds:.1f} s"
+        )

@@ -24,12 +24,17 @@ def _delta_cell(result: dict[str, Any], k: str, name: str) -> str:
 
 def knn_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per model and k: top-1 and top-5 in % with 95 % intervals, Δ to the first model."""
-    rows = ["| model | k | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] | Δ top-5 [95 %] |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| model | k | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] | Δ top-5 [95 %] |",
+        "|---|---|---|---|---|---|",
+    ]
     for result in results:
         for k, scores in result["knn"].items():
-            rows.append(f"| {result['model']['label']} | {k} | {_score_cell(scores, 'top1')} | "
-                        f"{_delta_cell(result, k, 'top1')} | {_score_cell(scores, 'top5')} | "
-                        f"{_delta_cell(result, k, 'top5')} |")
+            rows.append(
+                f"| {result['model']['label']} | {k} | {_score_cell(scores, 'top1')} | "
+                f"{_delta_cell(result, k, 'top1')} | {_score_cell(scores, 'top5')} | "
+                f"{_delta_cell(result, k, 'top5')} |"
+            )
     return "\n".join(rows)
 
 
@@ -37,17 +42,28 @@ def knn_report(report: dict[str, Any]) -> str:
     """``report.md`` of a run (``report``: its ``results.json``)."""
     first = report["models"][0]
     cfg, data = first["config"], first["data"]
-    skipped = [f"{len(data[split]['skipped'])} {split} images that do not decode were skipped (named in results.json)"
-               for split in ("train", "val") if data[split]["skipped"]]
-    lines = ["# DINO k-NN classification", "", f"Command: `{report['command']}`", "",
-             f"Dataset: {cfg['dataset']} — {data['train']['images']} train images ({data['train']['classes']} "
-             f"classes), {data['val']['scored']} validation images scored; class token after the final norm, "
-             f"L2-normalised; {cfg['input_size']} px centre crop; votes exp(cos / {cfg['temperature']:g}); "
-             f"encoder {cfg['precision']}.", "",
-             knn_table(report["models"]), "",
-             "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
-             f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
-             f"draws for both models, seed {SEED}).", ""]
+    skipped = [
+        f"{len(data[split]['skipped'])} {split} images that do not decode were skipped (named in results.json)"
+        for split in ("train", "val")
+        if data[split]["skipped"]
+    ]
+    lines = [
+        "# DINO k-NN classification",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Dataset: {cfg['dataset']} — {data['train']['images']} train images ({data['train']['classes']} "
+        f"classes), {data['val']['scored']} validation images scored; class token after the final norm, "
+        f"L2-normalised; {cfg['input_size']} px centre crop; votes exp(cos / {cfg['temperature']:g}); "
+        f"encoder {cfg['precision']}.",
+        "",
+        knn_table(report["models"]),
+        "",
+        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
+        f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
+        f"draws for both models, seed {SEED}).",
+        "",
+    ]
     if skipped:
         lines += ["; ".join(skipped) + ".", ""]
     return "\n".join(lines)

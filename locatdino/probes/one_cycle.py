@@ -24,8 +24,9 @@ DIV_FACTOR = 1e4  # start lr = end lr = lr / DIV_FACTOR
 MIN_STEPS = 5  # torch's OneCycleLR divides by the warm-up length 0.25 × steps − 1: 0 at 4 steps
 
 
-def probe_optimizer(params: Iterable[nn.Parameter], lr: float = LR, weight_decay: float = WEIGHT_DECAY
-                    ) -> torch.optim.AdamW:
+def probe_optimizer(
+    params: Iterable[nn.Parameter], lr: float = LR, weight_decay: float = WEIGHT_DECAY
+) -> torch.optim.AdamW:
     """AdamW with the paper's betas."""
     return torch.optim.AdamW(params, lr=lr, betas=BETAS, weight_decay=weight_decay)
 
@@ -34,6 +35,13 @@ def one_cycle(optimizer: torch.optim.Optimizer, lr: float, total_steps: int) -> 
     """The paper's OneCycle; call ``step()`` once per iteration, after ``optimizer.step()``."""
     if total_steps < MIN_STEPS:
         raise ValueError(f"the OneCycle schedule needs at least {MIN_STEPS} iterations, got {total_steps}")
-    return OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=WARMUP_FRACTION,
-                      anneal_strategy="linear", div_factor=DIV_FACTOR, final_div_factor=1.0,
-                      cycle_momentum=False)
+    return OneCycleLR(
+        optimizer,
+        max_lr=lr,
+        total_steps=total_steps,
+        pct_start=WARMUP_FRACTION,
+        anneal_strategy="linear",
+        div_factor=DIV_FACTOR,
+        final_div_factor=1.0,
+        cycle_momentum=False,
+    )

@@ -23,15 +23,20 @@ PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe
 
 def probe_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per run: mIoU, pixel accuracy, budget, time split and precision."""
-    rows = ["| model | mIoU | pixel acc. | iterations | final loss | features s | head s | data s | total s | "
-            "encoder | cached |", "|" + "---|" * 11]
+    rows = [
+        "| model | mIoU | pixel acc. | iterations | final loss | features s | head s | data s | total s | "
+        "encoder | cached |",
+        "|" + "---|" * 11,
+    ]
     for r in results:
         t, curve = r.get("timings", {}), r.get("loss_curve") or [[0, None]]
         rows.append(
-            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | {number_cell(r['pixel_accuracy'])} | "
-            f"{r['iterations']:,} | {number_cell(curve[-1][1], 3)} | {number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
+            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | "
+            f"{number_cell(r['pixel_accuracy'])} | {r['iterations']:,} | {number_cell(curve[-1][1], 3)} | "
+            f"{number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
             f"{number_cell(t.get('data'), 1)} | {number_cell(t.get('total'), 1)} | {r['features'].get('precision')} | "
-            f"{r['features'].get('cached')} |")
+            f"{r['features'].get('cached')} |"
+        )
     return "\n".join(rows)
 
 
@@ -40,12 +45,20 @@ def probe_summary(results: Sequence[dict[str, Any]], title: str = "Dense linear 
     first = results[0]
     cfg = first["config"]
     budget = f"{first['iterations']:,} iterations × batch {cfg['batch_size']}"
-    lines = [f"# {title}", "",
-             f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
-             f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
-             "mIoU in % over every original pixel of the query images, identity class mapping.", "",
-             probe_table(results), "", "## Per-class IoU", "",
-             per_class_table([{**r, "label": r["model"].get("label")} for r in results]), ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
+        f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
+        "mIoU in % over every original pixel of the query images, identity class mapping.",
+        "",
+        probe_table(results),
+        "",
+        "## Per-class IoU",
+        "",
+        per_class_table([{**r, "label": r["model"].get("label")} for r in results]),
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -37,8 +37,9 @@ class TrainViews(Dataset):
     or None when the sample is corrupt. Without ``augmentation`` a view is the whole image
     resized to ``S × S`` (labels nearest), the same every time it is drawn."""
 
-    def __init__(self, dataset: Any, order: np.ndarray, size: int, augmentation: ProbeAugmentation | None = None,
-                 seed: int = 0):
+    def __init__(
+        self, dataset: Any, order: np.ndarray, size: int, augmentation: ProbeAugmentation | None = None, seed: int = 0
+    ):
         self.dataset, self.order, self.size = dataset, np.asarray(order).reshape(-1), size
         self.augmentation, self.seed = augmentation, seed
 

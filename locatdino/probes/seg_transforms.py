@@ -142,7 +142,7 @@ class ProbeAugmentation:
 
         box = draw()
         for _ in range(self.redraws if self.cat_max_ratio < 1 else 0):
-            window = target[box[0]:box[0] + h, box[1]:box[1] + w]
+            window = target[box[0] : box[0] + h, box[1] : box[1] + w]
             counts = torch.bincount(window[window != IGNORE].long().flatten())
             counts = counts[counts > 0]
             if len(counts) > 1 and counts.max() < self.cat_max_ratio * counts.sum():
@@ -155,7 +155,7 @@ class ProbeAugmentation:
         size = keep_ratio_size(*image.shape[-2:], LONG_TO_SHORT * self.crop * r, self.crop * r)
         image, target = _resize_pair(image, target, size)
         top, left, h, w = self.crop_box(target, generator)
-        image, target = image[:, top:top + h, left:left + w], target[top:top + h, left:left + w]
+        image, target = image[:, top : top + h, left : left + w], target[top : top + h, left : left + w]
         if float(torch.rand((), generator=generator)) < self.flip_p:
             image, target = image.flip(-1), target.flip(-1)
         if self.photometric:

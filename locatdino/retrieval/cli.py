@@ -26,22 +26,35 @@ from torch import nn
 
 from locatdino.common.arguments import ArgumentParser, add_shared_option, option_groups
 from locatdino.common.errors import UserError
+from locatdino.common.help_format import DefaultsOnceHelpFormatter
+from locatdino.common.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
+from locatdino.common.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
 from locatdino.evaluation.image_confusions import CONFUSION_FILE
 from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.output_files import DiskFullError, ensure_writable, remove_stale_temporaries
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option, check_output_file, write_output_file
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
-from locatdino.retrieval.options import (HBIRD_TABLE, add_protocol_arguments, config_from_args, parse_protocol_args,
-                                         protocol_record)
-from locatdino.retrieval.report import (differing_settings, incompatibilities, label_by_folder, load_results,
-                                        miou_deltas, results_table, run_confusions, summary_markdown, write_run)
-
+from locatdino.retrieval.options import (
+    HBIRD_TABLE,
+    add_protocol_arguments,
+    config_from_args,
+    parse_protocol_args,
+    protocol_record,
+)
+from locatdino.retrieval.report import (
+    differing_settings,
+    incompatibilities,
+    label_by_folder,
+    load_results,
+    miou_deltas,
+    results_table,
+    run_confusions,
+    summary_markdown,
+    write_run,
+)
 
 RUN_FILES = ("results.json", "summary.md", CONFUSION_FILE)  # what write_run writes into a run's folder
 
@@ -59,8 +72,12 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data)
     add_protocol_arguments(groups)
-    groups.runtime.add_argument("--memory-dtype", choices=("float32", "float16"), default=d.memory_dtype,
-                                help="stored features (memory-dir banks, non-Flat indices)")
+    groups.runtime.add_argument(
+        "--memory-dtype",
+        choices=("float32", "float16"),
+        default=d.memory_dtype,
+        help="stored features (memory-dir banks, non-Flat indices)",
+    )
     groups.runtime.add_argument("--memory-dir", default=None, help="memory-map the memory bank into this directory")
     add_shared_option(groups.output, "--out", "hbird_results")
     add_overwrite_option(groups.output)
@@ -68,17 +85,27 @@ def _parser() -> ArgumentParser:
 
 
 def _report_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="locatdino hbird report",
-                       description="Compare finished Hummingbird runs (refused when they scored "
-                       "different query images; differing settings are marked).")
+    p = ArgumentParser(
+        prog="locatdino hbird report",
+        description="Compare finished Hummingbird runs (refused when they scored "
+        "different query images; differing settings are marked).",
+    )
     groups = option_groups(p)
     groups.data.add_argument("results", nargs="+", help="results.json files or directories holding them")
-    groups.data.add_argument("--allow-mixed", action="store_true",
-                             help="compare runs of different datasets, splits or query counts anyway (marked)")
-    groups.output.add_argument("--summary", default=None, metavar="FILE", help="also write the markdown comparison "
-                               "to this file")
-    groups.output.add_argument("--label", action="append", default=[],
-                               help="name of each run, in the order found (default: its run folder); one per run")
+    groups.data.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="compare runs of different datasets, splits or query counts anyway (marked)",
+    )
+    groups.output.add_argument(
+        "--summary", default=None, metavar="FILE", help="also write the markdown comparison to this file"
+    )
+    groups.output.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        help="name of each run, in the order found (default: its run folder); one per run",
+    )
     add_overwrite_option(groups.output)
     return p
 
@@ -100,8 +127,10 @@ def _check_outputs(args: argparse.Namespace, runs: list[ModelRun]) -> OutputFold
             check_bank_folder(bank)
             if bank.resolve() == out.path.resolve() or bank.resolve() in out.path.resolve().parents:
                 raise ValueError(f"--memory-dir {bank} would replace --out {out.path}: give them different folders")
-        out.check(RUN_FILES if single else ["summary.md", *(f"{run.label}/{name}" for run in runs
-                                                          for name in RUN_FILES)], args.overwrite)
+        out.check(
+            RUN_FILES if single else ["summary.md", *(f"{run.label}/{name}" for run in runs for name in RUN_FILES)],
+            args.overwrite,
+        )
         for bank in banks:
             ensure_writable(bank.parent, "--memory-dir")
             remove_stale_temporaries(bank.parent)
@@ -122,12 +151,16 @@ def report_main(argv: list[str]) -> int:
         raise SystemExit(f"locatdino hbird report: {err}") from None
     labels = args.label or label_by_folder(results)
     if len(labels) != len(results):
-        raise SystemExit(f"locatdino hbird report: {len(labels)} --label for {len(results)} runs "
-                         f"({', '.join(r['source'] for r in results)})")
+        raise SystemExit(
+            f"locatdino hbird report: {len(labels)} --label for {len(results)} runs "
+            f"({', '.join(r['source'] for r in results)})"
+        )
     mixed = incompatibilities(results)
     if mixed and not args.allow_mixed:
-        raise SystemExit(f"locatdino hbird report: the runs scored different query images ({'; '.join(mixed)}); "
-                         "compare like with like, or pass --allow-mixed")
+        raise SystemExit(
+            f"locatdino hbird report: the runs scored different query images ({'; '.join(mixed)}); "
+            "compare like with like, or pass --allow-mixed"
+        )
     for r, label in zip(results, labels):
         r["label"] = label
     for line in differing_settings(results):
@@ -145,8 +178,11 @@ def report_main(argv: list[str]) -> int:
     if len(results) > 1 and not mixed:  # intervals pair the same query images
         without = [r["label"] for r, c in zip(results, confusions) if c is None]
         if without:
-            print(f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
-                  f"confusion matrices (written before they were kept)", file=sys.stderr)
+            print(
+                f"locatdino hbird report: warning: no Δ mIoU interval for {', '.join(without)}: no per-image "
+                f"confusion matrices (written before they were kept)",
+                file=sys.stderr,
+            )
         deltas = miou_deltas(confusions, results[0].get("config", {}).get("hungarian", "iou"))
     print(results_table(results, deltas))
     if args.summary:
@@ -174,8 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         return _evaluate(args, runs, models, train_set, val_set, device, out)
 
 
-def _evaluate(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Module], train_set, val_set,
-              device: torch.device, folder: OutputFolder) -> int:
+def _evaluate(
+    args: argparse.Namespace,
+    runs: list[ModelRun],
+    models: list[nn.Module],
+    train_set,
+    val_set,
+    device: torch.device,
+    folder: OutputFolder,
+) -> int:
     """Every model's run, each written (and recorded) as it finishes, then the comparison of them all."""
     out = folder.path
     picks_queries = args.dataset == "scenes" or isinstance(val_set, SubsetSplit)  # the seed chose the queries
@@ -183,8 +226,11 @@ def _evaluate(args: argparse.Namespace, runs: list[ModelRun], models: list[nn.Mo
     for run, model in zip(runs, models):
         single, label = len(runs) == 1, run.label
         cfg = config_from_args(args, HBIRD_TABLE, memory_dir=_memory_dir(args, label, single))
-        print(f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
-              f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}", file=sys.stderr)
+        print(
+            f"[hbird] {label}: memory {len(train_set)} images x {cfg.aug_epochs} views, "
+            f"{len(val_set)} queries, {cfg.input_size} px, index {cfg.index}",
+            file=sys.stderr,
+        )
         try:  # a bank too large for --memory-dir fails before encoding, reserving its disk space
             scored = hummingbird(model.to(device), train_set, val_set, cfg)
             result = record_run(scored.to_dict(), args, run, model)

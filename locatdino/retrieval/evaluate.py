@@ -31,20 +31,20 @@ import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 
+from locatdino.common.progress import progress
 from locatdino.evaluation.augment import AUGMENT_MODES, NEAREST_EXACT, PairedAugmentation
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.torch_knn import TorchExactSearch
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
-from locatdino.common.progress import progress
 from locatdino.retrieval.index import PatchIndex, check_index_device, faiss_gpu_available
 from locatdino.retrieval.index_choice import AUTO, RECALL_SAMPLE, IndexChoice, auto_index, recall_at_k, sample_rows
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.patch_labels import patch_class_counts, soft_labels
 from locatdino.retrieval.sampling import patches_per_image, rare_class_first
-from locatdino.evaluation.torch_knn import TorchExactSearch
 from locatdino.retrieval.transfer import predict, transfer_labels
 
 _TRANSFER_CHUNK_BYTES = 64 << 20  # bound on the gathered [n, k, C] labels / [n, k, D] features
@@ -92,14 +92,18 @@ class HummingbirdConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.memory_size is not None and self.memory_size < self.k:  # no k neighbours to weigh
-            raise ValueError(f"memory_size (--memory-size) {self.memory_size} keeps fewer patches than k (--k) "
-                             f"{self.k} neighbours per query: give at least {self.k}")
+            raise ValueError(
+                f"memory_size (--memory-size) {self.memory_size} keeps fewer patches than k (--k) "
+                f"{self.k} neighbours per query: give at least {self.k}"
+            )
         if not self.beta > 0 or not 0 < self.scale[0] <= self.scale[1]:
             raise ValueError(f"beta must be > 0 and scale (min, max) 0 < min <= max, got {self.beta} and {self.scale}")
         if self.augment not in AUGMENT_MODES:
             raise ValueError(f"augment must be one of {AUGMENT_MODES}, got {self.augment!r}")
         if self.augment == "off" and self.aug_epochs > 1:
-            raise ValueError(f"augment 'off' makes all {self.aug_epochs} augmentation epochs identical: use aug_epochs 1")
+            raise ValueError(
+                f"augment 'off' makes all {self.aug_epochs} augmentation epochs identical: use aug_epochs 1"
+            )
         if self.hungarian not in HUNGARIAN_CRITERIA:
             raise ValueError(f"hungarian must be one of {HUNGARIAN_CRITERIA}, got {self.hungarian!r}")
 
@@ -239,12 +243,24 @@ def evaluate_queries(
     matrix (with one matrix per scored image, for intervals) and the number of skipped (corrupt)
     samples."""
     clock = clock or PhaseClock()
-    return score_queries(lambda images: patch_scores(extractor, bank, index, images, cfg, clock), dataset,
-                         bank.num_classes, cfg, extractor, clock)
+    return score_queries(
+        lambda images: patch_scores(extractor, bank, index, images, cfg, clock),
+        dataset,
+        bank.num_classes,
+        cfg,
+        extractor,
+        clock,
+    )
 
 
-def score_queries(scores_of: Callable[[torch.Tensor], torch.Tensor], dataset: Any, num_classes: int,
-                  cfg: HummingbirdConfig, extractor: Any, clock: PhaseClock | None = None) -> tuple[ConfusionMatrix, int]:
+def score_queries(
+    scores_of: Callable[[torch.Tensor], torch.Tensor],
+    dataset: Any,
+    num_classes: int,
+    cfg: HummingbirdConfig,
+    extractor: Any,
+    clock: PhaseClock | None = None,
+) -> tuple[ConfusionMatrix, int]:
     """Segment every image of ``dataset`` from its patch-grid class scores ``scores_of(uint8 images
     [B, 3, S, S]) -> [B, C, h, w]``: upsampling, argmax and scoring as Hummingbird's (the module
     docstring); :func:`evaluate_queries` with label transfer, the position prior with the
@@ -273,9 +289,7 @@ def score_queries(scores_of: Callable[[torch.Tensor], torch.Tensor], dataset: An
 def check_splits(train_set: Any, val_set: Any) -> None:
     """``ValueError`` unless the memory and query splits agree on the classes and neither is empty."""
     if train_set.num_classes != val_set.num_classes:
-        raise ValueError(
-            f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}"
-        )
+        raise ValueError(f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}")
     if len(train_set) == 0 or len(val_set) == 0:
         raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
 
@@ -319,16 +333,26 @@ def hummingbird(
         with clock("recall"):
             search.update(_sampled_recall(extractor, bank, index, val_set, cfg))
     cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
-    result = result_of(cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start,
-                       provenance, search)
+    result = result_of(
+        cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start, provenance, search
+    )
     if inspect is not None:  # not timed: not part of the benchmark
         inspect(extractor, bank, index)
     return result
 
 
-def result_of(cm: ConfusionMatrix, cfg: HummingbirdConfig, val_set: Any, bank: MemoryBank, num_train: int,
-              skipped: int, clock: PhaseClock, start: float, provenance: dict[str, Any],
-              search: dict[str, Any]) -> HummingbirdResult:
+def result_of(
+    cm: ConfusionMatrix,
+    cfg: HummingbirdConfig,
+    val_set: Any,
+    bank: MemoryBank,
+    num_train: int,
+    skipped: int,
+    clock: PhaseClock,
+    start: float,
+    provenance: dict[str, Any],
+    search: dict[str, Any],
+) -> HummingbirdResult:
     """The record of one finished evaluation (scores from ``cm``; the timings of ``clock`` and
     the total since ``start``)."""
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
@@ -339,9 +363,7 @@ def result_of(cm: ConfusionMatrix, cfg: HummingbirdConfig, val_set: Any, bank: M
         miou=100 * identity.miou,
         miou_matched=100 * matched.miou,
         pixel_accuracy=100 * identity.pixel_accuracy,
-        per_class_iou={
-            str(n): None if np.isnan(v) else round(100 * float(v), 4) for n, v in zip(names, identity.iou)
-        },
+        per_class_iou={str(n): None if np.isnan(v) else round(100 * float(v), 4) for n, v in zip(names, identity.iou)},
         memory_patches=len(bank),
         memory_bytes=int(bank.nbytes),
         num_train=num_train,
@@ -357,12 +379,21 @@ def result_of(cm: ConfusionMatrix, cfg: HummingbirdConfig, val_set: Any, bank: M
 
 
 def _patch_index(extractor: Any, cfg: HummingbirdConfig, choice: IndexChoice) -> PatchIndex:
-    return PatchIndex(extractor.dim, choice.spec, choice.nprobe, cfg.ef_search, cfg.index_device, seed=cfg.seed,
-                      backend=cfg.knn_backend, torch_device=getattr(extractor, "device", None))
+    return PatchIndex(
+        extractor.dim,
+        choice.spec,
+        choice.nprobe,
+        cfg.ef_search,
+        cfg.index_device,
+        seed=cfg.seed,
+        backend=cfg.knn_backend,
+        torch_device=getattr(extractor, "device", None),
+    )
 
 
-def _sampled_recall(extractor: Any, bank: MemoryBank, index: PatchIndex, dataset: Any,
-                    cfg: HummingbirdConfig) -> dict[str, Any]:
+def _sampled_recall(
+    extractor: Any, bank: MemoryBank, index: PatchIndex, dataset: Any, cfg: HummingbirdConfig
+) -> dict[str, Any]:
     """Recall@k of ``index`` against exact search, on a fixed sample of the patches of query
     images spread over ``dataset`` (an extra forward of about ``RECALL_SAMPLE`` patches)."""
     views = QueryViews(dataset, cfg.input_size)

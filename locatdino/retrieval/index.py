@@ -42,12 +42,16 @@ def check_index_device(device: str, spec: str, backend: str = "auto") -> None:
     if device != "gpu" or faiss_gpu_available():
         return
     if spec not in ("Flat", "auto") or backend == "faiss":
-        raise ValueError(f"--index-device gpu: this FAISS has no GPU support (faiss-cpu build), and without it only "
-                         f"exact search runs on a GPU (--index Flat, not {spec!r}; --knn-backend auto or torch, "
-                         f"not {backend!r}): use --index-device cpu or install faiss-gpu")
+        raise ValueError(
+            f"--index-device gpu: this FAISS has no GPU support (faiss-cpu build), and without it only "
+            f"exact search runs on a GPU (--index Flat, not {spec!r}; --knn-backend auto or torch, "
+            f"not {backend!r}): use --index-device cpu or install faiss-gpu"
+        )
     if not torch.cuda.is_available():
-        raise ValueError("--index-device gpu: neither FAISS (a faiss-cpu build) nor torch sees a GPU here: use "
-                         "--index-device auto or cpu")
+        raise ValueError(
+            "--index-device gpu: neither FAISS (a faiss-cpu build) nor torch sees a GPU here: use "
+            "--index-device auto or cpu"
+        )
 
 
 class PatchIndex:

@@ -25,8 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from locatdino.common.output_files import (make_temporary_dir, remove_stale_temporaries, reserved_memmap,
-                                         temporary_sibling)
+from locatdino.common.output_files import (
+    make_temporary_dir,
+    remove_stale_temporaries,
+    reserved_memmap,
+    temporary_sibling,
+)
 
 LABEL_DTYPE = np.float16
 BANK_FILES = ("features.bin", "labels.bin", "meta.json")
@@ -44,8 +48,10 @@ def check_bank_folder(directory: str | os.PathLike) -> None:
     foreign = [name for name in entries if name not in BANK_FILES]
     if foreign or (entries and "meta.json" not in entries):
         shown = ", ".join((foreign or entries)[:3]) + (", …" if len(foreign or entries) > 3 else "")
-        raise ValueError(f"memory-bank folder {path} holds files that are not a memory bank ({shown}): a bank "
-                         "replaces its folder whole, so choose an empty or new folder")
+        raise ValueError(
+            f"memory-bank folder {path} holds files that are not a memory bank ({shown}): a bank "
+            "replaces its folder whole, so choose an empty or new folder"
+        )
 
 
 class MemoryBank:
@@ -177,9 +183,7 @@ class MemoryBank:
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write an in-RAM bank to ``directory`` (atomically) in the :meth:`load` format."""
-        out = MemoryBank.allocate(
-            self.size, self.dim, self.num_classes, self.meta["dtype"], directory, self.meta
-        )
+        out = MemoryBank.allocate(self.size, self.dim, self.num_classes, self.meta["dtype"], directory, self.meta)
         out.append(torch.from_numpy(np.asarray(self.features)), torch.from_numpy(np.asarray(self.labels)))
         out.finish()
         return Path(directory)

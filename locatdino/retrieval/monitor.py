@@ -66,8 +66,14 @@ class HummingbirdMonitor(PeriodicMonitor):
         super().__init__(every_n_steps)
         self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
         self.config = HummingbirdConfig(
-            input_size=input_size, memory_size=memory_size, aug_epochs=aug_epochs, k=k,
-            precision=precision, batch_size=batch_size, seed=seed, progress=False,
+            input_size=input_size,
+            memory_size=memory_size,
+            aug_epochs=aug_epochs,
+            k=k,
+            precision=precision,
+            batch_size=batch_size,
+            seed=seed,
+            progress=False,
             num_workers=0,  # the sets are small and decoded once (CachedSplit): no worker processes
         )
         self._splits = None

@@ -28,7 +28,14 @@ from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.models.baselines import PatchPosition
-from locatdino.retrieval.evaluate import HummingbirdConfig, HummingbirdResult, build_memory, check_splits, result_of, score_queries
+from locatdino.retrieval.evaluate import (
+    HummingbirdConfig,
+    HummingbirdResult,
+    build_memory,
+    check_splits,
+    result_of,
+    score_queries,
+)
 from locatdino.retrieval.memory import MemoryBank
 
 
@@ -69,8 +76,9 @@ def position_prior(
 
     cm, skipped_val = score_queries(scores_of, val_set, bank.num_classes, cfg, extractor, clock)
     search = {"precision": extractor.precision, "index": "none: the mean label at each grid place", "nprobe": None}
-    result = result_of(cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start, provenance,
-                       search)
+    result = result_of(
+        cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start, provenance, search
+    )
     if inspect is not None:
         inspect(scores_of)
     return result

@@ -32,15 +32,31 @@ from locatdino.evaluation.tables import number_cell, per_class_table, run_label
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
 _QUERY_KEYS = ("dataset", "data_dir", "val_split", "scene_size")
-_SETTING_KEYS = ("input_size", "aug_epochs", "memory_size", "k", "beta", "index", "precision", "eval_resolution",
-                 "augment", "norm", "hungarian", "seed", "train_split")
-INTERVAL_NOTE = (f"Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval over the query "
-                 f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
-                 "difference.")
+_SETTING_KEYS = (
+    "input_size",
+    "aug_epochs",
+    "memory_size",
+    "k",
+    "beta",
+    "index",
+    "precision",
+    "eval_resolution",
+    "augment",
+    "norm",
+    "hungarian",
+    "seed",
+    "train_split",
+)
+INTERVAL_NOTE = (
+    f"Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval over the query "
+    f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
+    "difference."
+)
 
 
-def miou_deltas(confusions: Sequence[ImageConfusions | None],
-                hungarian: str = "iou") -> list[tuple[PairedInterval, PairedInterval] | None]:
+def miou_deltas(
+    confusions: Sequence[ImageConfusions | None], hungarian: str = "iou"
+) -> list[tuple[PairedInterval, PairedInterval] | None]:
     """Δ mIoU and Δ Hungarian-matched mIoU (criterion ``hungarian``) of every run to the first,
     each with its interval; None for the first run and for runs without per-image matrices (older
     ``results.json``) or scored on other images."""
@@ -52,15 +68,18 @@ def miou_deltas(confusions: Sequence[ImageConfusions | None],
     return deltas
 
 
-def results_table(results: Sequence[dict[str, Any]],
-                  deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
+def results_table(
+    results: Sequence[dict[str, Any]], deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None
+) -> str:
     """Markdown table, one row per run: scores, memory size, time split; with ``deltas``
     (:func:`miou_deltas`), columns of Δ mIoU and Δ matched mIoU to the first run with their intervals."""
     delta_head = "Δ mIoU [95 % interval] | " if deltas is not None else ""
     matched_head = "Δ mIoU (Hungarian) [95 %] | " if deltas is not None else ""
-    head = f"| model | mIoU | {delta_head}mIoU (Hungarian) | {matched_head}pixel acc. | memory patches | " + " | ".join(
-        f"{p} s" for p in _PHASES
-    ) + " | total s | peak RSS MB | encoder | index (recall@k) |"
+    head = (
+        f"| model | mIoU | {delta_head}mIoU (Hungarian) | {matched_head}pixel acc. | memory patches | "
+        + " | ".join(f"{p} s" for p in _PHASES)
+        + " | total s | peak RSS MB | encoder | index (recall@k) |"
+    )
     rule = "|" + "---|" * (head.count("|") - 1)
     rows = [head, rule]
     for i, r in enumerate(results):
@@ -72,7 +91,8 @@ def results_table(results: Sequence[dict[str, Any]],
             f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | {matched}"
             f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
             + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
-            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | {_search_cells(r.get('search'))} |"
+            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | "
+            f"{_search_cells(r.get('search'))} |"
         )
     return "\n".join(rows)
 
@@ -109,8 +129,11 @@ def _query_seed(result: dict[str, Any]) -> int | None:
 
 def incompatibilities(results: Sequence[dict[str, Any]]) -> list[str]:
     """Why runs cannot share one table (different query images or classes); empty if they can."""
-    problems = [f"{key} {' vs '.join(v)}" for key in (*_QUERY_KEYS, "num_val", "query_seed")
-                if len(v := _values(results, key)) > 1]
+    problems = [
+        f"{key} {' vs '.join(v)}"
+        for key in (*_QUERY_KEYS, "num_val", "query_seed")
+        if len(v := _values(results, key)) > 1
+    ]
     if len({tuple(r["per_class_iou"]) for r in results}) > 1:
         problems.append("class lists differ")
     return problems
@@ -145,10 +168,14 @@ def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
-def summary_markdown(results: Sequence[dict[str, Any]], title: str = "Hummingbird evaluation",
-                     deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None) -> str:
+def summary_markdown(
+    results: Sequence[dict[str, Any]],
+    title: str = "Hummingbird evaluation",
+    deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None,
+) -> str:
     """The markdown report of one or several runs (a comparison when several, with ``deltas``:
     :func:`miou_deltas`)."""
+
     def common(key: str) -> str:
         values = _values(results, key)
         return json.loads(values[0]) if len(values) == 1 else "mixed ⚠"
@@ -196,9 +223,8 @@ def label_by_folder(results: Sequence[dict[str, Any]]) -> list[str]:
 
     labels = []
     for i, parts in enumerate(folders):
-        others = folders[:i] + folders[i + 1:]
-        depth = next((d for d in range(1, len(parts)) if all(tail(parts, d) != tail(o, d) for o in others)),
-                     len(parts))
+        others = folders[:i] + folders[i + 1 :]
+        depth = next((d for d in range(1, len(parts)) if all(tail(parts, d) != tail(o, d) for o in others)), len(parts))
         labels.append(tail(parts, depth))
     return labels
 
@@ -254,6 +280,8 @@ def run_confusions(result: dict[str, Any]) -> ImageConfusions | None:
     confusions = ImageConfusions.load(path)
     recomputed = images_miou(confusions)
     if not abs(recomputed - result["miou"]) <= _TOLERANCE:
-        raise ValueError(f"{result['source']}: miou {result['miou']:.4f} but its per-image matrices ({path.name}) "
-                         f"give {recomputed:.4f}: an edited results.json, or matrices of another run")
+        raise ValueError(
+            f"{result['source']}: miou {result['miou']:.4f} but its per-image matrices ({path.name}) "
+            f"give {recomputed:.4f}: an edited results.json, or matrices of another run"
+        )
     return confusions

@@ -26,9 +26,7 @@ def patches_per_image(memory_size: int, num_images: int, aug_epochs: int) -> int
     return n
 
 
-def rare_class_first(
-    counts: Tensor, keep: Tensor, n: int, generator: torch.Generator | None = None
-) -> Tensor:
+def rare_class_first(counts: Tensor, keep: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:
     """Select ``n`` patches per image, rare classes first.
 
     Args:

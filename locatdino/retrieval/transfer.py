@@ -27,9 +27,7 @@ def transfer_labels(sims: Tensor, neighbour_labels: Tensor, beta: float = 0.02) 
         a query with no neighbour at all.
     """
     if sims.shape != neighbour_labels.shape[:2]:
-        raise ValueError(
-            f"sims {tuple(sims.shape)} and neighbour labels {tuple(neighbour_labels.shape)} disagree"
-        )
+        raise ValueError(f"sims {tuple(sims.shape)} and neighbour labels {tuple(neighbour_labels.shape)} disagree")
     weights = torch.softmax(sims.float() / beta, dim=-1).nan_to_num(0.0)
     return torch.einsum("nk,nkc->nc", weights, neighbour_labels.float())
 

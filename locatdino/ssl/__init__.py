@@ -17,18 +17,18 @@ from locatdino.ssl.dino import DINOLoss, DINOModule
 from locatdino.ssl.export.cli import export_backbone
 from locatdino.ssl.ibot import BlockMasking, IBOTModule, IBOTPatchLoss, KoLeoLoss
 from locatdino.ssl.objective import (
-                                     CollapseMonitor,
-                                     DINOFSDPStrategy,
-                                     DINOHead,
-                                     DINOSchedules,
-                                     DINOWrapPolicy,
-                                     PretrainingObjective,
-                                     clip_grad_per_tensor_,
-                                     cosine_schedule,
-                                     scaled_lr,
-                                     teacher_entropies,
-                                     update_teacher,
-                                     warmup_constant_schedule,
+    CollapseMonitor,
+    DINOFSDPStrategy,
+    DINOHead,
+    DINOSchedules,
+    DINOWrapPolicy,
+    PretrainingObjective,
+    clip_grad_per_tensor_,
+    cosine_schedule,
+    scaled_lr,
+    teacher_entropies,
+    update_teacher,
+    warmup_constant_schedule,
 )
 from locatdino.ssl.run.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
 from locatdino.ssl.supervised import SupervisedModule

@@ -39,8 +39,11 @@ FAKE_CHILD = textwrap.dedent("""
 
 def _fake_cases(cases_, tmp_path, seconds):
     start = time.monotonic()
-    rows = list(gpu_check.run_cases([sys.executable, "-c", FAKE_CHILD], cases_, tmp_path / "child.log",
-                                    start + seconds, "s", title=str))
+    rows = list(
+        gpu_check.run_cases(
+            [sys.executable, "-c", FAKE_CHILD], cases_, tmp_path / "child.log", start + seconds, "s", title=str
+        )
+    )
     return rows, time.monotonic() - start
 
 
@@ -60,9 +63,11 @@ def test_a_child_that_dies_fails_only_its_case(tmp_path):
     assert rows[0].value != rows[2].value  # b ran in a fresh process
 
 
-LONG_ERROR = ("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_4 "
-              "Required: 376832 Hardware limit: 232448. Reducing block sizes or num_stages may help.\n"
-              "  second line of the detail\n" + "x" * 300)
+LONG_ERROR = (
+    "No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_4 "
+    "Required: 376832 Hardware limit: 232448. Reducing block sizes or num_stages may help.\n"
+    "  second line of the detail\n" + "x" * 300
+)
 
 
 def test_whole_error_texts_reach_results_json_and_table_md(tmp_path):
@@ -129,14 +134,20 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out),
-                           "--deadline", "1200"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out), "--deadline", "1200"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
-            if line.startswith("| ")][1:]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines() if line.startswith("| ")
+    ][1:]
     by_section = {}
-    for section, case, value, target, status in rows:
+    for section, case, _value, _target, status in rows:
         by_section.setdefault(section, []).append((case, status))
     # chooser + SDPA + 6 options; 6 shapes x 3 paths x 2 dtypes; 3 cases x 4 models;
     # 2 fits + 2 hbird comparisons; the --out check
@@ -147,16 +158,24 @@ def test_dry_run_builds_and_passes_every_case(tmp_path):
     assert {case for case, _ in by_section["e2e"]} >= {
         "locatdino fit dino_tiny_cpu vit_tiny_patch16_224, 2 steps, strategy ddp",
         "locatdino fit dino_tiny_cpu locatvit_tiny_patch8_224, 2 steps, strategy auto",
-        "locatdino hbird locatvit_tiny_patch8_224 32 px", "locatdino hbird vit_tiny_patch16_224 32 px"}
+        "locatdino hbird locatvit_tiny_patch8_224 32 px",
+        "locatdino hbird vit_tiny_patch16_224 32 px",
+    }
     results = json.loads((out / "results.json").read_text())
     assert len(results["rows"]) == len(rows) and results["exit_status"] == 0
-    assert set(results["sections"]) == set(counts) - {"report"} and results["environment"]["machine"]["software"]["torch"] == torch.__version__.split("+")[0]
+    assert (
+        set(results["sections"]) == set(counts) - {"report"}
+        and results["environment"]["machine"]["software"]["torch"] == torch.__version__.split("+")[0]
+    )
     assert all("detail" in row for row in results["rows"])
-    assert "flex options: {'bfloat16, head size 32, cpu': 'BLOCK_M=64 BLOCK_N=32 num_stages=1, fp32 profiles'}" in \
-        next(r["detail"] for r in results["rows"] if r["case"] == "flex bf16 224 px, class token")
+    assert "flex options: {'bfloat16, head size 32, cpu': 'BLOCK_M=64 BLOCK_N=32 num_stages=1, fp32 profiles'}" in next(
+        r["detail"] for r in results["rows"] if r["case"] == "flex bf16 224 px, class token"
+    )
     assert (out / "table.md").read_text().startswith("\n".join(proc.stdout.splitlines()[:1]))
     log = (out / "equivalence.log").read_text()
-    assert "@@done flex-bf16-224-cls" in log and "INFO locatdino.models.gaug.flex_bias_attention: FlexAttention for" in log
+    assert (
+        "@@done flex-bf16-224-cls" in log and "INFO locatdino.models.gaug.flex_bias_attention: FlexAttention for" in log
+    )
     for run in ("fit-vit_tiny_patch16_224", "fit-locatvit_tiny_patch8_224"):
         assert len(json.loads((out / "e2e" / run / "step_times.json").read_text())["step_end_s"]) == 2
         assert (out / "e2e" / run / "logs" / "version_0" / "metrics.csv").is_file()

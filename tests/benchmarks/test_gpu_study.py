@@ -30,12 +30,14 @@ def test_every_run_starts_from_the_scored_random_init(objective, backbone):
 def test_imports_without_jsonargparse():
     """A CUDA machine's preinstalled Python may lack jsonargparse: the study must not need it (it
     builds its modules and Trainers directly, not through ``locatdino fit``)."""
-    blocker = ("import importlib.abc, sys\n"
-               "class Block(importlib.abc.MetaPathFinder):\n"
-               "    def find_spec(self, name, path, target=None):\n"
-               "        if name.split('.')[0] == 'jsonargparse': raise ImportError(name)\n"
-               "sys.meta_path.insert(0, Block())\n"
-               "import benchmarks.studies.gpu_study\n")
+    blocker = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'jsonargparse': raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import benchmarks.studies.gpu_study\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", blocker], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -51,17 +53,26 @@ def test_an_existing_results_folder_is_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_toy_study_end_to_end(tmp_path):
     out = tmp_path / "study"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     rows = results["rows"]
     assert [(r["backbone"], r["objective"]) for r in rows[:2]] == [("vit", "random init"), ("locatvit", "random init")]
     trained = rows[2:]
     assert {(r["backbone"], r["objective"]) for r in trained} == {
-        (b, o) for b in gpu_study.BACKBONES for o in gpu_study.OBJECTIVES}
+        (b, o) for b in gpu_study.BACKBONES for o in gpu_study.OBJECTIVES
+    }
     assert set(results["measured"]) == {f"{r['backbone']}_{r['objective']}" for r in trained}
     for r in trained:  # steps from the measured speed (never below the floor), each run to its schedule's end
         assert r["steps"] >= gpu_study.TOY.min_steps
@@ -80,11 +91,31 @@ def test_toy_study_with_the_multicrop_on_the_device(tmp_path):
     """``--augment-on gpu`` (the default where CUDA is): the loader batches uint8 scenes and the
     multi-crop runs on the training device (here CPU tensors), through a whole DINO run."""
     out = tmp_path / "study"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out),
-                           "--objectives", "dino", "--backbones", "vit", "--augment-on", "gpu"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.studies.gpu_study",
+            "--toy",
+            "--out",
+            str(out),
+            "--objectives",
+            "dino",
+            "--backbones",
+            "vit",
+            "--augment-on",
+            "gpu",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["augment_on"] == "gpu"

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from locatdino.common import output_files
-from locatdino.common.output_files import (DiskFullError, atomic_write_text, ensure_writable, make_temporary_dir,
-                                    remove_stale_temporaries, reserve_space, temporary_sibling)
+from locatdino.common.output_files import (
+    DiskFullError,
+    atomic_write_text,
+    ensure_writable,
+    make_temporary_dir,
+    remove_stale_temporaries,
+    reserve_space,
+    temporary_sibling,
+)
 from locatdino.retrieval.memory import MemoryBank
 from locatdino.retrieval.report import write_run
 from locatdino.ssl import atomic_torch_save
@@ -33,15 +40,29 @@ def _mode(path):
 def test_every_writer_honours_the_umask(tmp_path, umask):
     """Reports, checkpoints and memory banks get 0o666 / 0o777 & ~umask (tempfile's 0600 would
     hide them from colleagues)."""
-    result = {"miou": 1.0, "miou_matched": 1.0, "pixel_accuracy": 1.0, "memory_patches": 1, "num_train": 1,
-              "num_val": 1, "per_class_iou": {"a": 1.0}, "config": {}, "model": {"name": "m"}}
+    result = {
+        "miou": 1.0,
+        "miou_matched": 1.0,
+        "pixel_accuracy": 1.0,
+        "memory_patches": 1,
+        "num_train": 1,
+        "num_val": 1,
+        "per_class_iou": {"a": 1.0},
+        "config": {},
+        "model": {"name": "m"},
+    }
     write_run(result, tmp_path / "run")
     atomic_torch_save({"a": torch.ones(2)}, tmp_path / "ck" / "last.ckpt")
     bank = MemoryBank.allocate(4, 8, 3, directory=tmp_path / "bank")
     bank.append(torch.zeros(2, 8), torch.zeros(2, 3))
     bank.finish()
-    files = [tmp_path / "run" / "results.json", tmp_path / "run" / "summary.md", tmp_path / "ck" / "last.ckpt",
-             tmp_path / "bank" / "features.bin", tmp_path / "bank" / "meta.json"]
+    files = [
+        tmp_path / "run" / "results.json",
+        tmp_path / "run" / "summary.md",
+        tmp_path / "ck" / "last.ckpt",
+        tmp_path / "bank" / "features.bin",
+        tmp_path / "bank" / "meta.json",
+    ]
     assert [_mode(f) for f in files] == [0o666 & ~umask] * len(files)
     assert _mode(tmp_path / "bank") == _mode(make_temporary_dir(tmp_path / "x")) == 0o777 & ~umask
 
@@ -61,6 +82,7 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
 
 def test_a_disk_full_error_deep_in_a_chain_becomes_one_line(tmp_path):
     """torch.save reports ENOSPC as a RuntimeError chained to the OSError: the helper finds it."""
+
     def torch_like(f):
         try:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -131,7 +153,9 @@ def test_ensure_writable_names_the_folder_in_one_line(tmp_path):
     blocker.write_text("x")
     with pytest.raises(OSError) as caught:
         ensure_writable(blocker / "out", "--out")
-    assert str(caught.value).startswith(f"--out {blocker / 'out'} is not writable: ") and "Errno" not in str(caught.value)
+    assert str(caught.value).startswith(f"--out {blocker / 'out'} is not writable: ") and "Errno" not in str(
+        caught.value
+    )
 
 
 _FULL_DISK_SCRIPT = r"""
@@ -166,8 +190,10 @@ def test_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path):
     out = json.loads(proc.stdout)
     assert out["torch"] == f"{disk}/last.ckpt: No space left on device (nothing was replaced)"
     assert out["text"] == f"{disk}/summary.md: No space left on device (nothing was replaced)"
-    assert out["bank"].startswith(f"{disk}/.bank.") and "features.bin: No space left on device: needs 0.00629 GB" \
-        in out["bank"]
+    assert (
+        out["bank"].startswith(f"{disk}/.bank.")
+        and "features.bin: No space left on device: needs 0.00629 GB" in out["bank"]
+    )
     assert out["kept"] == [1.0] * 4 and out["left"] == ["last.ckpt"]
 
 
@@ -176,13 +202,18 @@ def test_output_lock_refuses_a_second_holder_and_ends_with_its_holder(tmp_path):
     from locatdino.common.output_files import output_lock
 
     with output_lock(tmp_path / "out"):
-        with pytest.raises(UserError, match=f"output folder {tmp_path / 'out'} is in use by another run \\(pid {os.getpid()} "):
+        with pytest.raises(
+            UserError, match=f"output folder {tmp_path / 'out'} is in use by another run \\(pid {os.getpid()} "
+        ):
             with output_lock(tmp_path / "out"):
                 pass
-    script = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
-              "f.write(f'pid {os.getpid()} on elsewhere'); f.flush(); print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out" / ".locatdino.lock")],
-                              stdout=subprocess.PIPE, text=True)  # another run, holding the lock as output_lock does
+    script = (
+        "import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "f.write(f'pid {os.getpid()} on elsewhere'); f.flush(); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "out" / ".locatdino.lock")], stdout=subprocess.PIPE, text=True
+    )  # another run, holding the lock as output_lock does
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(UserError, match=f"\\(pid {holder.pid} on elsewhere; lock "):
@@ -202,16 +233,21 @@ def test_a_lock_held_by_what_an_ended_run_left_behind_says_so(tmp_path):
     from locatdino.common.output_files import _HOST, output_lock
 
     lock = tmp_path / ".locatdino.lock"
-    script = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
-              "f.write(f'pid {os.getpid()} on ' + sys.argv[2]); f.flush(); child = os.fork()\n"
-              "if child == 0: time.sleep(60)\nelse: print(child, flush=True); os._exit(0)")
+    script = (
+        "import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "f.write(f'pid {os.getpid()} on ' + sys.argv[2]); f.flush(); child = os.fork()\n"
+        "if child == 0: time.sleep(60)\nelse: print(child, flush=True); os._exit(0)"
+    )
     run = subprocess.Popen([sys.executable, "-c", script, str(lock), _HOST], stdout=subprocess.PIPE, text=True)
     child = int(run.stdout.readline())
     try:
         run.wait()
-        with pytest.raises(UserError, match=f"^output folder {tmp_path} is locked by processes that the run with pid "
-                           f"{run.pid} left behind though it has ended \\(lock {lock}; `fuser {lock}` lists them\\): "
-                           "end them or choose another folder$"):
+        with pytest.raises(
+            UserError,
+            match=f"^output folder {tmp_path} is locked by processes that the run with pid "
+            f"{run.pid} left behind though it has ended \\(lock {lock}; `fuser {lock}` lists them\\): "
+            "end them or choose another folder$",
+        ):
             with output_lock(tmp_path):
                 pass
     finally:

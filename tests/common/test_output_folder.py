@@ -21,8 +21,10 @@ def test_a_second_run_is_refused_without_overwrite_and_keeps_the_first(tmp_path)
     _run(out, {"results.json": "first", "summary.md": "first"})
     with pytest.raises(UserError) as refused:
         _run(out, {"results.json": "second"})
-    assert str(refused.value) == (f"--out {out} holds the output of an earlier run (results.json and 1 more): "
-                                  "pass --overwrite to replace it, or choose another --out")
+    assert str(refused.value) == (
+        f"--out {out} holds the output of an earlier run (results.json and 1 more): "
+        "pass --overwrite to replace it, or choose another --out"
+    )
     assert (out / "results.json").read_text() == "first"
 
 
@@ -46,8 +48,11 @@ def test_a_file_no_run_recorded_is_never_replaced_whatever_its_shape(tmp_path, o
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.json").write_text('{"miou": 40.0}')  # looks like ours, was not written by a run
-    with pytest.raises(UserError, match=f"^--out {out} holds results.json, which locatdino hbird did not write: "
-                                        r"move it or choose another --out \(a run replaces only files it wrote\)$"):
+    with pytest.raises(
+        UserError,
+        match=f"^--out {out} holds results.json, which locatdino hbird did not write: "
+        r"move it or choose another --out \(a run replaces only files it wrote\)$",
+    ):
         _run(out, {"results.json": "new"}, overwrite)
     assert (out / "results.json").read_text() == '{"miou": 40.0}'
 

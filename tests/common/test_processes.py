@@ -54,6 +54,7 @@ def _pid_and_open(fds: list[int]) -> tuple[int, list[bool]]:
         except OSError:
             return False
         return True
+
     return os.getpid(), [is_open(fd) for fd in fds]
 
 
@@ -83,8 +84,13 @@ with worker_pool(2) as pool:
 
 
 def test_workers_end_when_their_parent_is_killed():
-    parent = subprocess.run([sys.executable, "-c", KILLED_PARENT], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    parent = subprocess.run(
+        [sys.executable, "-c", KILLED_PARENT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert parent.returncode == -signal.SIGKILL
     pids = [int(p) for p in parent.stdout.split()]
     assert 1 <= len(pids) <= 2

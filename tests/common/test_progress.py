@@ -45,12 +45,17 @@ def test_fit_logs_plain_lines_when_stdout_is_not_a_terminal(tmp_path, capsys):
     assert wants_line_progress({"enable_progress_bar": True, "callbacks": None})  # capsys: not a terminal
     assert not wants_line_progress({"enable_progress_bar": False})
     assert not wants_line_progress({"callbacks": [LineProgressBar()]})
-    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                         callbacks=[LineProgressBar(interval=0)], default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[LineProgressBar(interval=0)],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(tiny_module(), batches_loader([random_batch(seed=i) for i in range(3)]))
     lines = _clean_lines(capsys.readouterr().out)
     fit = [line for line in lines if line.startswith("[fit]")]
     assert [line.split(":")[0] for line in fit] == ["[fit] training"] * 4 + ["[fit] done"]  # start, 3 steps, end
     assert fit[0].startswith("[fit] training: step 0/3, epoch 0, 00:00:0")
     assert fit[-1].startswith("[fit] done: step 3/3") and "train/loss" in fit[-1]
-

@@ -35,6 +35,7 @@ class _Parsed(Exception):
 @pytest.fixture(scope="module")
 def parsers() -> dict[str, argparse.ArgumentParser]:
     """Every command's parser, as its ``main`` builds it."""
+
     def capture(self, *args, **kwargs):
         raise _Parsed(self)
 
@@ -57,13 +58,18 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 def _meaning(action: argparse.Action) -> tuple:
     help_text = re.sub(r" \(default: .*\)$", "", action.help or "")
     choices = () if set(action.option_strings) & OWN_CHOICES else tuple(action.choices or ())
-    return (action.dest, getattr(action.type, "__name__", action.type), type(action).__name__, action.nargs,
-            choices, help_text)
+    return (
+        action.dest,
+        getattr(action.type, "__name__", action.type),
+        type(action).__name__,
+        action.nargs,
+        choices,
+        help_text,
+    )
 
 
 def test_every_command_is_walked(parsers):
-    assert set(parsers) >= {"demo", "export", "shards", "hbird", "hbird report", "linprobe", "knn", "lincls",
-                            "compare"}
+    assert set(parsers) >= {"demo", "export", "shards", "hbird", "hbird report", "linprobe", "knn", "lincls", "compare"}
 
 
 def test_an_option_several_commands_take_means_one_thing(parsers):
@@ -77,39 +83,71 @@ def test_an_option_several_commands_take_means_one_thing(parsers):
                 if option.startswith("--") and option != "--help" and (command, option) not in OWN_MEANING:
                     takers[option][command] = action
     shared = {option: by for option, by in takers.items() if len(by) > 1}
-    assert {"--seed", "--workers", "--input-size", "--out", "--overwrite", "--batch-size", "--train-batch-size",
-            "--cache-dir", "--cache-ram-mb", "--lr", "--knn-backend", "--precision", "--prr"} <= set(shared)
+    assert {
+        "--seed",
+        "--workers",
+        "--input-size",
+        "--out",
+        "--overwrite",
+        "--batch-size",
+        "--train-batch-size",
+        "--cache-dir",
+        "--cache-ram-mb",
+        "--lr",
+        "--knn-backend",
+        "--precision",
+        "--prr",
+    } <= set(shared)
     assert set(takers["--batch-size"]) >= {"hbird", "linprobe", "knn", "lincls", "compare"}
-    differing = {option: {command: _meaning(action) for command, action in by.items()}
-                 for option, by in shared.items() if len({_meaning(action) for action in by.values()}) > 1}
+    differing = {
+        option: {command: _meaning(action) for command, action in by.items()}
+        for option, by in shared.items()
+        if len({_meaning(action) for action in by.values()}) > 1
+    }
     assert differing == {}
     for option, spec in SHARED_OPTIONS.items():  # one definition: the registry's
         assert all(_meaning(action)[5] == spec.help for action in takers[option].values()), option
 
 
 def test_every_number_is_range_checked(parsers):
-    bare = [f"{command} {action.option_strings or action.dest}" for command, parser in parsers.items()
-            for action in parser._actions
-            if action.type in (int, float) or (action.type is None and action.nargs != 0
-                                               and isinstance(action.default, (int, float))
-                                               and not isinstance(action.default, bool))]
+    bare = [
+        f"{command} {action.option_strings or action.dest}"
+        for command, parser in parsers.items()
+        for action in parser._actions
+        if action.type in (int, float)
+        or (
+            action.type is None
+            and action.nargs != 0
+            and isinstance(action.default, (int, float))
+            and not isinstance(action.default, bool)
+        )
+    ]
     assert bare == []
     with pytest.raises(SystemExit):
         parsers["linprobe"].parse_args(["--model", "m", "--input-size", "-64"])
 
 
 def test_the_help_says_why_the_input_size_defaults_differ(parsers):
-    defaults = {command: parsers[command].get_default("input_size")
-                for command in ("hbird", "compare", "linprobe", "knn", "lincls")}
+    defaults = {
+        command: parsers[command].get_default("input_size")
+        for command in ("hbird", "compare", "linprobe", "knn", "lincls")
+    }
     assert defaults == {"hbird": 224, "compare": 224, "linprobe": 512, "knn": 224, "lincls": 224}
     assert "224 for the class-token protocols" in SHARED_OPTIONS["--input-size"].help
     assert "224 for Hummingbird" in SHARED_OPTIONS["--input-size"].help
     assert "512 for the dense linear probe" in SHARED_OPTIONS["--input-size"].help
 
 
-@pytest.mark.parametrize("command, old", [("linprobe", "--eval-batch-size"), ("linprobe", "--augment"),
-                                          ("hbird report", "--out"), ("lincls", "--eval-batch-size"),
-                                          ("knn", "--k")])
+@pytest.mark.parametrize(
+    "command, old",
+    [
+        ("linprobe", "--eval-batch-size"),
+        ("linprobe", "--augment"),
+        ("hbird report", "--out"),
+        ("lincls", "--eval-batch-size"),
+        ("knn", "--k"),
+    ],
+)
 def test_the_old_spellings_are_gone(parsers, capsys, command, old):
     """No aliases: the package has had no release."""
     assert not any(old in action.option_strings for action in parsers[command]._actions)

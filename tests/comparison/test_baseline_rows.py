@@ -29,23 +29,35 @@ def _patches(image, p):
     """``[h·w, 3·p·p]``: each patch of one normalised image, cut out by hand, row-major."""
     x = normalize(torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None])[0]
     side = x.shape[-1] // p
-    return torch.stack([x[:, i * p:(i + 1) * p, j * p:(j + 1) * p].reshape(-1) for i in range(side) for j in range(side)])
+    return torch.stack(
+        [x[:, i * p : (i + 1) * p, j * p : (j + 1) * p].reshape(-1) for i in range(side) for j in range(side)]
+    )
 
 
 def naive_pixel_hummingbird(train, val, p, k, beta):
     """Cosine k-NN over every memory patch, softmax(sim / β) vote of their class fractions."""
     c, side = train.num_classes, train.masks[0].shape[0] // p
     memory = F.normalize(torch.cat([_patches(image, p) for image in train.images]), dim=-1)
-    labels = torch.tensor(np.stack([np.bincount(m[i * p:(i + 1) * p, j * p:(j + 1) * p].ravel(), minlength=c) / p**2
-                                    for m in train.masks for i in range(side) for j in range(side)]))
+    labels = torch.tensor(
+        np.stack(
+            [
+                np.bincount(m[i * p : (i + 1) * p, j * p : (j + 1) * p].ravel(), minlength=c) / p**2
+                for m in train.masks
+                for i in range(side)
+                for j in range(side)
+            ]
+        )
+    )
     confusion = np.zeros((c, c), np.int64)
     for image, mask in zip(val.images, val.masks):
         sims, ids = (F.normalize(_patches(image, p), dim=-1) @ memory.T).topk(k, dim=1)
         scores = (torch.softmax(sims.double() / beta, 1)[..., None] * labels[ids]).sum(1)
-        up = F.interpolate(scores.T.reshape(1, c, side, side).float(), size=mask.shape, mode="bilinear",
-                           align_corners=False)
-        confusion += np.bincount(mask.ravel().astype(int) * c + up.argmax(1)[0].numpy().ravel(),
-                                 minlength=c * c).reshape(c, c)
+        up = F.interpolate(
+            scores.T.reshape(1, c, side, side).float(), size=mask.shape, mode="bilinear", align_corners=False
+        )
+        confusion += np.bincount(
+            mask.ravel().astype(int) * c + up.argmax(1)[0].numpy().ravel(), minlength=c * c
+        ).reshape(c, c)
     return _miou(confusion)
 
 
@@ -78,8 +90,9 @@ def test_baseline_rows_match_naive_implementations():
     assert pixels.hbird["miou"] != prior.hbird["miou"] and pixels.hbird["search"]["precision"] == "fp32"
     for row, kind in ((pixels, "pixels"), (prior, "position")):
         head, _, _ = train_head(HandTokens(kind), train, probe)
-        assert row.linprobe["miou"] == pytest.approx(100 * evaluate_head(HandTokens(kind), head, val, probe)[0]
-                                                     .compute().miou, abs=1e-9)
+        assert row.linprobe["miou"] == pytest.approx(
+            100 * evaluate_head(HandTokens(kind), head, val, probe)[0].compute().miou, abs=1e-9
+        )
         assert [p["memory_patches"] for p in row.memory_curve] == [48, 96]  # 1/2 and the full memory
         assert row.visuals["prediction"].shape == (2, 32, 32) and row.visuals["probe_prediction"].shape == (2, 32, 32)
     assert "pca" in pixels.visuals and "pca" not in prior.visuals  # a one-hot place has no colours to show

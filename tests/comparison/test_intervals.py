@@ -10,8 +10,9 @@ from locatdino.evaluation.bootstrap import PairedInterval
 from locatdino.evaluation.image_confusions import ImageConfusions
 
 
-@pytest.mark.parametrize("low,high,covers", [(-0.4, 0.9, True), (0.0, 1.2, True), (-2.0, -0.0, True),
-                                             (0.1, 0.9, False), (-1.5, -0.2, False)])
+@pytest.mark.parametrize(
+    "low,high,covers", [(-0.4, 0.9, True), (0.0, 1.2, True), (-2.0, -0.0, True), (0.1, 0.9, False), (-1.5, -0.2, False)]
+)
 def test_no_measurable_difference_exactly_when_the_interval_holds_zero(low, high, covers):
     interval = PairedInterval((low + high) / 2, low, high)
     text = difference_text("locat", "vit", interval)
@@ -22,9 +23,13 @@ def test_no_measurable_difference_exactly_when_the_interval_holds_zero(low, high
 
 
 def _model(name, index, hits):
-    return {"spec": {"name": name, "model": "m", "checkpoint": None}, "parameters": 1, "forward": {},
-            "hbird": {"miou": 0.0, "miou_matched": 0.0, "per_image_confusion": f"per_image_confusion/model{index}.npz"},
-            "probes": probe_record("knn", np.array(hits, bool))}
+    return {
+        "spec": {"name": name, "model": "m", "checkpoint": None},
+        "parameters": 1,
+        "forward": {},
+        "hbird": {"miou": 0.0, "miou_matched": 0.0, "per_image_confusion": f"per_image_confusion/model{index}.npz"},
+        "probes": probe_record("knn", np.array(hits, bool)),
+    }
 
 
 def _matrices(rng, n, accuracy):

@@ -20,15 +20,46 @@ def test_compare_a_dinov2_release_and_a_hugging_face_folder(tmp_path):
     folder = tmp_path / "dinov2-with-registers-small"
     folder.mkdir()
     save_file(_published_dinov2_keys(release_weights(384, 12, registers=4, seed=1)), folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "dinov2_with_registers", "hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6,
-        "patch_size": 14, "image_size": 518, "num_register_tokens": 4}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "dinov2_with_registers",
+                "hidden_size": 384,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 6,
+                "patch_size": 14,
+                "image_size": 518,
+                "num_register_tokens": 4,
+            }
+        )
+    )
     out = tmp_path / "cmp"
-    argv = ["--model", f"dinov2=vit_small_patch14_dinov2:{release}",
-            "--model", f"reg=vit_small_patch14_reg4_dinov2:{folder}",
-            "--num-train", "4", "--num-val", "2", "--scene-size", "42", "--input-size", "42", "--k", "3",
-            "--workers", "0", "--no-progress", "--figure-images", "1", "--batch-size", "4", "--no-linprobe",
-            "--out", str(out)]
+    argv = [
+        "--model",
+        f"dinov2=vit_small_patch14_dinov2:{release}",
+        "--model",
+        f"reg=vit_small_patch14_reg4_dinov2:{folder}",
+        "--num-train",
+        "4",
+        "--num-val",
+        "2",
+        "--scene-size",
+        "42",
+        "--input-size",
+        "42",
+        "--k",
+        "3",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--figure-images",
+        "1",
+        "--batch-size",
+        "4",
+        "--no-linprobe",
+        "--out",
+        str(out),
+    ]
     assert compare_cli.main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     dinov2, reg = report["models"]

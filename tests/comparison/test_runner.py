@@ -10,8 +10,27 @@ from locatdino.comparison.measure import memory_sizes
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor
 
-TINY = ["--num-train", "8", "--num-val", "3", "--scene-size", "64", "--input-size", "64", "--k", "5",
-        "--workers", "0", "--no-progress", "--figure-images", "2", "--batch-size", "8", "--linprobe-iters", "6"]
+TINY = [
+    "--num-train",
+    "8",
+    "--num-val",
+    "3",
+    "--scene-size",
+    "64",
+    "--input-size",
+    "64",
+    "--k",
+    "5",
+    "--workers",
+    "0",
+    "--no-progress",
+    "--figure-images",
+    "2",
+    "--batch-size",
+    "8",
+    "--linprobe-iters",
+    "6",
+]
 
 
 def test_memory_sizes_are_fractions_of_the_full_memory():
@@ -44,9 +63,18 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     bad = tmp_path / "broken.pth"
     bad.write_bytes(b"not a checkpoint")
     out = tmp_path / "cmp"
-    argv = ["--model", "vit=vit_tiny_patch16_224", "--model", f"bad=vit_tiny_patch16_224:{bad}",
-            "--model", "locat=locatvit_tiny_patch16_224:none",
-            "--out", str(out), "--baselines", *TINY]
+    argv = [
+        "--model",
+        "vit=vit_tiny_patch16_224",
+        "--model",
+        f"bad=vit_tiny_patch16_224:{bad}",
+        "--model",
+        "locat=locatvit_tiny_patch16_224:none",
+        "--out",
+        str(out),
+        "--baselines",
+        *TINY,
+    ]
     assert compare_cli.main(argv) == 1
     err = capsys.readouterr().err.splitlines()
     err_lines = [line for line in err if line.startswith("locatdino compare:")]
@@ -85,7 +113,10 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert "**bad failed**" in md and "| vit |" in md and "| locat |" in md
     assert "| pixels | pixels | none (no network) |" in md and md.count("| n/a | n/a | n/a | n/a | n/a |") == 2
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
-    assert set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"} and "differences" not in vit
+    assert (
+        set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"}
+        and "differences" not in vit
+    )
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
     assert "## Differences to vit" in md and "Hummingbird mIoU: " in md
     assert "Δ linear probe" in md and f"| {linear['miou']:.2f} | +0.00 |" in md
@@ -97,8 +128,11 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
         compare_cli.main(argv)
     from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
-    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    written = sorted(
+        str(p.relative_to(out))
+        for p in out.rglob("*")
+        if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock")
+    )
     assert sorted(OutputFolder(out, "compare").earlier()) == written  # every file it wrote is recorded
 
 
@@ -107,15 +141,31 @@ def test_protocol_options_are_hbird_s(tmp_path):
     from locatdino.retrieval import cli as hbird_cli
     from locatdino.retrieval.options import HBIRD_TABLE, config_from_args
 
-    options = ["--augment", "off", "--aug-epochs", "1", "--no-norm", "--hungarian", "pixels", "--knn-backend",
-               "faiss", "--eval-resolution", "input", "--seed", "3"]
+    options = [
+        "--augment",
+        "off",
+        "--aug-epochs",
+        "1",
+        "--no-norm",
+        "--hungarian",
+        "pixels",
+        "--knn-backend",
+        "faiss",
+        "--eval-resolution",
+        "input",
+        "--seed",
+        "3",
+    ]
     compared = config_from_args(compare_cli._parser().parse_args(["--model", "a=vit_tiny_patch16_224", *options]))
-    evaluated = config_from_args(hbird_cli._parser().parse_args(["--model", "vit_tiny_patch16_224", *options]),
-                                 HBIRD_TABLE)
+    evaluated = config_from_args(
+        hbird_cli._parser().parse_args(["--model", "vit_tiny_patch16_224", *options]), HBIRD_TABLE
+    )
     assert compared == evaluated
     assert (compared.augment, compared.norm, compared.hungarian, compared.seed) == ("off", False, "pixels", 3)
-    defaults = [config_from_args(compare_cli._parser().parse_args(["--model", "a=m"])),
-                config_from_args(hbird_cli._parser().parse_args(["--model", "m"]), HBIRD_TABLE)]
+    defaults = [
+        config_from_args(compare_cli._parser().parse_args(["--model", "a=m"])),
+        config_from_args(hbird_cli._parser().parse_args(["--model", "m"]), HBIRD_TABLE),
+    ]
     assert defaults[0] == defaults[1]
 
 
@@ -145,8 +195,21 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     assert len(labelled) == 12 and labelled.class_names == ["blue", "red"]
     assert sorted(labelled.label(i) for i in range(12)) == [0] * 6 + [1] * 6
     out = tmp_path / "cmp"
-    argv = ["--model", "vit=vit_tiny_patch16_224", "--dataset", "shards", "--data-dir", str(tmp_path / "shards"),
-            "--input-size", "32", "--out", str(out), "--no-progress", "--workers", "0"]
+    argv = [
+        "--model",
+        "vit=vit_tiny_patch16_224",
+        "--dataset",
+        "shards",
+        "--data-dir",
+        str(tmp_path / "shards"),
+        "--input-size",
+        "32",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--workers",
+        "0",
+    ]
     assert compare_cli.main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     (vit,) = report["models"]
@@ -155,8 +218,10 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
     assert vit["probes"]["knn_top1"] == 100.0  # red vs blue: even random class tokens separate them
     assert set(report["figures"].values()) == {"figures/attention.png"}
     assert "class-token probes only" in (out / "report.md").read_text()
-    with pytest.raises(SystemExit, match="^locatdino compare: --baselines needs segmentation masks: these shards "
-                                         "have image labels only$"):
+    with pytest.raises(
+        SystemExit,
+        match="^locatdino compare: --baselines needs segmentation masks: these shards have image labels only$",
+    ):
         compare_cli.main([str(tmp_path / "other") if a == str(out) else a for a in argv] + ["--baselines"])
 
 
@@ -164,8 +229,12 @@ def test_headline_table_has_the_linear_probe_and_its_delta():
     from locatdino.comparison.report import headline_table
 
     def model(name, hbird, linear):
-        return {"spec": {"name": name, "model": "m", "checkpoint": None}, "parameters": 1,
-                "hbird": {"miou": hbird, "miou_matched": hbird}, "linprobe": linear and {"miou": linear}}
+        return {
+            "spec": {"name": name, "model": "m", "checkpoint": None},
+            "parameters": 1,
+            "hbird": {"miou": hbird, "miou_matched": hbird},
+            "linprobe": linear and {"miou": linear},
+        }
 
     rows = headline_table([model("a", 20.0, 30.0), model("b", 21.0, 27.5), model("c", 19.0, None)]).splitlines()
     assert "| linear probe mIoU | Δ linear probe [95 %] |" in rows[0]
@@ -182,27 +251,54 @@ def test_a_file_compare_did_not_write_is_kept_even_with_overwrite(tmp_path, kept
     (out / kept).write_bytes(b"the user's")
     for overwrite in ([], ["--overwrite"]):
         with pytest.raises(SystemExit) as refused:
-            compare_cli.main(["--model", "a=vit_tiny_patch16_224", "--out", str(out), "--num-train", "2",
-                              "--num-val", "1", *overwrite])
-        assert str(refused.value) == (f"locatdino compare: --out {out} holds {kept}, which locatdino compare did not "
-                                      "write: move it or choose another --out (a run replaces only files it wrote)")
+            compare_cli.main(
+                [
+                    "--model",
+                    "a=vit_tiny_patch16_224",
+                    "--out",
+                    str(out),
+                    "--num-train",
+                    "2",
+                    "--num-val",
+                    "1",
+                    *overwrite,
+                ]
+            )
+        assert str(refused.value) == (
+            f"locatdino compare: --out {out} holds {kept}, which locatdino compare did not "
+            "write: move it or choose another --out (a run replaces only files it wrote)"
+        )
     assert (out / kept).read_bytes() == b"the user's"
 
 
 def test_a_model_named_like_a_baseline_is_refused_with_baselines(tmp_path):
-    with pytest.raises(SystemExit, match="^locatdino compare: with --baselines the names pixels and position-prior "
-                                         "are the baselines' rows: rename the model$"):
+    with pytest.raises(
+        SystemExit,
+        match="^locatdino compare: with --baselines the names pixels and position-prior "
+        "are the baselines' rows: rename the model$",
+    ):
         compare_cli.main(["--model", "pixels=vit_tiny_patch16_224", "--baselines", "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()
 
 
 def test_linprobe_budget_is_checked_before_the_first_model(tmp_path, capsys):
     """``--linprobe-iters 2`` named linprobe's --iters; a batch above the memory images ran a model first."""
-    argv = ["--model", "a=vit_tiny_patch16_224", "--out", str(tmp_path / "c"), "--num-train", "3", "--num-val", "1",
-            "--scene-size", "32", "--input-size", "32"]
+    argv = [
+        "--model",
+        "a=vit_tiny_patch16_224",
+        "--out",
+        str(tmp_path / "c"),
+        "--num-train",
+        "3",
+        "--num-val",
+        "1",
+        "--scene-size",
+        "32",
+        "--input-size",
+        "32",
+    ]
     with pytest.raises(SystemExit):
         compare_cli.main([*argv, "--linprobe-iters", "2"])
     assert "--linprobe-iters: must be at least 5, got 2" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="batch size \\(--linprobe-batch-size\\) 8 is more than the 3 training images"):
         compare_cli.main(argv)
-

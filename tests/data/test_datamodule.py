@@ -6,16 +6,15 @@ import torch
 import webdataset as wds
 from jsonargparse import ArgumentParser
 
-from tests.data.data_fixtures import id_image, png_bytes
 from locatdino.data import MultiCropTransform, ShardDataModule, SkippedSamplesLogger
+from tests.data.data_fixtures import id_image, png_bytes
 
 SMALL = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2)
 
 
 def test_prepare_data_writes_scenes_once_and_ranks_get_fixed_lengths(tmp_path):
     folder = tmp_path / "scenes"
-    dm = ShardDataModule(str(folder), batch_size=4, num_workers=0, multicrop=SMALL, synthetic=12,
-                         synthetic_size=32)
+    dm = ShardDataModule(str(folder), batch_size=4, num_workers=0, multicrop=SMALL, synthetic=12, synthetic_size=32)
     dm.prepare_data()
     index = json.loads((folder / "index.json").read_text())
     assert index["num_samples"] == 12 and index["num_shards"] >= 2
@@ -44,8 +43,16 @@ def test_synthetic_needs_a_directory(tmp_path):
 def test_yaml_style_configuration_of_the_nested_multicrop():
     parser = ArgumentParser()
     parser.add_class_arguments(ShardDataModule, "data")
-    cfg = parser.parse_args(["--data.train_urls", "s/", "--data.multicrop.num_local_crops", "3",
-                             "--data.multicrop.local_crop_scale", "[0.1, 0.3]"])
+    cfg = parser.parse_args(
+        [
+            "--data.train_urls",
+            "s/",
+            "--data.multicrop.num_local_crops",
+            "3",
+            "--data.multicrop.local_crop_scale",
+            "[0.1, 0.3]",
+        ]
+    )
     dm = parser.instantiate(cfg).data
     assert dm.multicrop.num_local_crops == 3 and dm.multicrop.local_crop_scale == (0.1, 0.3)
     assert dm.multicrop.global_crop_size == 224
@@ -73,19 +80,26 @@ def test_skipped_samples_logger_counts_and_names_bad_samples(tmp_path, caplog):
             sample = {"png": png_bytes(id_image(i))} if i not in (2, 7) else {"jpg": b"broken"}
             w.write({"__key__": f"k{i}", **sample})
     # 4 batches of 5 = two passes over the 10 good samples: k2, k7, k2, k7 skipped
-    dm = ShardDataModule(str(path), batch_size=5, num_workers=0, multicrop=SMALL, batches_per_epoch=4,
-                         shuffle_buffer=1)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[SkippedSamplesLogger(max_warnings=3)])
+    dm = ShardDataModule(str(path), batch_size=5, num_workers=0, multicrop=SMALL, batches_per_epoch=4, shuffle_buffer=1)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SkippedSamplesLogger(max_warnings=3)],
+    )
     with caplog.at_level("WARNING", logger="locatdino.data.shards.skipped"):
         trainer.fit(_Tiny(), datamodule=dm)
     assert trainer.callback_metrics["data/skipped"].item() == 4
     lines = [r.getMessage() for r in caplog.records if r.name == "locatdino.data.shards.skipped"]
     named = [m for m in lines if m.startswith("rank 0: skipped ")]
     assert [m.split(": ")[1].split(" ")[1] for m in named] == [f"{path}:k2", f"{path}:k7", f"{path}:k2"]
-    assert lines[3:] == ["rank 0: more than 3 skips, from now on only counted (data/skipped)",
-                         "rank 0: 4 sample(s) skipped in this run, 3 named above"]
+    assert lines[3:] == [
+        "rank 0: more than 3 skips, from now on only counted (data/skipped)",
+        "rank 0: 4 sample(s) skipped in this run, 3 named above",
+    ]
 
 
 def test_fit_on_shards_where_every_sample_is_bad_stops_at_once_with_one_line(tmp_path, capsys):
@@ -100,8 +114,11 @@ def test_fit_on_shards_where_every_sample_is_bad_stops_at_once_with_one_line(tmp
             for i in range(3):
                 w.write({"__key__": f"s{k}{i}", "jpg": b"<html>not found</html>"})
     dm = ShardDataModule(str(folder), batch_size=2, num_workers=0, multicrop=SMALL)
-    with pytest.raises(ValueError, match=r"no usable sample in the shards .*shard-00000\d.tar and 1 more: 6 read, "
-                                         r"every one skipped \(.*:s\d\d: UnidentifiedImageError"):
+    with pytest.raises(
+        ValueError,
+        match=r"no usable sample in the shards .*shard-00000\d.tar and 1 more: 6 read, "
+        r"every one skipped \(.*:s\d\d: UnidentifiedImageError",
+    ):
         dm.setup("fit")
     status = cli.main(["fit", *tiny_overrides(tmp_path, shards=folder), "--trainer.max_steps", "2"])
     err = capsys.readouterr().err.strip().splitlines()

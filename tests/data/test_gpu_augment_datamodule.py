@@ -18,8 +18,9 @@ def test_two_ranks_decode_disjoint_samples_that_cover_the_shards(id_shards):
     dm = ShardDataModule(id_shards, batch_size=4, multicrop=SMALL, augment_on="gpu", decoded_size=32)
     seen = Counter()
     for rank in range(2):
-        stream = ShardStream(id_shards, dm.train_transform(), 4, rank=rank, world_size=2, shuffle_buffer=8,
-                             **dm.stream_options())
+        stream = ShardStream(
+            id_shards, dm.train_transform(), 4, rank=rank, world_size=2, shuffle_buffer=8, **dm.stream_options()
+        )
         for batch in ShardLoader(stream, num_workers=2):
             assert batch["images"].dtype == torch.uint8 and batch["images"].shape[1:] == (3, 32, 32)
             assert (batch["sizes"] == torch.tensor([6, 8])).all()  # the id images are 8 x 6
@@ -28,8 +29,15 @@ def test_two_ranks_decode_disjoint_samples_that_cover_the_shards(id_shards):
 
 
 def test_the_batch_hook_augments_and_a_resumed_module_continues_the_draws(tmp_path):
-    dm = ShardDataModule(str(tmp_path / "s"), batch_size=4, num_workers=0, multicrop=SMALL, synthetic=8,
-                         synthetic_size=40, augment_on="gpu")
+    dm = ShardDataModule(
+        str(tmp_path / "s"),
+        batch_size=4,
+        num_workers=0,
+        multicrop=SMALL,
+        synthetic=8,
+        synthetic_size=40,
+        augment_on="gpu",
+    )
     dm.prepare_data()
     dm.setup("fit")
     raw = next(iter(dm.train_dataloader()))
@@ -64,19 +72,26 @@ def test_augment_on_from_yaml_and_bad_values():
         ShardDataModule(augment_on="tpu")
 
 
-@pytest.mark.parametrize("size, message", [
-    ("8", "decoded_size 8 px is smaller than the largest crop (multicrop.global_crop_size 32 px): give at least 32, "
-          "or leave it null for the default 64 px"),
-    ("0", "decoded_size 0 px is smaller than the largest crop (multicrop.global_crop_size 32 px)"),
-])
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        (
+            "8",
+            "decoded_size 8 px is smaller than the largest crop (multicrop.global_crop_size 32 px): give at least 32, "
+            "or leave it null for the default 64 px",
+        ),
+        ("0", "decoded_size 0 px is smaller than the largest crop (multicrop.global_crop_size 32 px)"),
+    ],
+)
 def test_a_decoded_size_below_the_largest_crop_is_refused_by_fit(tmp_path, capsys, size, message):
     """``decoded_size 8`` for 32 px crops was accepted (every crop upsampled from 8 px); ``0`` was
     silently replaced by the default."""
     from locatdino import cli
     from tests.ssl.ssl_helpers import tiny_overrides
 
-    status = cli.main(["fit", *tiny_overrides(tmp_path), "--data.init_args.augment_on", "gpu",
-                       "--data.init_args.decoded_size", size])
+    status = cli.main(
+        ["fit", *tiny_overrides(tmp_path), "--data.init_args.augment_on", "gpu", "--data.init_args.decoded_size", size]
+    )
     err = capsys.readouterr().err
     assert status == 1 and err.startswith(f"locatdino fit: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "shards").exists() and not (tmp_path / "run" / "checkpoints").exists()

@@ -16,9 +16,18 @@ N = 12
 
 
 def _module(tmp_path, labels: str) -> LabelledShardDataModule:
-    dm = LabelledShardDataModule(str(tmp_path / "train"), val_urls=str(tmp_path / "val"), batch_size=N, num_workers=0,
-                                 transform=ClassificationTransform(input_size=32, re_prob=0.0), labels=labels,
-                                 shuffle_buffer=1, synthetic=N, synthetic_val=4, synthetic_size=32)
+    dm = LabelledShardDataModule(
+        str(tmp_path / "train"),
+        val_urls=str(tmp_path / "val"),
+        batch_size=N,
+        num_workers=0,
+        transform=ClassificationTransform(input_size=32, re_prob=0.0),
+        labels=labels,
+        shuffle_buffer=1,
+        synthetic=N,
+        synthetic_val=4,
+        synthetic_size=32,
+    )
     dm.prepare_data()
     dm.setup("fit")
     return dm

@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.evaluation.bootstrap import (accuracy_interval, miou_interval, miou_score, resample_weights,
-                                           seed_mean_miou_interval)
+from locatdino.evaluation.bootstrap import (
+    accuracy_interval,
+    miou_interval,
+    miou_score,
+    resample_weights,
+    seed_mean_miou_interval,
+)
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import ConfusionMatrix
 
@@ -79,7 +84,7 @@ def test_the_interval_shrinks_as_query_images_are_added():
         interval = miou_interval(ImageConfusions.from_matrices(a[:n]), ImageConfusions.from_matrices(b[:n]))
         widths.append(interval.high - interval.low)
     # the width falls as 1 / sqrt(n): about half per 4x more images
-    assert widths[0] > 1.6 * widths[1] > 1.6 ** 2 * widths[2] > 0
+    assert widths[0] > 1.6 * widths[1] > 1.6**2 * widths[2] > 0
 
 
 def test_vectorised_bootstrap_equals_a_loop_over_resamples():
@@ -102,8 +107,9 @@ def test_vectorised_bootstrap_equals_a_loop_over_resamples():
     interval = miou_interval(a, b, resamples=resamples, seed=seed)
     low, high = np.percentile(diffs, [2.5, 97.5])
     assert interval.low == pytest.approx(low, abs=1e-10) and interval.high == pytest.approx(high, abs=1e-10)
-    assert np.array_equal(resample_weights(15, resamples, seed), np.stack([np.bincount(d, minlength=15)
-                                                                          for d in draws]))
+    assert np.array_equal(
+        resample_weights(15, resamples, seed), np.stack([np.bincount(d, minlength=15) for d in draws])
+    )
 
     hits_a, hits_b = rng.random(15) < 0.6, rng.random(15) < 0.4
     naive = [100 * (hits_a[d].mean() - hits_b[d].mean()) for d in draws]
@@ -117,7 +123,7 @@ def test_seed_mean_interval_equals_a_loop_over_resamples_and_seeds():
     rng = np.random.default_rng(5)
     target = _images(rng, 12, 1.0)[1]
     runs = {m: [] for m in "ab"}
-    for s in range(3):
+    for _s in range(3):
         for m, acc in (("a", 0.65), ("b", 0.55)):
             pred = np.where(rng.random(target.shape) > acc, rng.integers(0, C, target.shape), np.clip(target, 0, C - 1))
             runs[m].append(_confusions(pred, target).images)
@@ -134,8 +140,9 @@ def test_seed_mean_interval_equals_a_loop_over_resamples_and_seeds():
     interval = seed_mean_miou_interval(runs["a"], runs["b"], resamples=resamples, seed=seed)
     assert [interval.low, interval.high] == pytest.approx(list(np.percentile(diffs, [2.5, 97.5])), abs=1e-10)
     full = np.arange(12)
-    assert interval.delta == pytest.approx(np.mean([miou(d, full) for d in dense["a"]])
-                                           - np.mean([miou(d, full) for d in dense["b"]]), abs=1e-10)
+    assert interval.delta == pytest.approx(
+        np.mean([miou(d, full) for d in dense["a"]]) - np.mean([miou(d, full) for d in dense["b"]]), abs=1e-10
+    )
     one = seed_mean_miou_interval(runs["a"][:1], runs["b"][:1], resamples=resamples, seed=seed)
     assert one == miou_interval(runs["a"][0], runs["b"][0], resamples=resamples, seed=seed)
     with pytest.raises(ValueError, match="same seeds"):
@@ -168,8 +175,9 @@ def _naive_matched_miou(cm: np.ndarray) -> float:
     best, best_iou = None, -1.0
     for perm in itertools.permutations(range(c)):
         m = cm[:, perm]
-        iou = [m[k, k] / (m[k].sum() + m[:, k].sum() - m[k, k]) if m[k].sum() + m[:, k].sum() else np.nan
-               for k in range(c)]
+        iou = [
+            m[k, k] / (m[k].sum() + m[:, k].sum() - m[k, k]) if m[k].sum() + m[:, k].sum() else np.nan for k in range(c)
+        ]
         pair_iou = np.nansum(iou)
         if pair_iou > best_iou:
             best, best_iou = iou, pair_iou
@@ -184,14 +192,24 @@ def test_matched_miou_interval_equals_a_naive_resampling_with_brute_force_matchi
     target = rng.integers(0, c, (n, 40))
     runs = {}
     for name, accuracy, relabel in (("a", 0.8, [2, 0, 3, 1]), ("b", 0.6, [0, 1, 2, 3])):
-        pred = np.where(rng.random(target.shape) < accuracy, np.array(relabel)[target], rng.integers(0, c, target.shape))
+        pred = np.where(
+            rng.random(target.shape) < accuracy, np.array(relabel)[target], rng.integers(0, c, target.shape)
+        )
         runs[name] = np.stack([np.bincount(t * c + p, minlength=c * c).reshape(c, c) for t, p in zip(target, pred)])
-    got = matched_miou_interval(ImageConfusions.from_matrices(runs["a"]), ImageConfusions.from_matrices(runs["b"]),
-                                resamples=resamples, seed=5, chunk=7)
+    got = matched_miou_interval(
+        ImageConfusions.from_matrices(runs["a"]),
+        ImageConfusions.from_matrices(runs["b"]),
+        resamples=resamples,
+        seed=5,
+        chunk=7,
+    )
     draws = np.random.default_rng(5).integers(0, n, (resamples, n))  # the module's documented draws
     diffs = [_naive_matched_miou(runs["a"][d].sum(0)) - _naive_matched_miou(runs["b"][d].sum(0)) for d in draws]
     assert got.delta == pytest.approx(_naive_matched_miou(runs["a"].sum(0)) - _naive_matched_miou(runs["b"].sum(0)))
     assert (got.low, got.high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])))
     # a relabels every class, so its identity mIoU is far below b's while its matched mIoU is above
-    assert got.low > 0 > miou_interval(ImageConfusions.from_matrices(runs["a"]),
-                                       ImageConfusions.from_matrices(runs["b"])).high
+    assert (
+        got.low
+        > 0
+        > miou_interval(ImageConfusions.from_matrices(runs["a"]), ImageConfusions.from_matrices(runs["b"])).high
+    )

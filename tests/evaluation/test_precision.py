@@ -14,13 +14,16 @@ def _images(n=2, size=32):
     return (torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
 
 
-@pytest.mark.parametrize("flags, capability, expected", [
-    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", "bf16"),
-    ({"avx2", "amx_bf16"}, "AVX512", "bf16"),
-    ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", "int8"),  # ATEN_CPU_CAPABILITY=avx2: no native bf16 kernels
-    ({"avx2", "avx512f"}, "AVX512", "int8"),
-    (set(), "DEFAULT", "fp32"),
-])
+@pytest.mark.parametrize(
+    "flags, capability, expected",
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", "bf16"),
+        ({"avx2", "amx_bf16"}, "AVX512", "bf16"),
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", "int8"),  # ATEN_CPU_CAPABILITY=avx2: no native bf16 kernels
+        ({"avx2", "avx512f"}, "AVX512", "int8"),
+        (set(), "DEFAULT", "fp32"),
+    ],
+)
 def test_auto_picks_what_the_cpu_runs_natively(monkeypatch, flags, capability, expected):
     monkeypatch.setattr(precision_module, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
@@ -41,7 +44,9 @@ def test_int8_quantizes_a_copy_of_the_block_linears(tiny_vit):
     q = int8_encoder(tiny_vit)
     # 2 blocks x (qkv, proj, fc1, fc2) quantized, the original untouched
     quantized = [n for n, m in q.named_modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
-    assert sorted(quantized) == sorted(f"blocks.{b}.{n}" for b in range(2) for n in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))
+    assert sorted(quantized) == sorted(
+        f"blocks.{b}.{n}" for b in range(2) for n in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+    )
     assert sum(type(m) is nn.Linear for m in tiny_vit.modules()) == 8
     assert all(torch.equal(v, tiny_vit.state_dict()[k]) for k, v in before.items())
     x = _images()

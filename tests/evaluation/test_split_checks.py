@@ -52,14 +52,18 @@ def test_more_images_than_a_split_has_is_refused_the_same_way(tmp_path, capsys, 
     """16 memory images of a 3-image split ran on 3, said only in a header line."""
     import locatdino.evaluation.model_runs as model_runs
 
-    monkeypatch.setattr(model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
+    monkeypatch.setattr(
+        model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check")
+    )
     _voc(tmp_path)
     base = [*COMMANDS[command], "--dataset", "voc", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]
     assert _refusal([*base, "--num-train", "16"], capsys) == (
         f"locatdino {command}: --num-train 16: split 'train' of voc has only 3 images (ask for at most 3, or leave "
-        "--num-train out to use them all)")
-    assert _refusal([*base, "--num-val", "3"], capsys).endswith("--num-val 3: split 'val' of voc has only 2 images "
-                                                                "(ask for at most 2, or leave --num-val out to use them all)")
+        "--num-train out to use them all)"
+    )
+    assert _refusal([*base, "--num-val", "3"], capsys).endswith(
+        "--num-val 3: split 'val' of voc has only 2 images (ask for at most 2, or leave --num-val out to use them all)"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -68,17 +72,21 @@ def test_a_split_with_no_usable_sample_is_refused_naming_the_file(tmp_path, caps
     """Wrong-size masks everywhere, or labels out of range, ended with rc 0 and empty scores."""
     import locatdino.evaluation.model_runs as model_runs
 
-    monkeypatch.setattr(model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check"))
+    monkeypatch.setattr(
+        model_runs, "load_backbone", lambda *a, **k: pytest.fail("loaded a model before the data check")
+    )
     base = [*COMMANDS[command], "--dataset", "voc", "--out", str(tmp_path / "out")]
     voc = _voc(tmp_path / "size", val_mask=16)
     assert _refusal([*base, "--data-dir", str(tmp_path / "size")], capsys) == (
         f"locatdino {command}: --val-split val: none of its 2 images can be used (first: "
-        f"{voc / 'SegmentationClass' / 'val0.png'} (image val0.jpg): mask (16, 16) does not match image (32, 32))")
+        f"{voc / 'SegmentationClass' / 'val0.png'} (image val0.jpg): mask (16, 16) does not match image (32, 32))"
+    )
     voc = _voc(tmp_path / "labels", train_label=40)
     assert _refusal([*base, "--data-dir", str(tmp_path / "labels")], capsys) == (
         f"locatdino {command}: --train-split train: none of its 3 images can be used (first: "
         f"{voc / 'SegmentationClass' / 'train0.png'} (image train0.jpg): label 40 out of range: classes are 0..20, "
-        "ignore index 255)")
+        "ignore index 255)"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -106,8 +114,10 @@ def test_index_device_gpu_without_a_gpu_search_is_refused_before_the_memory_pass
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(evaluate, "build_memory", lambda *a, **k: pytest.fail("the memory pass started"))
     argv = [*COMMANDS[command], "--num-train", "2", "--num-val", "1", "--scene-size", "32", "--index-device", "gpu"]
-    assert _refusal(argv, capsys) == (f"locatdino {command}: --index-device gpu: neither FAISS (a faiss-cpu build) nor "
-                                      "torch sees a GPU here: use --index-device auto or cpu")
+    assert _refusal(argv, capsys) == (
+        f"locatdino {command}: --index-device gpu: neither FAISS (a faiss-cpu build) nor "
+        "torch sees a GPU here: use --index-device auto or cpu"
+    )
     with pytest.raises(ValueError, match=r"only exact search runs on a GPU \(--index Flat, not 'IVF64,Flat'"):
         index.check_index_device("gpu", "IVF64,Flat")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # torch's exact search stands in

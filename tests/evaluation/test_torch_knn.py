@@ -20,11 +20,20 @@ def _faiss_flat(memory, queries, k):
     return index.search(queries, k)
 
 
-@pytest.mark.parametrize(("stored", "search_dtype"), [
-    (np.float32, torch.float32), (np.float32, torch.bfloat16), (np.float16, torch.float16),
-], ids=["fp32", "fp32 memory, bf16 coarse pass", "fp16 memory and pass"])
-@pytest.mark.parametrize(("query_chunk", "memory_chunk"), [(4096, 32768), (37, 101), (50, 7)],
-                         ids=["one chunk", "ragged chunks", "memory chunks smaller than k"])
+@pytest.mark.parametrize(
+    ("stored", "search_dtype"),
+    [
+        (np.float32, torch.float32),
+        (np.float32, torch.bfloat16),
+        (np.float16, torch.float16),
+    ],
+    ids=["fp32", "fp32 memory, bf16 coarse pass", "fp16 memory and pass"],
+)
+@pytest.mark.parametrize(
+    ("query_chunk", "memory_chunk"),
+    [(4096, 32768), (37, 101), (50, 7)],
+    ids=["one chunk", "ragged chunks", "memory chunks smaller than k"],
+)
 def test_same_neighbours_and_scores_as_faiss_flat(stored, search_dtype, query_chunk, memory_chunk):
     memory, queries, k = _unit(2000, 32, 0).astype(stored), _unit(120, 32, 1), 30
     search = TorchExactSearch(memory, "cpu", search_dtype, query_chunk=query_chunk, memory_chunk=memory_chunk)

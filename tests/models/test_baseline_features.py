@@ -15,8 +15,9 @@ def test_pixel_patches_are_each_patchs_values():
     for b in range(2):
         for i in range(3):
             for j in range(2):
-                expected = torch.stack([x[b, c, 4 * i + r, 4 * j + s] for c in range(3) for r in range(4)
-                                        for s in range(4)])
+                expected = torch.stack(
+                    [x[b, c, 4 * i + r, 4 * j + s] for c in range(3) for r in range(4) for s in range(4)]
+                )
                 assert torch.equal(feats[b, i, j], expected)
     with pytest.raises(ValueError, match="not a multiple of the patch size 4"):
         PixelPatches(4)(torch.zeros(1, 3, 10, 8))

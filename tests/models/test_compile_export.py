@@ -54,8 +54,9 @@ def test_compiled_fast_mode_equals_eager():
     for block in model.blocks:
         block.attn.gaug.fast_min_grid = 8
     x = torch.randn(1, 3, 128, 128)
-    _assert_all_close(_output_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True), x),
-                      _output_and_grads(model, x))
+    _assert_all_close(
+        _output_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True), x), _output_and_grads(model, x)
+    )
 
 
 @pytest.mark.slow

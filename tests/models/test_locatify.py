@@ -12,8 +12,9 @@ def test_locatify_adds_only_gaug_parameters_and_keeps_weights(tiny_vit):
     after = tiny_vit.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     new = sorted(set(after) - set(before))
-    assert new == sorted(f"blocks.{i}.attn.gaug.{m}.{p}" for i in range(2) for m in ("log_var", "log_alpha")
-                         for p in ("weight", "bias"))
+    assert new == sorted(
+        f"blocks.{i}.attn.gaug.{m}.{p}" for i in range(2) for m in ("log_var", "log_alpha") for p in ("weight", "bias")
+    )
     assert all(isinstance(b.attn, GAugAttention) for b in tiny_vit.blocks)
     assert tiny_vit.global_pool == "prr"
 
@@ -51,8 +52,17 @@ def test_untouched_parts_are_identical(tiny_vit):
 
 def test_locatify_with_registers_keeps_prefix_unbiased():
     torch.manual_seed(0)
-    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, reg_tokens=4, no_embed_class=True,
-                            dynamic_img_size=True, img_size=64, depth=2, embed_dim=64, num_heads=2).eval()
+    vit = timm.create_model(
+        "vit_tiny_patch16_224",
+        num_classes=0,
+        reg_tokens=4,
+        no_embed_class=True,
+        dynamic_img_size=True,
+        img_size=64,
+        depth=2,
+        embed_dim=64,
+        num_heads=2,
+    ).eval()
     locatify(vit)
     assert vit(torch.randn(1, 3, 48, 80)).shape == (1, 64)
     q = torch.randn(1, 2, 5 + 3 * 5, 32)

@@ -10,8 +10,12 @@ SIZES = {"tiny": "Ti", "small": "S", "base": "B"}  # the ViT papers' names of th
 
 
 def test_registry_lists_one_entry_per_architecture_named_as_timm_names_vits():
-    assert VARIANTS == ["locatvit_base_patch16_224", "locatvit_small_patch16_224", "locatvit_tiny_patch8_224",
-                        "locatvit_tiny_patch16_224"]
+    assert VARIANTS == [
+        "locatvit_base_patch16_224",
+        "locatvit_small_patch16_224",
+        "locatvit_tiny_patch8_224",
+        "locatvit_tiny_patch16_224",
+    ]
     for name in VARIANTS:
         cfg = timm.models.get_pretrained_cfg(name)
         size, patch = name.split("_")[1], int(name.split("_patch")[1].split("_")[0])
@@ -21,9 +25,14 @@ def test_registry_lists_one_entry_per_architecture_named_as_timm_names_vits():
             assert timm.create_model(name).patch_embed.patch_size == (patch, patch)
 
 
-@pytest.mark.parametrize("old, new", [("locatvit_tiny", "locatvit_tiny_patch16_224"),
-                                      ("locatvit_small", "locatvit_small_patch16_224"),
-                                      ("locatvit_base", "locatvit_base_patch16_224")])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("locatvit_tiny", "locatvit_tiny_patch16_224"),
+        ("locatvit_small", "locatvit_small_patch16_224"),
+        ("locatvit_base", "locatvit_base_patch16_224"),
+    ],
+)
 def test_the_earlier_short_names_warn_and_create_the_same_model(old, new):
     assert timm.models.get_deprecated_models()[old] == new and old not in timm.list_models("locatvit*")
     torch.manual_seed(0)
@@ -84,8 +93,11 @@ def test_training_step_at_512_px_under_bf16_uses_fast_mode(monkeypatch):
     coarse grid); loss and gradients stay finite."""
     profile_grids = []
     expand = locality_bias._expand_coarse
-    monkeypatch.setattr(locality_bias, "_expand_coarse",
-                        lambda profile, grid: profile_grids.append(profile.shape[-2]) or expand(profile, grid))
+    monkeypatch.setattr(
+        locality_bias,
+        "_expand_coarse",
+        lambda profile, grid: profile_grids.append(profile.shape[-2]) or expand(profile, grid),
+    )
     torch.manual_seed(0)
     model = timm.create_model("locatvit_tiny_patch16_224", num_classes=0, depth=1, embed_dim=32, num_heads=1).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):

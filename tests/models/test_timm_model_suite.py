@@ -36,11 +36,13 @@ def _image(batch: int = 1) -> torch.Tensor:
 def _fx_graph_module(model: torch.nn.Module) -> torch.nn.Module:
     """timm's FX route: torchvision's feature extractor with timm's no-trace registrations,
     returning the last node of the train and of the eval graph (the model output)."""
-    tracer_kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions(),
-                         param_shapes_constant=True)
+    tracer_kwargs = dict(
+        leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions(), param_shapes_constant=True
+    )
     train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
-    return create_feature_extractor(model, train_return_nodes=[train_nodes[-1]],
-                                    eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(
+        model, train_return_nodes=[train_nodes[-1]], eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer_kwargs
+    )
 
 
 def _assert_every_parameter_has_a_gradient(model: torch.nn.Module) -> None:

@@ -21,8 +21,15 @@ def test_patch_size_of_a_vit_a_baseline_and_what_is_neither():
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_token_grid_is_timm_s_and_refuses_sides_the_patch_does_not_divide(pad):
-    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, patch_size=8, img_size=64, depth=1,
-                            dynamic_img_size=True, dynamic_img_pad=pad)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224",
+        num_classes=0,
+        patch_size=8,
+        img_size=64,
+        depth=1,
+        dynamic_img_size=True,
+        dynamic_img_pad=pad,
+    )
     for size in ((64, 64), (32, 96), (40, 72)):
         assert token_grid(vit, size) == tuple(vit.patch_embed.dynamic_feat_size(size))
     if pad:
@@ -40,7 +47,12 @@ def test_fitting_sizes():
 def test_no_other_module_reads_the_patch_embedding_s_geometry():
     """``patch_embed.patch_size`` and ``dynamic_feat_size`` are read in token_grid.py only."""
     package = Path(locatdino.__file__).parent
-    readers = [str(p.relative_to(package)) for p in package.rglob("*.py")
-               if p.name != "token_grid.py" and any(s in p.read_text() for s in (
-                   "patch_embed.patch_size", "dynamic_feat_size", "patch_embed.dynamic_img_pad"))]
+    readers = [
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.name != "token_grid.py"
+        and any(
+            s in p.read_text() for s in ("patch_embed.patch_size", "dynamic_feat_size", "patch_embed.dynamic_img_pad")
+        )
+    ]
     assert readers == []

@@ -39,14 +39,41 @@ def tiny_fit_flags(tmp_path: Path, max_steps: int, *extra: str) -> list[str]:
     where an uninterrupted one does."""
     from tests.ssl.ssl_helpers import tiny_overrides
 
-    crops = {"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2, "global_crop_scale": [1, 1],
-             "local_crop_scale": [1, 1], "flip_prob": 0, "color_jitter_prob": 0, "grayscale_prob": 0,
-             "global_blur_prob": [0, 0], "global_solarize_prob": [0, 0], "local_blur_prob": 0}
-    return [*tiny_overrides(tmp_path), "--data.init_args.synthetic", "32", "--data.init_args.batch_size", "2",
-            "--data.init_args.shuffle_buffer", "1", "--data.init_args.multicrop", json.dumps(crops),
-            "--model.drop_path_rate", "0",
-            "--trainer.accelerator", "cpu", "--trainer.max_steps", str(max_steps),
-            "--epoch_checkpoint.save_top_k", "0", "--epoch_checkpoint.save_last", "false", *extra]
+    crops = {
+        "global_crop_size": 32,
+        "local_crop_size": 16,
+        "num_local_crops": 2,
+        "global_crop_scale": [1, 1],
+        "local_crop_scale": [1, 1],
+        "flip_prob": 0,
+        "color_jitter_prob": 0,
+        "grayscale_prob": 0,
+        "global_blur_prob": [0, 0],
+        "global_solarize_prob": [0, 0],
+        "local_blur_prob": 0,
+    }
+    return [
+        *tiny_overrides(tmp_path),
+        "--data.init_args.synthetic",
+        "32",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.shuffle_buffer",
+        "1",
+        "--data.init_args.multicrop",
+        json.dumps(crops),
+        "--model.drop_path_rate",
+        "0",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.max_steps",
+        str(max_steps),
+        "--epoch_checkpoint.save_top_k",
+        "0",
+        "--epoch_checkpoint.save_last",
+        "false",
+        *extra,
+    ]
 
 
 def sbatch_signal() -> tuple[signal.Signals, int]:
@@ -120,24 +147,39 @@ class Cluster:
         self.bin = tmp_path / "bin"
         self.bin.mkdir(exist_ok=True)
         python = sys.executable
-        shims = {"locatdino": f'exec "{python}" -m locatdino "$@"',
-                 "torchrun": f'exec "{python}" -m torch.distributed.run "$@"',
-                 "srun": f'exec "{python}" "{HERE / "fake_srun.py"}" "$@"',
-                 "scontrol": f'exec "{python}" "{HERE / "fake_scontrol.py"}" "$@"'}
+        shims = {
+            "locatdino": f'exec "{python}" -m locatdino "$@"',
+            "torchrun": f'exec "{python}" -m torch.distributed.run "$@"',
+            "srun": f'exec "{python}" "{HERE / "fake_srun.py"}" "$@"',
+            "scontrol": f'exec "{python}" "{HERE / "fake_scontrol.py"}" "$@"',
+        }
         for name, line in shims.items():
             (self.bin / name).write_text(f"#!/bin/sh\n{line}\n")
             (self.bin / name).chmod(0o755)
-        self.env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", "SIM_JOB": self.token,
-                    "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(map(str, [ROOT, HERE, SSL_TESTS])),
-                    "SIM_TASKS_FILE": str(tmp_path / "tasks"), "SIM_SCONTROL_LOG": str(tmp_path / "scontrol.log")}
+        self.env = {
+            **os.environ,
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            "SIM_JOB": self.token,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(map(str, [ROOT, HERE, SSL_TESTS])),
+            "SIM_TASKS_FILE": str(tmp_path / "tasks"),
+            "SIM_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+        }
         self.procs: list[subprocess.Popen] = []
 
     def start(self, argv: list[str], log: str, node: int | None = None, **env: str) -> subprocess.Popen:
         """``argv`` in a session of its own, output to ``<tmp>/<log>`` (read with :meth:`output`)."""
         extra = {**env, **({"SIM_NODE": str(node)} if node is not None else {})}
         with open(self.tmp / log, "w") as out:
-            proc = subprocess.Popen(argv, env={**self.env, **extra}, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.tmp)
+            proc = subprocess.Popen(
+                argv,
+                env={**self.env, **extra},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.tmp,
+            )
         proc.log = self.tmp / log
         self.procs.append(proc)
         return proc
@@ -151,7 +193,9 @@ class Cluster:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.cleanup()
-            raise AssertionError(f"{proc.args[:3]}... still running after {timeout} s:\n{self.output(proc)[-3000:]}")
+            raise AssertionError(
+                f"{proc.args[:3]}... still running after {timeout} s:\n{self.output(proc)[-3000:]}"
+            ) from None
 
     def wait_for(self, path: Path, proc_alive: list[subprocess.Popen], timeout: float) -> None:
         """Until ``path`` exists; fails (job killed) when it does not in time or a process ends first."""

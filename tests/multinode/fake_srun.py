@@ -21,11 +21,19 @@ import time
 def task_environment(procid: int, nodes: int, per_node: int) -> dict[str, str]:
     """What srun sets for task ``procid`` of a ``nodes x per_node`` step (the subset Lightning reads)."""
     nodelist = f"127.0.0.[1-{nodes}]" if nodes > 1 else "127.0.0.1"
-    return {**os.environ, "SLURM_NTASKS": str(nodes * per_node), "SLURM_NPROCS": str(nodes * per_node),
-            "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(procid % per_node),
-            "SLURM_NODEID": str(procid // per_node), "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist,
-            "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": str(nodes * per_node),
-            "SLURMD_NODENAME": f"127.0.0.{procid // per_node + 1}"}
+    return {
+        **os.environ,
+        "SLURM_NTASKS": str(nodes * per_node),
+        "SLURM_NPROCS": str(nodes * per_node),
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(procid % per_node),
+        "SLURM_NODEID": str(procid // per_node),
+        "SLURM_NODELIST": nodelist,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NUM_TASKS": str(nodes * per_node),
+        "SLURMD_NODENAME": f"127.0.0.{procid // per_node + 1}",
+    }
 
 
 def exit_status(tasks: list[subprocess.Popen]) -> int:

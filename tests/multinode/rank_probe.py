@@ -26,6 +26,7 @@ class SampleLog(Callback):
                 for sample in samples:
                     self.samples.append([os.path.basename(sample["__url__"]), sample["__key__"]])
                     yield sample
+
             return original(stream, passing(), log)
 
         shard_stream.ShardStream._batches = logged

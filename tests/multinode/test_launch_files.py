@@ -37,9 +37,13 @@ def run_sbatch_script(tmp_path, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "srun").write_text('#!/bin/sh\necho "$SLURM_NTASKS_PER_NODE $*"\n')
     (tmp_path / "srun").chmod(0o755)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run(["bash", str(ROOT / "launch" / "slurm.sbatch"), "--config", "dino_small_ddp"],
-                          env={**environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **env},
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", str(ROOT / "launch" / "slurm.sbatch"), "--config", "dino_small_ddp"],
+        env={**environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_a_job_asked_with_ntasks_gets_the_count_per_node_when_every_node_has_the_same(tmp_path):
@@ -47,14 +51,17 @@ def test_a_job_asked_with_ntasks_gets_the_count_per_node_when_every_node_has_the
     (bash used to stop on it, unbound)."""
     done = run_sbatch_script(tmp_path, SLURM_NNODES="2", SLURM_NTASKS="4", SLURM_TASKS_PER_NODE="2(x2)")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == ("2 --kill-on-bad-exit=1 locatdino fit --config dino_small_ddp --trainer.num_nodes 2 "
-                           "--trainer.devices 2\n")
+    assert done.stdout == (
+        "2 --kill-on-bad-exit=1 locatdino fit --config dino_small_ddp --trainer.num_nodes 2 --trainer.devices 2\n"
+    )
 
 
 @pytest.mark.parametrize("per_node", ["3,1", ""])
 def test_a_job_without_one_task_count_per_node_says_what_to_ask_for(tmp_path, per_node):
     done = run_sbatch_script(tmp_path, SLURM_NNODES="2", SLURM_NTASKS="4", SLURM_TASKS_PER_NODE=per_node)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == (f"launch/slurm.sbatch: no SLURM_NTASKS_PER_NODE, and SLURM_TASKS_PER_NODE='{per_node}' "
-                           "is not one count for every node: ask SLURM for --ntasks-per-node (one task per GPU), "
-                           "not --ntasks\n")
+    assert done.stderr == (
+        f"launch/slurm.sbatch: no SLURM_NTASKS_PER_NODE, and SLURM_TASKS_PER_NODE='{per_node}' "
+        "is not one count for every node: ask SLURM for --ntasks-per-node (one task per GPU), "
+        "not --ntasks\n"
+    )

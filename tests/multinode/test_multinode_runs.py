@@ -8,7 +8,6 @@ resumes by itself to the reference's weights; its checkpoint then resumes on 2 r
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from cluster_sim import ROOT, Cluster, free_port, sbatch_signal, signal_processes, task_processes, tiny_fit_flags
+
 from tests.ssl.ddp_helpers import assert_same_training_state
 
 pytestmark = pytest.mark.slow
@@ -29,14 +29,30 @@ def torchrun_run(tmp_path_factory):
     """The uninterrupted 2 x 2 run: both nodes by launch/torchrun.sh."""
     tmp = tmp_path_factory.mktemp("torchrun")
     cluster, port = Cluster(tmp), free_port()
-    flags = tiny_fit_flags(tmp, STEPS, "--trainer.callbacks+=rank_probe.SampleLog",
-                           "--trainer.callbacks.out_dir", str(tmp / "ranks"),
-                           "--trainer.callbacks+=ddp_helpers.SaveRankState", "--trainer.callbacks.out_dir",
-                           str(tmp / "ranks"))
+    flags = tiny_fit_flags(
+        tmp,
+        STEPS,
+        "--trainer.callbacks+=rank_probe.SampleLog",
+        "--trainer.callbacks.out_dir",
+        str(tmp / "ranks"),
+        "--trainer.callbacks+=ddp_helpers.SaveRankState",
+        "--trainer.callbacks.out_dir",
+        str(tmp / "ranks"),
+    )
     try:
-        nodes = [cluster.start(["bash", str(ROOT / "launch" / "torchrun.sh"), *flags], f"node{k}.log", node=k,
-                               NNODES="2", NODE_RANK=str(k), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                               GPUS_PER_NODE="2") for k in (0, 1)]
+        nodes = [
+            cluster.start(
+                ["bash", str(ROOT / "launch" / "torchrun.sh"), *flags],
+                f"node{k}.log",
+                node=k,
+                NNODES="2",
+                NODE_RANK=str(k),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                GPUS_PER_NODE="2",
+            )
+            for k in (0, 1)
+        ]
         for node in nodes:
             assert cluster.wait(node, 240) == 0, cluster.output(node)[-3000:]
     finally:
@@ -52,10 +68,10 @@ def test_torchrun_two_nodes_split_the_data_and_end_identical(torchrun_run):
     all_samples = {tuple(s) for log in logs for s in log["samples"]}
     assert len(all_samples) == 32
     for epoch in (0, 1):  # each epoch: every scene exactly once, each rank from its own shards
-        per_rank = [[tuple(s) for s in log["samples"][epoch * 8:(epoch + 1) * 8]] for log in logs]
+        per_rank = [[tuple(s) for s in log["samples"][epoch * 8 : (epoch + 1) * 8]] for log in logs]
         assert sorted(s for samples in per_rank for s in samples) == sorted(all_samples)
         shards = [{shard for shard, _ in samples} for samples in per_rank]
-        assert all(not a & b for i, a in enumerate(shards) for b in shards[i + 1:])
+        assert all(not a & b for i, a in enumerate(shards) for b in shards[i + 1 :])
     assert_same_training_state({r: torch.load(tmp / "ranks" / f"rank{r}.pt", weights_only=True) for r in RANKS})
     assert os.listdir(tmp / "run" / "checkpoints") == ["last.ckpt"]
     assert torch.load(tmp / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
@@ -63,9 +79,16 @@ def test_torchrun_two_nodes_split_the_data_and_end_identical(torchrun_run):
 
 def run_sbatch(cluster: Cluster, flags: list[str], log: str, job_id: str, **env: str) -> subprocess.Popen:
     """launch/slurm.sbatch as SLURM runs a 2-node, 2-tasks-per-node batch script."""
-    return cluster.start(["bash", str(ROOT / "launch" / "slurm.sbatch"), *flags], log, SLURM_JOB_ID=job_id,
-                         SLURM_JOB_NAME="locatdino-fit", SLURM_NNODES="2", SLURM_JOB_NUM_NODES="2",
-                         SLURM_NTASKS_PER_NODE="2", **env)
+    return cluster.start(
+        ["bash", str(ROOT / "launch" / "slurm.sbatch"), *flags],
+        log,
+        SLURM_JOB_ID=job_id,
+        SLURM_JOB_NAME="locatdino-fit",
+        SLURM_NNODES="2",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NTASKS_PER_NODE="2",
+        **env,
+    )
 
 
 @dataclass
@@ -87,8 +110,15 @@ def slurm_run(tmp_path_factory, torchrun_run):
     tmp = tmp_path_factory.mktemp("slurm")
     cluster = Cluster(tmp)
     job_id = f"9{free_port(15000, 24999) - 15000:04d}"  # SLURMEnvironment's port: 15000 + its last 4 digits
-    flags = tiny_fit_flags(tmp, STEPS, "--data.init_args.num_workers", "1",
-                           "--trainer.callbacks+=rank_probe.PauseAt", "--trainer.callbacks.marker", str(tmp / "pause"))
+    flags = tiny_fit_flags(
+        tmp,
+        STEPS,
+        "--data.init_args.num_workers",
+        "1",
+        "--trainer.callbacks+=rank_probe.PauseAt",
+        "--trainer.callbacks.marker",
+        str(tmp / "pause"),
+    )
     warning, _ = sbatch_signal()
     try:
         first = run_sbatch(cluster, flags, "first.log", job_id)
@@ -115,7 +145,8 @@ def test_slurm_warning_signal_saves_requeues_and_sigterm_exits_143(slurm_run):
     assert [line for line in out.splitlines() if line.startswith("locatdino fit:")] == [
         f"locatdino fit: requeue signal at step 3: saved {last}; requeued SLURM job {run.job_id}: it resumes from it "
         "when it starts again",
-        f"locatdino fit: stopped by SIGTERM at step 4: saved {last} (resume with --ckpt_path last)"]
+        f"locatdino fit: stopped by SIGTERM at step 4: saved {last} (resume with --ckpt_path last)",
+    ]
     assert "Traceback" not in out
     assert os.listdir(run.tmp / "stopped" / "checkpoints") == ["last.ckpt"]
     assert torch.load(run.tmp / "stopped" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
@@ -141,8 +172,9 @@ def test_resume_on_two_ranks_says_what_changes(slurm_run):
     tmp = slurm_run.tmp
     run = tmp / "on2"
     shutil.copytree(tmp / "stopped", run)
-    flags = tiny_fit_flags(tmp, 6, "--trainer.default_root_dir", str(run), "--trainer.devices", "2",
-                           "--ckpt_path", "last")
+    flags = tiny_fit_flags(
+        tmp, 6, "--trainer.default_root_dir", str(run), "--trainer.devices", "2", "--ckpt_path", "last"
+    )
     cluster = Cluster(tmp)
     try:
         proc = cluster.start([sys.executable, "-m", "locatdino", "fit", *flags], "on2.log")
@@ -153,7 +185,9 @@ def test_resume_on_two_ranks_says_what_changes(slurm_run):
     assert status == 0, out[-3000:]
     said = [line for line in out.splitlines() if "resumed on 2 ranks" in line]
     assert len(said) == 1, out[-3000:]
-    assert ("resumed on 2 ranks, the checkpoint was trained on 4: global batch 8 -> 4 images, so the peak lr x 0.5 "
-            "(it scales with the global batch); 4 -> 8 steps per epoch, schedules rebuilt for 6 steps (were 8); the "
-            "shards are split over the ranks anew, so the data order differs from an uninterrupted run") in said[0]
+    assert (
+        "resumed on 2 ranks, the checkpoint was trained on 4: global batch 8 -> 4 images, so the peak lr x 0.5 "
+        "(it scales with the global batch); 4 -> 8 steps per epoch, schedules rebuilt for 6 steps (were 8); the "
+        "shards are split over the ranks anew, so the data order differs from an uninterrupted run"
+    ) in said[0]
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6

@@ -46,8 +46,9 @@ class ColourTokens:
 
 
 def test_probe_reaches_100_percent_on_linearly_separable_features():
-    cfg = LinearProbeConfig(input_size=32, iterations=150, batch_size=8, augment="off", lr=1e-2, num_workers=0,
-                            progress=False)
+    cfg = LinearProbeConfig(
+        input_size=32, iterations=150, batch_size=8, augment="off", lr=1e-2, num_workers=0, progress=False
+    )
     head, curve, skipped = train_head(ColourTokens(), Stripes(24, 0), cfg)
     assert skipped == 0 and len(curve) == 50 and curve[-1][1] < 0.2 * curve[0][1]
     val = Stripes(6, 1)
@@ -76,9 +77,18 @@ def test_cached_and_uncached_paths_agree(scenes, tiny_vit, tmp_path):
     train, val = scenes
     results = {}
     for path, cache, ram_mb in (("cached", True, 4096), ("memory-mapped", True, 0), ("uncached", False, 4096)):
-        cfg = LinearProbeConfig(input_size=64, iterations=12, batch_size=4, augment="off", cache=cache,
-                                cache_dir=str(tmp_path), max_cache_ram_mb=ram_mb, precision="fp32", num_workers=0,
-                                progress=False)
+        cfg = LinearProbeConfig(
+            input_size=64,
+            iterations=12,
+            batch_size=4,
+            augment="off",
+            cache=cache,
+            cache_dir=str(tmp_path),
+            max_cache_ram_mb=ram_mb,
+            precision="fp32",
+            num_workers=0,
+            progress=False,
+        )
         results[path] = linear_probe(tiny_vit, train, val, cfg)
     cached, uncached, mapped = results["cached"], results["uncached"], results["memory-mapped"]
     assert mapped.loss_curve == cached.loss_curve and mapped.miou == cached.miou
@@ -97,8 +107,9 @@ def test_cached_and_uncached_paths_agree(scenes, tiny_vit, tmp_path):
 def test_official_augmentation_trains_on_augmented_crops(scenes, tiny_vit):
     train, _ = scenes
     extractor = FeatureExtractor(tiny_vit, precision="fp32", l2_normalize=False, to_cpu=False)
-    cfg = LinearProbeConfig(input_size=32, iterations=5, batch_size=4, augment="reference", num_workers=0,
-                            progress=False)
+    cfg = LinearProbeConfig(
+        input_size=32, iterations=5, batch_size=4, augment="reference", num_workers=0, progress=False
+    )
     assert not cfg.cached
     head, curve, skipped = train_head(extractor, train, cfg)
     assert [i for i, _ in curve] == [1, 2, 3, 4, 5] and all(np.isfinite(v) for _, v in curve) and skipped == 0

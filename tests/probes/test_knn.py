@@ -33,17 +33,29 @@ def _clusters(n, classes, dim, seed, spread=1.5):
 
 
 @pytest.mark.parametrize("backend", ["torch", "faiss"])
-@pytest.mark.parametrize(("ks", "temperature", "classes", "chunks"), [
-    ((10, 20, 100, 200), 0.07, 12, (64, 100)),
-    ((1, 3, 7), 0.5, 9, (1000, 1000)),
-    ((20,), 0.07, 3, (17, 33)),
-], ids=["dino defaults, ragged chunks", "small k, one chunk", "fewer classes than top-5"])
+@pytest.mark.parametrize(
+    ("ks", "temperature", "classes", "chunks"),
+    [
+        ((10, 20, 100, 200), 0.07, 12, (64, 100)),
+        ((1, 3, 7), 0.5, 9, (1000, 1000)),
+        ((20,), 0.07, 3, (17, 33)),
+    ],
+    ids=["dino defaults, ragged chunks", "small k, one chunk", "fewer classes than top-5"],
+)
 def test_top1_top5_are_those_of_dinos_knn_classifier(backend, ks, temperature, classes, chunks):
     train, train_labels = _clusters(600, classes, 16, seed=0)
     test, test_labels = _clusters(150, classes, 16, seed=1)
-    rankings = knn_classify(torch.from_numpy(train), torch.from_numpy(train_labels), torch.from_numpy(test), ks,
-                            temperature, num_classes=classes, backend=backend, query_chunk=chunks[0],
-                            memory_chunk=chunks[1])
+    rankings = knn_classify(
+        torch.from_numpy(train),
+        torch.from_numpy(train_labels),
+        torch.from_numpy(test),
+        ks,
+        temperature,
+        num_classes=classes,
+        backend=backend,
+        query_chunk=chunks[0],
+        memory_chunk=chunks[1],
+    )
     assert sorted(rankings) == sorted(ks)
     labels = torch.from_numpy(test_labels)
     for k in ks:
@@ -78,11 +90,14 @@ def test_topk_hits_counts():
     assert topk_hits(rankings, labels, 5).tolist() == [True, True, True]
 
 
-@pytest.mark.parametrize(("ks", "temperature", "message"), [
-    ((11,), 0.07, "k=11 neighbours asked for but the train set holds 10 images"),
-    ((0, 5), 0.07, "k must be at least 1"),
-    ((5,), 0.0, "temperature must be > 0, got 0.0"),
-])
+@pytest.mark.parametrize(
+    ("ks", "temperature", "message"),
+    [
+        ((11,), 0.07, "k=11 neighbours asked for but the train set holds 10 images"),
+        ((0, 5), 0.07, "k must be at least 1"),
+        ((5,), 0.0, "temperature must be > 0, got 0.0"),
+    ],
+)
 def test_unusable_settings_are_named(ks, temperature, message):
     with pytest.raises(ValueError, match=message):
         knn_classify(torch.randn(10, 4), torch.arange(10) % 2, torch.randn(3, 4), ks, temperature)

@@ -47,9 +47,14 @@ def reference_features(weights, root):
     L2-normalised; ImageFolder's order and labels."""
     model = timm.create_model("vit_tiny_patch16_224", num_classes=0)
     model.load_state_dict(torch.load(weights))
-    view = transforms.Compose([transforms.Resize(256, interpolation=transforms.InterpolationMode.BICUBIC),
-                               transforms.CenterCrop(224), transforms.ToTensor(),
-                               transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    view = transforms.Compose(
+        [
+            transforms.Resize(256, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
     paths = sorted((CLASSES.index(p.parent.name), p.name, p) for p in root.glob("*/*.png"))
     with torch.no_grad():
         tokens = model.eval().forward_features(torch.stack([view(Image.open(p).convert("RGB")) for *_, p in paths]))
@@ -86,7 +91,10 @@ def test_the_class_tokens_are_the_references(folder):
 
 
 def _run(argv, out):
-    assert cli.main(["knn", *argv, "--neighbours", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"]) == 0
+    assert (
+        cli.main(["knn", *argv, "--neighbours", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"])
+        == 0
+    )
     return json.loads((out / "results.json").read_text())
 
 
@@ -108,8 +116,17 @@ def _assert_reference_counts(result, expected):
 
 def test_imagefolder_gives_the_reference_top1_top5(folder, expected, tmp_path, capsys):
     out = tmp_path / "out"
-    result = _run(["--model", f"vit_tiny_patch16_224:{folder / 'vit_tiny.pth'}", "--dataset", "imagefolder",
-                   "--data-dir", str(folder / "data")], out)
+    result = _run(
+        [
+            "--model",
+            f"vit_tiny_patch16_224:{folder / 'vit_tiny.pth'}",
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            str(folder / "data"),
+        ],
+        out,
+    )
     (model,) = result["models"]
     _assert_reference_counts(model, expected)
     assert model["data"]["train"] == {"images": 18, "classes": 3, "skipped": []}
@@ -125,11 +142,21 @@ def test_labelled_shards_give_the_same_numbers_and_a_second_model_a_paired_delta
     from locatdino.data.shards.writer import write_shards
 
     for split in ("train", "val"):
-        write_shards(build_source(str(folder / "data" / split)), tmp_path / "shards" / split, workers=1,
-                     progress=False)
+        write_shards(build_source(str(folder / "data" / split)), tmp_path / "shards" / split, workers=1, progress=False)
     weights = str(folder / "vit_tiny.pth")
-    result = _run(["--model", f"ref=vit_tiny_patch16_224:{weights}", "--model", f"again=vit_tiny_patch16_224:{weights}",
-                   "--dataset", "shards", "--data-dir", str(tmp_path / "shards")], tmp_path / "out")
+    result = _run(
+        [
+            "--model",
+            f"ref=vit_tiny_patch16_224:{weights}",
+            "--model",
+            f"again=vit_tiny_patch16_224:{weights}",
+            "--dataset",
+            "shards",
+            "--data-dir",
+            str(tmp_path / "shards"),
+        ],
+        tmp_path / "out",
+    )
     first, second = result["models"]
     _assert_reference_counts(first, expected)
     assert "differences" not in first and second["knn"] == first["knn"]
@@ -142,8 +169,21 @@ def test_an_image_that_does_not_decode_is_skipped_counted_and_named(folder, tmp_
     data = tmp_path / "data"
     shutil.copytree(folder / "data", data)
     (data / "val" / "red" / "broken.png").write_bytes(b"not a png")
-    result = _run(["--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(data),
-                   "--input-size", "32", "--precision", "fp32"], tmp_path / "out")
+    result = _run(
+        [
+            "--model",
+            "vit_tiny_patch16_224",
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            str(data),
+            "--input-size",
+            "32",
+            "--precision",
+            "fp32",
+        ],
+        tmp_path / "out",
+    )
     val = result["models"][0]["data"]["val"]
     assert val["images"] == 10 and val["scored"] == 9 and val["skipped"] == [str(data / "val" / "red" / "broken.png")]
     assert "skipped 1 validation image that do not decode" in capsys.readouterr().err
@@ -162,11 +202,16 @@ def _bad_folder(tmp_path, case):
 
 
 BAD_INPUT = {
-    "val class missing from train": ([], "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN "
-                                         "can never predict it$"),
+    "val class missing from train": (
+        [],
+        "^locatdino knn: --val-split val: class 'yellow' has no train image: a k-NN can never predict it$",
+    ),
     "empty class folder": ([], r"^locatdino knn: class folder \S+/train/yellow holds no image \(.jpg"),
-    "k larger than the train set": (["--neighbours", "20", "7"], r"^locatdino knn: --neighbours 20: the train split "
-                                                                 r"'train' holds 6 images \(use k <= 6\)$"),
+    "k larger than the train set": (
+        ["--neighbours", "20", "7"],
+        r"^locatdino knn: --neighbours 20: the train split "
+        r"'train' holds 6 images \(use k <= 6\)$",
+    ),
 }
 
 
@@ -175,8 +220,20 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, case):
     extra, message = BAD_INPUT[case]
     data, out = _bad_folder(tmp_path, case), tmp_path / "out"
     with pytest.raises(SystemExit, match=message):
-        cli.main(["knn", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(data),
-                  "--out", str(out), *extra])
+        cli.main(
+            [
+                "knn",
+                "--model",
+                "vit_tiny_patch16_224",
+                "--dataset",
+                "imagefolder",
+                "--data-dir",
+                str(data),
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
     assert not out.exists() and "[knn]" not in capsys.readouterr().err
 
 
@@ -204,15 +261,36 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     wrote are recorded, a second run is refused in one line, ``--overwrite`` replaces them, and a
     file no run recorded is refused with or without it."""
     out = tmp_path / "out"
-    common = ["knn", "--model", "vit_tiny_patch16_224", "--num-train", "12", "--num-val", "4", "--scene-size", "32",
-              "--input-size", "32", "--neighbours", "5", "--no-progress", "--workers", "0"]
+    common = [
+        "knn",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--num-train",
+        "12",
+        "--num-val",
+        "4",
+        "--scene-size",
+        "32",
+        "--input-size",
+        "32",
+        "--neighbours",
+        "5",
+        "--no-progress",
+        "--workers",
+        "0",
+    ]
     argv = [*common, "--out", str(out)]
     assert cli.main(argv) == 0
-    assert json.loads((out / ".locatdino-output.json").read_text()) == {"command": "knn",
-                                                                       "files": ["results.json", "report.md"]}
+    assert json.loads((out / ".locatdino-output.json").read_text()) == {
+        "command": "knn",
+        "files": ["results.json", "report.md"],
+    }
     first = (out / "results.json").read_bytes()
-    with pytest.raises(SystemExit, match=f"^locatdino knn: --out {out} holds the output of an earlier run "
-                       r"\(results.json and 1 more\): pass --overwrite to replace it, or choose another --out$"):
+    with pytest.raises(
+        SystemExit,
+        match=f"^locatdino knn: --out {out} holds the output of an earlier run "
+        r"\(results.json and 1 more\): pass --overwrite to replace it, or choose another --out$",
+    ):
         cli.main(argv)
     assert (out / "results.json").read_bytes() == first
     assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0
@@ -222,7 +300,8 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     mine.mkdir()
     (mine / "report.md").write_text("my notes")
     for extra in ([], ["--overwrite"]):
-        with pytest.raises(SystemExit, match=f"^locatdino knn: --out {mine} holds report.md, which locatdino knn "
-                           "did not write"):
+        with pytest.raises(
+            SystemExit, match=f"^locatdino knn: --out {mine} holds report.md, which locatdino knn did not write"
+        ):
             cli.main([*common, "--out", str(mine), *extra])
     assert (mine / "report.md").read_text() == "my notes" and "[knn]" not in capsys.readouterr().err

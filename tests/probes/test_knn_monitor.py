@@ -28,9 +28,16 @@ def test_a_tiny_fit_logs_knn_top1_into_metrics_csv_and_curves(tiny_vit, tmp_path
     monitor = KnnMonitor(every_n_steps=2, **SETS)
     module = TinyDINOLike(copy.deepcopy(tiny_vit)).train()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(10, 3)), batch_size=2)
-    trainer = pl.Trainer(max_steps=5, callbacks=[monitor], accelerator="cpu", logger=pl.loggers.CSVLogger(tmp_path),
-                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=5,
+        callbacks=[monitor],
+        accelerator="cpu",
+        logger=pl.loggers.CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
     assert [step for step, _ in monitor.history] == [2, 4] and module.teacher_modes == [True] * 5
     logged = curves.stitched_metrics(tmp_path / "lightning_logs")
@@ -39,8 +46,13 @@ def test_a_tiny_fit_logs_knn_top1_into_metrics_csv_and_curves(tiny_vit, tmp_path
     assert all(seconds > 0 for _, seconds in logged["monitor/knn_seconds"])
     drawn = []
     real_draw = curves._draw
-    monkeypatch.setattr(curves, "_draw", lambda ax, metrics, keys, *a, **kw: drawn.extend(
-        k for k in keys if k in metrics) or real_draw(ax, metrics, keys, *a, **kw))
+    monkeypatch.setattr(
+        curves,
+        "_draw",
+        lambda ax, metrics, keys, *a, **kw: (
+            drawn.extend(k for k in keys if k in metrics) or real_draw(ax, metrics, keys, *a, **kw)
+        ),
+    )
     assert curves.write_curves(tmp_path / "lightning_logs", tmp_path / "curves.png") is not None
     assert "monitor/knn_top1" in drawn
 
@@ -48,15 +60,27 @@ def test_a_tiny_fit_logs_knn_top1_into_metrics_csv_and_curves(tiny_vit, tmp_path
 def test_the_monitor_s_top1_is_knn_classify_on_the_same_class_tokens(tiny_vit):
     monitor = KnnMonitor(**SETS, temperature=0.1)
     train, val = monitor.splits()
-    view = T.Compose([T.Resize(36, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32), T.ToTensor(),
-                      T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)])  # floor(32 * 256 / 224) = 36
+    view = T.Compose(
+        [
+            T.Resize(36, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(32),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+        ]
+    )  # floor(32 * 256 / 224) = 36
 
     def tokens(images):
         with torch.no_grad():
             return F.normalize(tiny_vit(torch.stack([view(images[i][0]) for i in range(len(images))])), dim=1)
 
-    rankings = knn_classify(tokens(train), torch.from_numpy(train.labels), tokens(val), ks=(5,), temperature=0.1,
-                            num_classes=len(train.class_names))
+    rankings = knn_classify(
+        tokens(train),
+        torch.from_numpy(train.labels),
+        tokens(val),
+        ks=(5,),
+        temperature=0.1,
+        num_classes=len(train.class_names),
+    )
     expected = 100 * float(np.mean(rankings[5][:, 0].numpy() == val.labels))
     state = torch.random.get_rng_state()
     assert monitor.evaluate(tiny_vit) == pytest.approx(expected)

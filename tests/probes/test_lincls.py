@@ -50,16 +50,22 @@ def reference_features(model, images, n):
 def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
     """The reference's eval_linear loop, written from its description: (trained weight, top-1 %, top-5 %)."""
     normalize = T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
-    train = ImageFolder(root / "train", T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(),
-                                                   T.ToTensor(), normalize]))
-    val = ImageFolder(root / "val", T.Compose([T.Resize(64, interpolation=T.InterpolationMode.BICUBIC),
-                                               T.CenterCrop(SIZE), T.ToTensor(), normalize]))
+    train = ImageFolder(
+        root / "train", T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+    )
+    val = ImageFolder(
+        root / "val",
+        T.Compose(
+            [T.Resize(64, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE), T.ToTensor(), normalize]
+        ),
+    )
     torch.manual_seed(seed)
     linear = nn.Linear(model.embed_dim * n, len(train.classes))
     linear.weight.data.normal_(mean=0.0, std=0.01)
     linear.bias.data.zero_()
-    loader = torch.utils.data.DataLoader(train, batch_size=batch, shuffle=True,
-                                         generator=torch.Generator().manual_seed(seed))
+    loader = torch.utils.data.DataLoader(
+        train, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     optimizer = torch.optim.SGD(linear.parameters(), lr * batch / 256, momentum=0.9, weight_decay=0)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs, eta_min=0)
     for _ in range(epochs):
@@ -81,8 +87,9 @@ def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
 def test_full_protocol_matches_an_independent_eval_linear(tmp_path):
     root = toy_folder(tmp_path)
     model = tiny_vit_model()
-    cfg = LinclsConfig(protocol="full", input_size=SIZE, epochs=3, batch_size=4, lr=2.0, last_blocks=2,
-                       num_workers=0, progress=False)
+    cfg = LinclsConfig(
+        protocol="full", input_size=SIZE, epochs=3, batch_size=4, lr=2.0, last_blocks=2, num_workers=0, progress=False
+    )
     train, val = ImageFolder(root / "train"), ImageFolder(root / "val")
     head, skipped = train_full(model, LinearInput(2), train, 3, cfg, torch.device("cpu"))
     weight, top1, top5 = reference_eval_linear(model, root, n=2, epochs=3, batch=4, lr=2.0, seed=0)
@@ -124,7 +131,7 @@ def reference_lr_grid(features, labels, fit_rows, held_rows, lrs, epochs, batch,
         for _ in range(epochs):
             order = fit_rows[torch.randperm(len(fit_rows), generator=generator).numpy()]
             for start in range(0, len(order), batch):
-                rows = order[start:start + batch]
+                rows = order[start : start + batch]
                 loss = F.cross_entropy(layer(x[rows]), y[rows])
                 optimizer.zero_grad()
                 loss.backward()
@@ -147,8 +154,9 @@ def test_fast_variant_picks_the_lr_that_training_each_alone_picks():
     ours = []
     for head in heads:
         with torch.no_grad():
-            ours.append(100 * (head(torch.from_numpy(features[held_rows])).argmax(1).numpy()
-                               == labels[held_rows]).mean())
+            ours.append(
+                100 * (head(torch.from_numpy(features[held_rows])).argmax(1).numpy() == labels[held_rows]).mean()
+            )
     reference = reference_lr_grid(features, labels, fit_rows, held_rows, lrs, 3, 16, 0)
     assert ours == pytest.approx(reference, abs=1e-4)
     assert int(np.argmax(ours)) == int(np.argmax(reference)) == 1  # neither end of the grid: a real choice
@@ -157,8 +165,18 @@ def test_fast_variant_picks_the_lr_that_training_each_alone_picks():
 def test_fast_protocol_scores_the_picked_layer_on_the_validation_images(tmp_path):
     root = toy_folder(tmp_path)
     train, val = ImageFolder(root / "train"), ImageFolder(root / "val")
-    cfg = LinclsConfig(protocol="fast", input_size=SIZE, epochs=5, batch_size=8, lr_grid=(1e-3, 30.0), holdout=0.25,
-                       last_blocks=1, avgpool=True, num_workers=0, progress=False)
+    cfg = LinclsConfig(
+        protocol="fast",
+        input_size=SIZE,
+        epochs=5,
+        batch_size=8,
+        lr_grid=(1e-3, 30.0),
+        holdout=0.25,
+        last_blocks=1,
+        avgpool=True,
+        num_workers=0,
+        progress=False,
+    )
     result = linear_classification(tiny_vit_model(), train, val, 3, cfg, torch.device("cpu"))
     table = result.lr_table
     assert [row["base_lr"] for row in table] == [1e-3, 30.0] and result.num_train == 18

@@ -14,8 +14,22 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
     root = toy_folder(tmp_path / "data")
     (root / "train" / "class1" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     out = tmp_path / "out"
-    argv = ["lincls", "--model", "vit_tiny_patch16_224", "--model", "loc=locatvit_tiny_patch16_224", "--dataset", "imagefolder",
-            "--data-dir", str(root), "--epochs", "2", "--out", str(out), *SMALL]
+    argv = [
+        "lincls",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--model",
+        "loc=locatvit_tiny_patch16_224",
+        "--dataset",
+        "imagefolder",
+        "--data-dir",
+        str(root),
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+        *SMALL,
+    ]
     assert cli.main(argv) == 0
     assert "| vit_tiny_patch16_224 | full | 4 class tokens |" in capsys.readouterr().out
     report = json.loads((out / "results.json").read_text())
@@ -35,8 +49,26 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
 def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"
-    argv = ["lincls", "--variant", "fast", "--model", "locatvit_tiny_patch16_224", "--prr", "--lr-grid", "0.01", "10",
-            "--holdout", "0.25", "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]
+    argv = [
+        "lincls",
+        "--variant",
+        "fast",
+        "--model",
+        "locatvit_tiny_patch16_224",
+        "--prr",
+        "--lr-grid",
+        "0.01",
+        "10",
+        "--holdout",
+        "0.25",
+        "--dataset",
+        "imagefolder",
+        "--data-dir",
+        str(root),
+        "--out",
+        str(out),
+        *SMALL,
+    ]
     assert cli.main(argv) == 0
     (result,) = json.loads((out / "results.json").read_text())["models"]
     assert [row["base_lr"] for row in result["lr_table"]] == [0.01, 10] and result["config"]["epochs"] == 10
@@ -45,16 +77,24 @@ def test_fast_protocol_reports_every_learning_rate(tmp_path, capsys):
 
 
 ERRORS = {
-    "batch over the training images": (["--train-batch-size", "19"], "--train-batch-size 19 is more than the 18 "
-                                       "training images"),
-    "a label naming the report": (["--model", "Report.md=vit_tiny_patch16_224"], "--model label 'Report.md' is the "
-                                  "name of a file the command writes into its output folder"),
-    "more blocks than the model": (["--last-blocks", "13"], "--model vit_tiny_patch16_224: --last-blocks 13: the "
-                                   "model has 12 blocks"),
+    "batch over the training images": (
+        ["--train-batch-size", "19"],
+        "--train-batch-size 19 is more than the 18 training images",
+    ),
+    "a label naming the report": (
+        ["--model", "Report.md=vit_tiny_patch16_224"],
+        "--model label 'Report.md' is the name of a file the command writes into its output folder",
+    ),
+    "more blocks than the model": (
+        ["--last-blocks", "13"],
+        "--model vit_tiny_patch16_224: --last-blocks 13: the model has 12 blocks",
+    ),
     "holdout of everything": (["--holdout", "1"], "argument --holdout: must lie in (0, 1), got 1"),
     "no lr": (["--lr-grid"], "argument --lr-grid: expected at least one argument"),
-    "a fraction of an epoch": (["--epochs", "2.5"], "--epochs 2.5: lincls trains whole passes (the reference's cosine "
-                               "steps once per epoch)"),
+    "a fraction of an epoch": (
+        ["--epochs", "2.5"],
+        "--epochs 2.5: lincls trains whole passes (the reference's cosine steps once per epoch)",
+    ),
 }
 
 
@@ -63,8 +103,21 @@ def test_bad_settings_fail_in_one_line_before_any_output(tmp_path, capsys, case)
     root = toy_folder(tmp_path / "data")
     extra, expected = ERRORS[case]
     with pytest.raises(SystemExit) as done:
-        cli.main(["lincls", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root),
-                  "--out", str(tmp_path / "out"), *SMALL, *extra])
+        cli.main(
+            [
+                "lincls",
+                "--model",
+                "vit_tiny_patch16_224",
+                "--dataset",
+                "imagefolder",
+                "--data-dir",
+                str(root),
+                "--out",
+                str(tmp_path / "out"),
+                *SMALL,
+                *extra,
+            ]
+        )
     said = capsys.readouterr().err + (done.value.code if isinstance(done.value.code, str) else "")
     assert expected in said and said.strip().count("\n") == 0 and not (tmp_path / "out").exists()
 
@@ -74,8 +127,20 @@ def test_a_validation_class_without_training_images_is_refused(tmp_path):
     (root / "val" / "class9").mkdir()
     (root / "val" / "class0" / "0.png").rename(root / "val" / "class9" / "0.png")
     with pytest.raises(SystemExit, match="^locatdino lincls: --val-split val: class 'class9' has no train image"):
-        cli.main(["lincls", "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root),
-                  "--out", str(tmp_path / "out"), *SMALL])
+        cli.main(
+            [
+                "lincls",
+                "--model",
+                "vit_tiny_patch16_224",
+                "--dataset",
+                "imagefolder",
+                "--data-dir",
+                str(root),
+                "--out",
+                str(tmp_path / "out"),
+                *SMALL,
+            ]
+        )
 
 
 @pytest.mark.parametrize("protocol", ["full", "fast"])
@@ -84,13 +149,37 @@ def test_a_training_split_where_nothing_decodes_is_one_line(tmp_path, capsys, pr
     for path in (root / "train").rglob("*.png"):
         path.write_bytes(b"not an image")
     out = tmp_path / "out"
-    assert cli.main(["lincls", "--variant", protocol, "--model", "vit_tiny_patch16_224", "--dataset", "imagefolder",
-                     "--data-dir", str(root), "--epochs", "1", "--holdout", "0.2", "--out", str(out), *SMALL,
-                     "--train-batch-size", "4"]) == 1
+    assert (
+        cli.main(
+            [
+                "lincls",
+                "--variant",
+                protocol,
+                "--model",
+                "vit_tiny_patch16_224",
+                "--dataset",
+                "imagefolder",
+                "--data-dir",
+                str(root),
+                "--epochs",
+                "1",
+                "--holdout",
+                "0.2",
+                "--out",
+                str(out),
+                *SMALL,
+                "--train-batch-size",
+                "4",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("[lincls] vit_tiny_patch16_224: 18 train") and len(err) == 2
-    assert err[1] == (f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
-                   ": nothing to train on")
+    assert err[1] == (
+        f"locatdino lincls: none of the 18 training images decodes (first: {root / 'train' / 'class0' / '0.png'})"
+        ": nothing to train on"
+    )
     assert not (out / "results.json").exists()
 
 
@@ -101,11 +190,25 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
     root = toy_folder(tmp_path / "data")
     for split in ("train", "val"):
         write_shards(build_source(str(root / split)), tmp_path / "shards" / split, workers=1, progress=False)
-    common = ["lincls", "--variant", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "1", "--holdout",
-              "0.25", *SMALL]
+    common = [
+        "lincls",
+        "--variant",
+        "fast",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--lr-grid",
+        "0.01",
+        "1",
+        "--holdout",
+        "0.25",
+        *SMALL,
+    ]
     results = []
     for dataset, data_dir in (("imagefolder", root), ("shards", tmp_path / "shards")):
-        assert cli.main([*common, "--dataset", dataset, "--data-dir", str(data_dir), "--out", str(tmp_path / dataset)]) == 0
+        assert (
+            cli.main([*common, "--dataset", dataset, "--data-dir", str(data_dir), "--out", str(tmp_path / dataset)])
+            == 0
+        )
         (result,) = json.loads((tmp_path / dataset / "results.json").read_text())["models"]
         results.append(result)
     folder, shards = results
@@ -118,13 +221,32 @@ def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tm
     earlier run's recorded files replaced with it, a file no run recorded refused with or without."""
     root = toy_folder(tmp_path / "data")
     out = tmp_path / "out"
-    argv = ["lincls", "--variant", "fast", "--model", "vit_tiny_patch16_224", "--lr-grid", "0.01", "--holdout",
-            "0.25", "--epochs", "1", "--dataset", "imagefolder", "--data-dir", str(root), *SMALL]
+    argv = [
+        "lincls",
+        "--variant",
+        "fast",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--lr-grid",
+        "0.01",
+        "--holdout",
+        "0.25",
+        "--epochs",
+        "1",
+        "--dataset",
+        "imagefolder",
+        "--data-dir",
+        str(root),
+        *SMALL,
+    ]
     assert cli.main([*argv, "--out", str(out)]) == 0
     assert json.loads((out / ".locatdino-output.json").read_text())["files"] == ["results.json", "report.md"]
     first = (out / "results.json").read_text()
-    with pytest.raises(SystemExit, match=f"^locatdino lincls: --out {out} holds the output of an earlier run "
-                       r"\(results.json and 1 more\): pass --overwrite"):
+    with pytest.raises(
+        SystemExit,
+        match=f"^locatdino lincls: --out {out} holds the output of an earlier run "
+        r"\(results.json and 1 more\): pass --overwrite",
+    ):
         cli.main([*argv, "--out", str(out)])
     assert (out / "results.json").read_text() == first
     assert cli.main([*argv, "--out", str(out), "--overwrite", "--seed", "3"]) == 0

@@ -35,16 +35,18 @@ def test_head_matches_a_naive_implementation_and_normalises_channels_and_positio
     # a per-pixel LayerNorm (channels only) is a different head: the test can tell them apart
     h = head.proj(x)
     per_pixel = F.layer_norm(h.permute(0, 2, 3, 1), (512,)).permute(0, 3, 1, 2)
-    assert not torch.allclose(head.norm(h), per_pixel * head.norm.weight.view(1, -1, 1, 1)
-                              + head.norm.bias.view(1, -1, 1, 1), atol=1e-2)
+    assert not torch.allclose(
+        head.norm(h), per_pixel * head.norm.weight.view(1, -1, 1, 1) + head.norm.bias.view(1, -1, 1, 1), atol=1e-2
+    )
     # images are normalised independently: changing one leaves the others' logits unchanged
     y = x.clone()
     y[0] *= 5
     torch.testing.assert_close(head(y)[1:], head(x)[1:])
     out = head(x, (20, 24))
     assert out.shape == (3, 7, 20, 24)
-    torch.testing.assert_close(out, F.interpolate(head(x), size=(20, 24), mode="bilinear", align_corners=False),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, F.interpolate(head(x), size=(20, 24), mode="bilinear", align_corners=False), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("grid,size", [((16, 16), (128, 128)), ((5, 7), (37, 50)), ((8, 8), (4, 6)), ((3, 4), (3, 4))])

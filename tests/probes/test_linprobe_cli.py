@@ -7,14 +7,43 @@ import pytest
 from locatdino import cli
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 
-SMALL = ["--dataset", "scenes", "--num-train", "6", "--num-val", "3", "--scene-size", "32", "--input-size", "32",
-         "--iters", "6", "--train-batch-size", "4", "--train-augment", "off", "--precision", "fp32", "--workers", "0",
-         "--no-progress"]
+SMALL = [
+    "--dataset",
+    "scenes",
+    "--num-train",
+    "6",
+    "--num-val",
+    "3",
+    "--scene-size",
+    "32",
+    "--input-size",
+    "32",
+    "--iters",
+    "6",
+    "--train-batch-size",
+    "4",
+    "--train-augment",
+    "off",
+    "--precision",
+    "fp32",
+    "--workers",
+    "0",
+    "--no-progress",
+]
 
 
 def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["linprobe", "--model", "vit_tiny_patch16_224", "--model", "locatvit_tiny_patch16_224", "--out", str(out), *SMALL]
+    argv = [
+        "linprobe",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--model",
+        "locatvit_tiny_patch16_224",
+        "--out",
+        str(out),
+        *SMALL,
+    ]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "| vit_tiny_patch16_224 |" in table and "| locatvit_tiny_patch16_224 |" in table
@@ -34,7 +63,9 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
 def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} cannot be created: {blocker} is a file"):
+    with pytest.raises(
+        SystemExit, match=f"locatdino linprobe: --out {blocker / 'sub'} cannot be created: {blocker} is a file"
+    ):
         cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(blocker / "sub"), *SMALL])
     assert "[linprobe]" not in capsys.readouterr().err
     with pytest.raises(SystemExit, match=f"^locatdino linprobe: --out {blocker} is a file, not a folder$"):
@@ -42,8 +73,21 @@ def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     bad = tmp_path / "bad.pth"
     bad.write_text("placeholder\n")
     out = tmp_path / "out"
-    assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224:none", "--model", f"vit_tiny_patch16_224:{bad}",
-                     "--out", str(out), *SMALL]) == 1
+    assert (
+        cli.main(
+            [
+                "linprobe",
+                "--model",
+                "vit_tiny_patch16_224:none",
+                "--model",
+                f"vit_tiny_patch16_224:{bad}",
+                "--out",
+                str(out),
+                *SMALL,
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"locatdino linprobe: {bad}: is a text file") and not out.exists()
 
@@ -56,8 +100,10 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         cli.main([*argv, "--seed", "1"])
-    assert str(refused.value) == (f"locatdino linprobe: --out {out} holds the output of an earlier run "
-                                  "(results.json and 2 more): pass --overwrite to replace it, or choose another --out")
+    assert str(refused.value) == (
+        f"locatdino linprobe: --out {out} holds the output of an earlier run "
+        "(results.json and 2 more): pass --overwrite to replace it, or choose another --out"
+    )
     assert {name: (out / name).read_bytes() for name in first} == first and "[linprobe]" not in capsys.readouterr().err
     assert cli.main([*argv, "--seed", "1", "--overwrite"]) == 0
     assert json.loads((out / "results.json").read_text())["config"]["seed"] == 1
@@ -87,19 +133,36 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_any_model(tmp_pa
     from locatdino.probes import cli as probe_cli
 
     monkeypatch.setattr(probe_cli, "load_backbones", lambda *a: pytest.fail("built a model first"))
-    with pytest.raises(SystemExit, match="batch size \\(--train-batch-size\\) 100000 is more than the 6 training images: "
-                                         "use at most 6$"):
-        cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o"), *SMALL,
-                  "--train-batch-size", "100000"])
+    with pytest.raises(
+        SystemExit,
+        match="batch size \\(--train-batch-size\\) 100000 is more than the 6 training images: use at most 6$",
+    ):
+        cli.main(
+            [
+                "linprobe",
+                "--model",
+                "vit_tiny_patch16_224",
+                "--out",
+                str(tmp_path / "o"),
+                *SMALL,
+                "--train-batch-size",
+                "100000",
+            ]
+        )
 
 
 def test_epochs_below_the_schedule_minimum_are_raised_with_a_note(tmp_path, capsys):
     i = SMALL.index("--iters")
-    argv = SMALL[:i] + SMALL[i + 2:]
-    assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o"), *argv,
-                     "--epochs", "0.01"]) == 0
-    assert ("[linprobe] note: --epochs 0.01 is 1 iteration of 4 over 6 images; raised to 5, the OneCycle "
-            "schedule's minimum") in capsys.readouterr().err
+    argv = SMALL[:i] + SMALL[i + 2 :]
+    assert (
+        cli.main(
+            ["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o"), *argv, "--epochs", "0.01"]
+        )
+        == 0
+    )
+    assert (
+        "[linprobe] note: --epochs 0.01 is 1 iteration of 4 over 6 images; raised to 5, the OneCycle schedule's minimum"
+    ) in capsys.readouterr().err
     assert json.loads((tmp_path / "o" / "results.json").read_text())["iterations"] == 5
 
 
@@ -116,10 +179,15 @@ def test_sigterm_stops_with_one_line_and_removes_the_feature_cache(tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "out"
     cache.mkdir()
     i = SMALL.index("--iters")
-    argv = [*SMALL[:i], *SMALL[i + 2:], "--iters", "1000000", "--cache-ram-mb", "0", "--cache-dir", str(cache)]
+    argv = [*SMALL[:i], *SMALL[i + 2 :], "--iters", "1000000", "--cache-ram-mb", "0", "--cache-dir", str(cache)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "locatdino", "linprobe", "--model", "vit_tiny_patch16_224",
-                             "--out", str(out), *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locatdino", "linprobe", "--model", "vit_tiny_patch16_224", "--out", str(out), *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not any(cache.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -128,7 +196,9 @@ def test_sigterm_stops_with_one_line_and_removes_the_feature_cache(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == "locatdino linprobe: stopped by SIGTERM (results finished before it are kept)"
+    assert (
+        err.strip().splitlines()[-1] == "locatdino linprobe: stopped by SIGTERM (results finished before it are kept)"
+    )
     assert "Traceback" not in err and list(cache.iterdir()) == [] and not (out / "results.json").exists()
 
 
@@ -138,8 +208,10 @@ def test_a_feature_cache_left_by_a_killed_run_is_removed_by_the_next(tmp_path):
 
     from locatdino.probes.feature_store import FeatureStore
 
-    script = ("import os, sys; from locatdino.probes.feature_store import FeatureStore; "
-              "FeatureStore(4, 8, 2, 4, sys.argv[1], max_ram_bytes=0); os._exit(0)")  # as a SIGKILL: no cleanup
+    script = (
+        "import os, sys; from locatdino.probes.feature_store import FeatureStore; "
+        "FeatureStore(4, 8, 2, 4, sys.argv[1], max_ram_bytes=0); os._exit(0)"
+    )  # as a SIGKILL: no cleanup
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
     [left] = list(tmp_path.iterdir())
     assert (left / "features.bin").is_file()
@@ -161,5 +233,6 @@ def test_a_second_linprobe_into_one_out_is_refused_while_the_first_runs(tmp_path
     with output_lock(out, "--out"):  # the first run, still probing
         assert cli.main(["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(out), *SMALL]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"locatdino linprobe: --out {out} is in use by another run "
-                                                   f"(pid {os.getpid()} on ")
+    assert err.count("\n") == 1 and err.startswith(
+        f"locatdino linprobe: --out {out} is in use by another run (pid {os.getpid()} on "
+    )

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from locatdino.probes.seg_transforms import (IGNORE, ProbeAugmentation, keep_ratio_size, photometric_distortion,
-                                             scale_saturation, eval_view, training_targets)
+from locatdino.probes.seg_transforms import (
+    IGNORE,
+    ProbeAugmentation,
+    eval_view,
+    keep_ratio_size,
+    photometric_distortion,
+    scale_saturation,
+    training_targets,
+)
 
 
 def test_keep_ratio_size_fits_the_long_and_the_short_side():
@@ -40,7 +47,7 @@ def test_scale_saturation_is_hsv_saturation_scaling():
 def _striped(height=64, width=256):
     """A mask whose left 3/4 is class 1 and right 1/4 class 2 (and a matching image)."""
     mask = torch.ones(height, width, dtype=torch.int32)
-    mask[:, 3 * width // 4:] = 2
+    mask[:, 3 * width // 4 :] = 2
     image = (mask * 100).to(torch.uint8).expand(3, -1, -1).contiguous()
     return image, mask
 
@@ -49,10 +56,12 @@ def test_crops_redraw_when_one_class_dominates():
     image, mask = _striped()
     rule = ProbeAugmentation(32, ratio=(1, 1), flip_p=0, photometric=False)
     free = ProbeAugmentation(32, ratio=(1, 1), flip_p=0, photometric=False, cat_max_ratio=1.0)
+
     def mixed(aug, seed):
         _, t = aug(image, mask, torch.Generator().manual_seed(seed))
         counts = torch.bincount(t.flatten().long())
         return len(counts[counts > 0]) > 1 and counts.max() < 0.75 * counts.sum()
+
     # resized to 32 x 128 px: only offsets 73..87 of 0..96 pass the rule (p 0.15); 10 redraws make
     # a passing crop 84 % likely, against 15 % without them
     assert sum(mixed(rule, s) for s in range(40)) >= 28
@@ -82,8 +91,10 @@ def test_photometric_distortion_changes_colours_within_range():
     assert sum(not torch.equal(o, image) for o in outs) >= 8
 
 
-@pytest.mark.parametrize("shape,size,padded,scaled", [((60, 90), 32, (32, 48), (32, 48)), ((50, 70), 32, (32, 48), (32, 45)),
-                                                      ((128, 128), 128, (128, 128), (128, 128))])
+@pytest.mark.parametrize(
+    "shape,size,padded,scaled",
+    [((60, 90), 32, (32, 48), (32, 48)), ((50, 70), 32, (32, 48), (32, 45)), ((128, 128), 128, (128, 128), (128, 128))],
+)
 def test_test_view_short_side_and_patch_padding(shape, size, padded, scaled):
     image = torch.randint(0, 256, (3, *shape), dtype=torch.uint8)
     view, hw = eval_view(image, size, 8)

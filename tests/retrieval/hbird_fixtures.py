@@ -13,8 +13,14 @@ def tiny_vit_model():
     """ViT with 8 px patches, width 64, 2 blocks: fast on CPU at 32-96 px."""
     torch.manual_seed(0)
     return timm.create_model(
-        "vit_small_patch16_224", patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=0,
-        dynamic_img_size=True, pretrained=False,
+        "vit_small_patch16_224",
+        patch_size=8,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        num_classes=0,
+        dynamic_img_size=True,
+        pretrained=False,
     ).eval()
 
 
@@ -86,9 +92,9 @@ class NoisyLayout:
         self.masks = []
         for _ in range(count):
             mask = np.zeros((size, size), np.uint8)
-            mask[rng.integers(size // 4, 3 * size // 4):] = 1
+            mask[rng.integers(size // 4, 3 * size // 4) :] = 1
             top, left = rng.integers(0, size - 8, 2)
-            mask[top:top + rng.integers(3, 9), left:left + rng.integers(3, 9)] = 2
+            mask[top : top + rng.integers(3, 9), left : left + rng.integers(3, 9)] = 2
             self.masks.append(mask)
 
     def __len__(self):

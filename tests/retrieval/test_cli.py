@@ -1,5 +1,6 @@
 import json
 import re
+from datetime import UTC
 
 import pytest
 import timm
@@ -9,8 +10,21 @@ from locatdino.evaluation.options import encoder_device
 from locatdino.retrieval import cli
 from locatdino.retrieval.options import HBIRD_TABLE, config_from_args
 
-TINY = ["--num-train", "6", "--num-val", "2", "--scene-size", "64", "--input-size", "64", "--workers", "0",
-        "--no-progress", "--k", "10"]
+TINY = [
+    "--num-train",
+    "6",
+    "--num-val",
+    "2",
+    "--scene-size",
+    "64",
+    "--input-size",
+    "64",
+    "--workers",
+    "0",
+    "--no-progress",
+    "--k",
+    "10",
+]
 
 
 @pytest.mark.slow
@@ -19,8 +33,7 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     ckpt = tmp_path / "dino_vitt.pth"
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
     out = tmp_path / "out"
-    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--model", "vit_tiny_patch16_224:none", "--out", str(out),
-            *TINY]
+    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--model", "vit_tiny_patch16_224:none", "--out", str(out), *TINY]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "| vit_tiny_patch16_224-dino_vitt |" in table and "| vit_tiny_patch16_224 |" in table
@@ -34,8 +47,11 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert "# Hummingbird comparison" in (out / "summary.md").read_text()
     from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
-    written = sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                     if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock"))
+    written = sorted(
+        str(p.relative_to(out))
+        for p in out.rglob("*")
+        if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock")
+    )
     assert sorted(OutputFolder(out, "hbird").earlier()) == written and len(written) == 7  # 2 x 3 + summary.md
 
     interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
@@ -56,9 +72,19 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
     ckpt = tmp_path / "seed3.pth"
     torch.save(create_backbone("vit_tiny_patch16_224").state_dict(), ckpt)
     torch.manual_seed(0)  # the global state before the run must not matter
-    argv = ["--model", "vit_tiny_patch16_224:none", "--model", f"vit_tiny_patch16_224:{ckpt}", "--seed", "3",
-            "--out", str(tmp_path / "out"), *TINY,
-            "--pos-embed", "timm"]  # a plain ViT file would get the DINO rule under 'auto'
+    argv = [
+        "--model",
+        "vit_tiny_patch16_224:none",
+        "--model",
+        f"vit_tiny_patch16_224:{ckpt}",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+        *TINY,
+        "--pos-embed",
+        "timm",
+    ]  # a plain ViT file would get the DINO rule under 'auto'
     assert cli.main(argv) == 0
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
     assert len(runs) == 2 and runs[0]["miou"] == runs[1]["miou"]
@@ -85,8 +111,10 @@ def test_device_and_knn_backend_flags(monkeypatch):
 @pytest.fixture
 def no_evaluation(monkeypatch):
     """Fails the test if any model's evaluation starts."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("an evaluation started before every model was checked")
+
     monkeypatch.setattr(cli, "hummingbird", refuse)
 
 
@@ -109,11 +137,15 @@ def test_a_bad_second_checkpoint_stops_before_the_first_model_runs(tmp_path, cap
     else:
         wide = timm.create_model("vit_tiny_patch16_224", num_classes=0, depth=2, embed_dim=96, num_heads=2)
         torch.save(wide.state_dict(), ckpt)
-        expected = (f"locatdino hbird: {ckpt} does not fit vit_tiny_patch16_224: cls_token: checkpoint [1, 1, 96] "
-                    "vs model [1, 1, 192]; ")
+        expected = (
+            f"locatdino hbird: {ckpt} does not fit vit_tiny_patch16_224: cls_token: checkpoint [1, 1, 96] "
+            "vs model [1, 1, 192]; "
+        )
     out = tmp_path / "out"
-    err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224:none", "--model",
-                                   f"vit_tiny_patch16_224:{ckpt}", "--out", str(out), *TINY])
+    err = _one_error_line(
+        capsys,
+        ["--model", "vit_tiny_patch16_224:none", "--model", f"vit_tiny_patch16_224:{ckpt}", "--out", str(out), *TINY],
+    )
     assert err.startswith(expected), err
     assert not out.exists()
 
@@ -121,11 +153,14 @@ def test_a_bad_second_checkpoint_stops_before_the_first_model_runs(tmp_path, cap
 def test_input_size_pretrained_tag_and_unknown_model_are_one_line(tmp_path, capsys, no_evaluation):
     base = ["--out", str(tmp_path / "out"), *TINY]
     err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", *base, "--input-size", "60"])
-    assert err == ("locatdino hbird: --input-size 60 is not a multiple of the patch size 16 of "
-                   "vit_tiny_patch16_224: use 48 or 64")
+    assert err == (
+        "locatdino hbird: --input-size 60 is not a multiple of the patch size 16 of vit_tiny_patch16_224: use 48 or 64"
+    )
     err = _one_error_line(capsys, ["--model", "vit_small_patch16_224.dino:none", *base])
-    assert err.startswith("locatdino hbird: vit_small_patch16_224.dino names timm's pretrained weights 'dino', "
-                          "which locatdino never downloads: pass the weights file (dino_deitsmall16_pretrain.pth)")
+    assert err.startswith(
+        "locatdino hbird: vit_small_patch16_224.dino names timm's pretrained weights 'dino', "
+        "which locatdino never downloads: pass the weights file (dino_deitsmall16_pretrain.pth)"
+    )
     err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--model", "vit_smal_patch16_224", *base])
     assert err.startswith("locatdino hbird: unknown model 'vit_smal_patch16_224' (did you mean vit_small_patch16_224")
 
@@ -134,20 +169,47 @@ def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
     torch.manual_seed(0)
     ckpt = tmp_path / "dino_vitt.pth"
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
-    small = ["--num-train", "2", "--num-val", "1", "--scene-size", "32", "--input-size", "32", "--workers", "0",
-             "--no-progress", "--k", "2"]
-    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--model", f"vit_tiny_patch16_224:{ckpt}", "--pos-embed", "auto",
-            "--pos-embed", "timm", "--out", str(tmp_path / "out"), *small]
+    small = [
+        "--num-train",
+        "2",
+        "--num-val",
+        "1",
+        "--scene-size",
+        "32",
+        "--input-size",
+        "32",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--k",
+        "2",
+    ]
+    argv = [
+        "--model",
+        f"vit_tiny_patch16_224:{ckpt}",
+        "--model",
+        f"vit_tiny_patch16_224:{ckpt}",
+        "--pos-embed",
+        "auto",
+        "--pos-embed",
+        "timm",
+        "--out",
+        str(tmp_path / "out"),
+        *small,
+    ]
     assert cli.main(argv) == 0
     runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/results.json")}
     assert {r["model"]["label"]: r["model"]["pos_embed"] for r in runs.values()} == {
-        "vit_tiny_patch16_224-dino_vitt": "dino", "vit_tiny_patch16_224-dino_vitt-2": "timm"}
+        "vit_tiny_patch16_224-dino_vitt": "dino",
+        "vit_tiny_patch16_224-dino_vitt-2": "timm",
+    }
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:
         cli.main([*argv, "--pos-embed", "dino"])
     assert done.value.code == 2
-    assert capsys.readouterr().err == ("locatdino hbird: 2 --model but 3 --pos-embed (give one for all models or one "
-                                       "per model)\n")
+    assert capsys.readouterr().err == (
+        "locatdino hbird: 2 --model but 3 --pos-embed (give one for all models or one per model)\n"
+    )
 
 
 @pytest.mark.parametrize("flag", ["--out", "--memory-dir"])
@@ -159,7 +221,9 @@ def test_unwritable_output_fails_before_any_work(tmp_path, capsys, no_evaluation
     with pytest.raises(SystemExit) as done:
         cli.main(["--model", "vit_tiny_patch16_224", *[a for kv in args.items() for a in kv], *TINY])
     if flag == "--out":  # a refused run creates no output folder: its place is checked instead
-        assert str(done.value) == f"locatdino hbird: --out {blocker / 'sub' / 'x'} cannot be created: {blocker} is a file"
+        assert (
+            str(done.value) == f"locatdino hbird: --out {blocker / 'sub' / 'x'} cannot be created: {blocker} is a file"
+        )
     else:
         assert str(done.value).startswith(f"locatdino hbird: {flag} {blocker / 'sub'}")
         assert "is not writable: Not a directory" in str(done.value) and "\n" not in str(done.value)
@@ -172,10 +236,21 @@ def test_memory_dir_on_a_full_disk_fails_in_one_line_before_encoding(tmp_path):
     from tests.tiny_disk import python, run_on_tiny_disk
 
     disk = tmp_path / "disk"
-    hbird = python("-m", "locatdino", "hbird", "--model", "vit_tiny_patch16_224:none",
-                   "--memory-dir", str(disk / "bank"), "--out", str(tmp_path / "out"), *TINY)
-    proc = run_on_tiny_disk(disk, "64k", ["sh", "-c", '"$@"; rc=$?; echo "left: $(ls -A "$0")"; exit $rc',
-                                          str(disk), *hbird])
+    hbird = python(
+        "-m",
+        "locatdino",
+        "hbird",
+        "--model",
+        "vit_tiny_patch16_224:none",
+        "--memory-dir",
+        str(disk / "bank"),
+        "--out",
+        str(tmp_path / "out"),
+        *TINY,
+    )
+    proc = run_on_tiny_disk(
+        disk, "64k", ["sh", "-c", '"$@"; rc=$?; echo "left: $(ls -A "$0")"; exit $rc', str(disk), *hbird]
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("left:")  # nothing: no staging folder
     err = proc.stderr.strip().splitlines()
@@ -187,29 +262,57 @@ def test_memory_dir_on_a_full_disk_fails_in_one_line_before_encoding(tmp_path):
 def test_reference_settings_and_provenance_reach_results_json(tmp_path):
     import hashlib
     import os
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     torch.manual_seed(0)
     ckpt = tmp_path / "w.pth"
     torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), ckpt)
     out = tmp_path / "out"
-    start = datetime.now(timezone.utc).replace(microsecond=0)
-    argv = ["--model", f"vit_tiny_patch16_224:{ckpt}", "--protocol", "reference", "--augment", "off",
-            "--hungarian", "pixels", "--out", str(out), *TINY]
+    start = datetime.now(UTC).replace(microsecond=0)
+    argv = [
+        "--model",
+        f"vit_tiny_patch16_224:{ckpt}",
+        "--protocol",
+        "reference",
+        "--augment",
+        "off",
+        "--hungarian",
+        "pixels",
+        "--out",
+        str(out),
+        *TINY,
+    ]
     assert cli.main(argv) == 0
     run = json.loads((out / "results.json").read_text())
     # the reference protocol's settings, but for the options given beside it
     assert {k: run["config"][k] for k in ("augment", "norm", "hungarian", "eval_resolution", "precision", "index")} == {
-        "augment": "off", "norm": True, "hungarian": "pixels", "eval_resolution": "input", "precision": "fp32",
-        "index": "Flat"}
-    assert run["config"]["protocol"] == {"name": "reference", "changed": ["augment", "hungarian"], "settings": {
-        "augment": "off", "norm": True, "eval_resolution": "input", "hungarian": "pixels", "precision": "fp32",
-        "index": "Flat"}}
+        "augment": "off",
+        "norm": True,
+        "hungarian": "pixels",
+        "eval_resolution": "input",
+        "precision": "fp32",
+        "index": "Flat",
+    }
+    assert run["config"]["protocol"] == {
+        "name": "reference",
+        "changed": ["augment", "hungarian"],
+        "settings": {
+            "augment": "off",
+            "norm": True,
+            "eval_resolution": "input",
+            "hungarian": "pixels",
+            "precision": "fp32",
+            "index": "Flat",
+        },
+    }
     assert run["memory_patches"] == 6 * 16  # whole 64 px images: every patch of every image
     prov = run["provenance"]
-    assert prov["checkpoint"] == {"path": str(ckpt), "bytes": ckpt.stat().st_size,
-                                  "sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest()}
-    assert start <= datetime.fromisoformat(prov["timestamp"]) <= datetime.now(timezone.utc) + timedelta(seconds=1)
+    assert prov["checkpoint"] == {
+        "path": str(ckpt),
+        "bytes": ckpt.stat().st_size,
+        "sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest(),
+    }
+    assert start <= datetime.fromisoformat(prov["timestamp"]) <= datetime.now(UTC) + timedelta(seconds=1)
     assert prov["software"]["torch"] == torch.__version__.split("+")[0] and prov["software"]["timm"] == timm.__version__
     assert prov["cpu"]["logical_cores"] == os.cpu_count() and prov["cpu"]["model"]
     assert prov["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -219,20 +322,40 @@ def test_reference_settings_and_provenance_reach_results_json(tmp_path):
 
 def test_augmentation_off_with_several_epochs_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="augment 'off' makes all 2 augmentation epochs identical"):
-        cli.main(["--model", "vit_tiny_patch16_224", "--augment", "off", "--aug-epochs", "2",
-                  "--out", str(tmp_path / "o"), *TINY])
+        cli.main(
+            [
+                "--model",
+                "vit_tiny_patch16_224",
+                "--augment",
+                "off",
+                "--aug-epochs",
+                "2",
+                "--out",
+                str(tmp_path / "o"),
+                *TINY,
+            ]
+        )
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("option, value, problem", [
-    ("--num-train", "0", "must be at least 1, got 0"), ("--num-val", "0", "must be at least 1, got 0"),
-    ("--input-size", "0", "must be at least 1, got 0"), ("--input-size", "-64", "must be at least 1, got -64"),
-    ("--k", "0", "must be at least 1, got 0"), ("--memory-size", "-1", "must be at least 1, got -1"),
-    ("--beta", "0", "must be a positive number, got 0"), ("--scale", "nan", "must be a positive number, got nan"),
-    ("--workers", "-1", "must be at least 0, got -1"), ("--num-val", "x", "expected an integer, got 'x'"),
-])
-def test_out_of_range_options_are_one_usage_line_before_any_work(tmp_path, capsys, no_evaluation, option, value,
-                                                                  problem):
+@pytest.mark.parametrize(
+    "option, value, problem",
+    [
+        ("--num-train", "0", "must be at least 1, got 0"),
+        ("--num-val", "0", "must be at least 1, got 0"),
+        ("--input-size", "0", "must be at least 1, got 0"),
+        ("--input-size", "-64", "must be at least 1, got -64"),
+        ("--k", "0", "must be at least 1, got 0"),
+        ("--memory-size", "-1", "must be at least 1, got -1"),
+        ("--beta", "0", "must be a positive number, got 0"),
+        ("--scale", "nan", "must be a positive number, got nan"),
+        ("--workers", "-1", "must be at least 0, got -1"),
+        ("--num-val", "x", "expected an integer, got 'x'"),
+    ],
+)
+def test_out_of_range_options_are_one_usage_line_before_any_work(
+    tmp_path, capsys, no_evaluation, option, value, problem
+):
     """``--num-train 0`` once scored the default 300 scenes and ``--input-size 0`` failed in a
     DataLoader worker: each is now a usage error (exit status 2) naming the option."""
     argv = ["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, option, value]
@@ -241,8 +364,9 @@ def test_out_of_range_options_are_one_usage_line_before_any_work(tmp_path, capsy
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     err = capsys.readouterr().err
-    assert done.value.code == 2 and err == (f"locatdino hbird: argument {option}: {problem} "
-                                           "(locatdino hbird --help lists the options)\n")
+    assert done.value.code == 2 and err == (
+        f"locatdino hbird: argument {option}: {problem} (locatdino hbird --help lists the options)\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -275,8 +399,17 @@ def test_memory_dir_holding_user_files_is_refused_before_any_work(tmp_path, caps
 
 def test_memory_dir_may_not_be_the_out_folder(tmp_path, no_evaluation):
     with pytest.raises(SystemExit, match=f"--memory-dir {tmp_path / 'out'} would replace --out {tmp_path / 'out'}"):
-        cli.main(["--model", "vit_tiny_patch16_224", "--memory-dir", str(tmp_path / "out"),
-                  "--out", str(tmp_path / "out"), *TINY])
+        cli.main(
+            [
+                "--model",
+                "vit_tiny_patch16_224",
+                "--memory-dir",
+                str(tmp_path / "out"),
+                "--out",
+                str(tmp_path / "out"),
+                *TINY,
+            ]
+        )
 
 
 @pytest.mark.parametrize("name", ["results.json", "summary.md"])
@@ -284,8 +417,11 @@ def test_out_holding_other_files_of_those_names_is_refused(tmp_path, no_evaluati
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / name).write_text("# Hummingbird: my notes")  # its shape does not make it hbird's
     for overwrite in ([], ["--overwrite"]):
-        with pytest.raises(SystemExit, match=f"--out {tmp_path / 'out'} holds {name}, which locatdino hbird did not "
-                                             "write: move it or choose another --out"):
+        with pytest.raises(
+            SystemExit,
+            match=f"--out {tmp_path / 'out'} holds {name}, which locatdino hbird did not "
+            "write: move it or choose another --out",
+        ):
             cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, *overwrite])
     assert (tmp_path / "out" / name).read_text() == "# Hummingbird: my notes"
 
@@ -302,8 +438,19 @@ def scored(monkeypatch):
     def fake(model, train_set, val_set, cfg):
         calls.append(cfg)
         result = {name: None for name in HummingbirdResult.__dataclass_fields__}
-        result.update(miou=40.0 + len(calls), miou_matched=40.0, pixel_accuracy=80.0, per_class_iou={"a": 50.0},
-                      memory_patches=10, num_train=6, num_val=2, skipped=0, timings={}, config={}, provenance={})
+        result.update(
+            miou=40.0 + len(calls),
+            miou_matched=40.0,
+            pixel_accuracy=80.0,
+            per_class_iou={"a": 50.0},
+            memory_patches=10,
+            num_train=6,
+            num_val=2,
+            skipped=0,
+            timings={},
+            config={},
+            provenance={},
+        )
         return SimpleNamespace(to_dict=lambda: dict(result), image_confusions=None)
 
     monkeypatch.setattr(cli, "hummingbird", fake)
@@ -317,9 +464,12 @@ def test_a_second_run_into_a_finished_out_needs_overwrite_which_leaves_nothing_s
     one = ["--model", "vit_tiny_patch16_224", "--out", str(out), *TINY]
     assert cli.main(one) == 0
     first = (out / "results.json").read_text()
-    with pytest.raises(SystemExit, match=f"^locatdino hbird: --out {out} holds the output of an earlier run "
-                                         r"\(results.json and 1 more\): pass --overwrite to replace it, or choose "
-                                         "another --out$"):
+    with pytest.raises(
+        SystemExit,
+        match=f"^locatdino hbird: --out {out} holds the output of an earlier run "
+        r"\(results.json and 1 more\): pass --overwrite to replace it, or choose "
+        "another --out$",
+    ):
         cli.main(one)
     assert (out / "results.json").read_text() == first and len(scored) == 1  # refused before any evaluation
     two = ["--model", "a=vit_tiny_patch16_224", "--model", "b=vit_tiny_patch16_224", "--out", str(out), *TINY]
@@ -327,8 +477,11 @@ def test_a_second_run_into_a_finished_out_needs_overwrite_which_leaves_nothing_s
     assert sorted(str(p.relative_to(out)) for p in out.rglob("results.json")) == ["a/results.json", "b/results.json"]
     capsys.readouterr()
     assert cli.main(["report", str(out)]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| a ") or line.startswith("| b ")
-            or line.startswith("| . ") or line.startswith("| out ")]
+    rows = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| a ") or line.startswith("| b ") or line.startswith("| . ") or line.startswith("| out ")
+    ]
     assert [row.split("|")[1].strip() for row in rows] == ["a", "b"]
 
 
@@ -342,9 +495,11 @@ def test_a_second_run_into_one_out_is_refused_while_the_first_runs(tmp_path, cap
     out = tmp_path / "out"
     with output_lock(out, "--out"):  # the first run, still evaluating
         err = _one_error_line(capsys, ["--model", "vit_tiny_patch16_224", "--out", str(out), *TINY])
-    assert err == (f"locatdino hbird: --out {out} is in use by another run (pid {os.getpid()} on "
-                   f"{err.split(' on ')[1].split(';')[0]}; lock {out / '.locatdino.lock'}): wait for it to end or "
-                   "choose another folder")
+    assert err == (
+        f"locatdino hbird: --out {out} is in use by another run (pid {os.getpid()} on "
+        f"{err.split(' on ')[1].split(';')[0]}; lock {out / '.locatdino.lock'}): wait for it to end or "
+        "choose another folder"
+    )
 
 
 def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_path, capsys, no_evaluation):
@@ -353,33 +508,63 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_before_any_work(tmp_pat
     state["norm.weight"][5] = float("inf")
     ckpt = tmp_path / "diverged.pth"
     torch.save(state, ckpt)
-    err = _one_error_line(capsys, ["--model", f"vit_tiny_patch16_224:{ckpt}",
-                                   "--out", str(tmp_path / "out"), *TINY])
-    assert err == (f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
-                   "checkpoint from before it)")
+    err = _one_error_line(capsys, ["--model", f"vit_tiny_patch16_224:{ckpt}", "--out", str(tmp_path / "out"), *TINY])
+    assert err == (
+        f"locatdino hbird: {ckpt}: 1 NaN/inf weight value(s) in norm.weight (a diverged run? use a "
+        "checkpoint from before it)"
+    )
 
 
 def test_overflowing_features_stop_the_run_in_one_line(tmp_path, capsys):
     """Finite but huge weights (x1e30) gave inf/NaN features, scored as an ordinary mIoU (4.16), rc 0."""
-    state = {k: v * 1e30 if v.is_floating_point() else v
-             for k, v in timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict().items()}
+    state = {
+        k: v * 1e30 if v.is_floating_point() else v
+        for k, v in timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict().items()
+    }
     ckpt = tmp_path / "huge.pth"
     torch.save(state, ckpt)
     from locatdino import cli as command_line
 
-    assert command_line.main(["hbird", "--model", f"vit_tiny_patch16_224:{ckpt}",
-                              "--out", str(tmp_path / "out"), *TINY, "--precision", "fp32"]) == 1
+    assert (
+        command_line.main(
+            [
+                "hbird",
+                "--model",
+                f"vit_tiny_patch16_224:{ckpt}",
+                "--out",
+                str(tmp_path / "out"),
+                *TINY,
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert "Traceback" not in err and err.splitlines()[-1] == ("locatdino hbird: the encoder's patch features (block -1) are not finite in fp32: its weights "
-                   "overflow (a diverged run, or a checkpoint with huge values?); nothing was scored")
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        "locatdino hbird: the encoder's patch features (block -1) are not finite in fp32: its weights "
+        "overflow (a diverged run, or a checkpoint with huge values?); nothing was scored"
+    )
     assert not (tmp_path / "out" / "results.json").exists()
-
 
 
 def test_a_memory_smaller_than_k_is_refused_before_the_memory_pass(tmp_path, no_evaluation):
     with pytest.raises(SystemExit) as refused:
-        cli.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "out"), *TINY, "--memory-size", "8",
-                  "--k", "30"])
-    assert str(refused.value) == ("locatdino hbird: memory_size (--memory-size) 8 keeps fewer patches than k (--k) 30 "
-                                  "neighbours per query: give at least 30")
+        cli.main(
+            [
+                "--model",
+                "vit_tiny_patch16_224",
+                "--out",
+                str(tmp_path / "out"),
+                *TINY,
+                "--memory-size",
+                "8",
+                "--k",
+                "30",
+            ]
+        )
+    assert str(refused.value) == (
+        "locatdino hbird: memory_size (--memory-size) 8 keeps fewer patches than k (--k) 30 "
+        "neighbours per query: give at least 30"
+    )
     assert not (tmp_path / "out").exists()

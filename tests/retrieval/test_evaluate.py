@@ -57,8 +57,16 @@ def test_random_vit_scores_clearly_below_the_oracle(scenes, oracle_sets, tiny_vi
 
 def test_budgeted_memory_size_and_eval_at_input_resolution(scenes, tiny_vit):
     cfg = HummingbirdConfig(
-        input_size=64, num_workers=0, progress=False, memory_size=500, aug_epochs=2, k=5,
-        eval_resolution="input", scale=(0.5, 1.0), ratio=(1.0, 1.0), memory_dtype="float16",
+        input_size=64,
+        num_workers=0,
+        progress=False,
+        memory_size=500,
+        aug_epochs=2,
+        k=5,
+        eval_resolution="input",
+        scale=(0.5, 1.0),
+        ratio=(1.0, 1.0),
+        memory_dtype="float16",
     )
     result = hummingbird(tiny_vit, *scenes, cfg)
     assert result.memory_patches == 16 * 2 * (500 // 32)  # floor(M / (N E)) per view

@@ -25,8 +25,9 @@ def test_an_approximate_index_reports_its_recall(scenes, tiny_vit):
     base = dict(input_size=96, num_workers=0, progress=False, batch_size=8, precision="fp32")
     exact = hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base))
     assert exact.search == {"precision": "fp32", "index": "Flat", "nprobe": None}  # auto: a small search
-    results = {n: hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base, index="IVF16,Flat", nprobe=n))
-               for n in (1, 16)}
+    results = {
+        n: hummingbird(tiny_vit, *scenes, HummingbirdConfig(**base, index="IVF16,Flat", nprobe=n)) for n in (1, 16)
+    }
     full, one = results[16].search, results[1].search
     assert full["recall_at_k"] == 1.0 and full["recall_queries"] == 6 * 144  # every query patch of 6 images
     assert 0 < one["recall_at_k"] < 1.0

@@ -89,8 +89,7 @@ def test_a_target_that_is_not_a_bank_is_refused_and_kept(tmp_path, kind):
         (target / ("features.bin" if kind == "partial" else "thesis.tex")).write_text("my notes")
     with pytest.raises(ValueError, match="is a file" if kind == "file" else "not a memory bank"):
         MemoryBank.allocate(4, 8, 3, directory=target)
-    assert (target.read_text() if kind == "file" else
-            next(target.iterdir()).read_text()) == "my notes"
+    assert (target.read_text() if kind == "file" else next(target.iterdir()).read_text()) == "my notes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]  # no staging folder left
 
 

@@ -19,9 +19,14 @@ def test_logs_hbird_miou_every_n_steps(tiny_vit, tmp_path):
     module = TinyDINOLike(copy.deepcopy(tiny_vit)).train()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(10, 3)), batch_size=2)
     trainer = pl.Trainer(
-        max_steps=5, callbacks=[monitor], accelerator="cpu", logger=pl.loggers.CSVLogger(tmp_path),
+        max_steps=5,
+        callbacks=[monitor],
+        accelerator="cpu",
+        logger=pl.loggers.CSVLogger(tmp_path),
         log_every_n_steps=1,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module, data)
     assert [step for step, _ in monitor.history] == [2, 4]

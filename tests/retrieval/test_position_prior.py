@@ -20,7 +20,9 @@ def naive_prior_miou(train, val, p):
     for mask in train.masks:
         for i in range(size // p):
             for j in range(size // p):
-                prior[:, i, j] += np.bincount(mask[i * p:(i + 1) * p, j * p:(j + 1) * p].ravel(), minlength=c) / p**2
+                prior[:, i, j] += (
+                    np.bincount(mask[i * p : (i + 1) * p, j * p : (j + 1) * p].ravel(), minlength=c) / p**2
+                )
     prior /= len(train.masks)
     up = F.interpolate(torch.tensor(prior[None]), size=(size, size), mode="bilinear", align_corners=False)
     pred = up.argmax(1)[0].numpy()

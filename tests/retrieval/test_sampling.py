@@ -14,7 +14,7 @@ def test_patches_per_image_is_floor_of_budget():
 def _masks(b=4, grid=8, p=2):
     """Images mostly class 0, one patch of the rare class 2, a band of class 1."""
     masks = torch.zeros(b, grid * p, grid * p, dtype=torch.long)
-    masks[:, :p * 3, :] = 1  # 3 rows of class-1 patches (24 patches)
+    masks[:, : p * 3, :] = 1  # 3 rows of class-1 patches (24 patches)
     masks[:, -p:, -p:] = 2  # exactly one patch of class 2
     return masks
 

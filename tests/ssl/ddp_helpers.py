@@ -64,7 +64,7 @@ def assert_same_training_state(ranks: dict) -> None:
         assert state.keys() == first.keys()
         assert [k for k in first if k != "_first_batch" and not torch.equal(first[k], state[k])] == [], rank
     batches = [state["_first_batch"] for state in ranks.values()]
-    assert not any(torch.equal(a, b) for i, a in enumerate(batches) for b in batches[i + 1:])
+    assert not any(torch.equal(a, b) for i, a in enumerate(batches) for b in batches[i + 1 :])
 
 
 def assert_same_checkpoint(expected_path, got_path) -> None:
@@ -76,4 +76,3 @@ def assert_same_checkpoint(expected_path, got_path) -> None:
     assert got["state_dict"].keys() == expected["state_dict"].keys()
     for key, value in expected["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
-

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # A 2-block, 64-wide ViT at 32 px global / 16 px local crops and a small head.
 TINY_MODEL = dict(
     backbone_kwargs=dict(img_size=32, depth=2, embed_dim=64, num_heads=2),
-    out_dim=128, hidden_dim=64, bottleneck_dim=32,
+    out_dim=128,
+    hidden_dim=64,
+    bottleneck_dim=32,
 )
 
 
@@ -51,24 +53,53 @@ def tiny_module(**overrides) -> DINOModule:
 
 def tiny_trainer(tmp_path=None, **overrides) -> pl.Trainer:
     """A quiet 1-step CPU Trainer without logger or checkpoints (any argument overridable)."""
-    kwargs = dict(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, log_every_n_steps=1, default_root_dir=tmp_path)
+    kwargs = dict(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+    )
     return pl.Trainer(**{**kwargs, **overrides})
 
 
 def tiny_overrides(tmp_path: Path, shards: Path | None = None) -> list[str]:
     """configs/dino_tiny_cpu.yaml shrunk further: 2 blocks, 32/16 px crops, 24 scenes of 48 px."""
     return [
-        "--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"),
-        "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
-        "--model.out_dim", "128", "--model.hidden_dim", "64", "--model.bottleneck_dim", "32",
-        "--data.init_args.train_urls", str(shards or tmp_path / "shards"),
-        "--data.init_args.synthetic", "0" if shards else "24", "--data.init_args.synthetic_size", "48",
-        "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
-        "--data.init_args.multicrop", json.dumps({"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}),
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.log_every_n_steps", "1", "--step_checkpoint.every_n_train_steps", "2",
+        "--config",
+        str(ROOT / "configs" / "dino_tiny_cpu.yaml"),
+        "--model.backbone_kwargs",
+        json.dumps(TINY_MODEL["backbone_kwargs"]),
+        "--model.out_dim",
+        "128",
+        "--model.hidden_dim",
+        "64",
+        "--model.bottleneck_dim",
+        "32",
+        "--data.init_args.train_urls",
+        str(shards or tmp_path / "shards"),
+        "--data.init_args.synthetic",
+        "0" if shards else "24",
+        "--data.init_args.synthetic_size",
+        "48",
+        "--data.init_args.batch_size",
+        "4",
+        "--data.init_args.num_workers",
+        "0",
+        "--data.init_args.multicrop",
+        json.dumps({"global_crop_size": 32, "local_crop_size": 16, "num_local_crops": 2}),
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--step_checkpoint.every_n_train_steps",
+        "2",
     ]
 
 
@@ -78,10 +109,14 @@ def locatdino_in_subprocess(cwd: Path, *args: str, timeout: int = 300) -> subpro
     A subprocess because Lightning's ``ddp`` re-executes the command line for rank 1; one
     thread per rank (2 shared cores); this folder on ``PYTHONPATH`` for ``ddp_helpers``.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "locatdino", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "locatdino", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

@@ -45,8 +45,9 @@ def find_root(root: str | Path, nested: tuple[str, ...], subdirs: tuple[str, ...
         if all((cand / d).is_dir() for d in subdirs):
             return cand
     where = ", ".join(f"{n}/" for n in nested)
-    raise FileNotFoundError(f"no {name} tree under {root} (expected {' and '.join(f'{d}/' for d in subdirs)} "
-                            f"in it or in one of {where})")
+    raise FileNotFoundError(
+        f"no {name} tree under {root} (expected {' and '.join(f'{d}/' for d in subdirs)} in it or in one of {where})"
+    )
 
 
 def check_pairs(pairs: list[tuple[Path, Path]], split: str, name: str) -> list[tuple[Path, Path]]:

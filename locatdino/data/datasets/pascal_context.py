@@ -21,26 +21,36 @@ from pathlib import Path
 
 from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
-PASCAL_CONTEXT_CLASSES: tuple[str, ...] = ("background",) + tuple(n.strip() for n in (
-    "aeroplane, bag, bed, bedclothes, bench, bicycle, bird, boat, book, bottle, building, bus, cabinet, car, cat, "
-    "ceiling, chair, cloth, computer, cow, cup, curtain, dog, door, fence, floor, flower, food, grass, ground, "
-    "horse, keyboard, light, motorbike, mountain, mouse, person, plate, platform, pottedplant, road, rock, sheep, "
-    "shelves, sidewalk, sign, sky, snow, sofa, table, track, train, tree, truck, tvmonitor, wall, water, window, "
-    "wood").split(","))
+PASCAL_CONTEXT_CLASSES: tuple[str, ...] = ("background",) + tuple(
+    n.strip()
+    for n in (
+        "aeroplane, bag, bed, bedclothes, bench, bicycle, bird, boat, book, bottle, building, bus, cabinet, car, cat, "
+        "ceiling, chair, cloth, computer, cow, cup, curtain, dog, door, fence, floor, flower, food, grass, ground, "
+        "horse, keyboard, light, motorbike, mountain, mouse, person, plate, platform, pottedplant, road, rock, sheep, "
+        "shelves, sidewalk, sign, sky, snow, sofa, table, track, train, tree, truck, tvmonitor, wall, water, window, "
+        "wood"
+    ).split(",")
+)
 PASCAL_CONTEXT_IGNORE_INDEX = 0
 
 
 def find_pascal_context_root(root: str | Path) -> Path:
     """The ``VOC2010`` folder (holding ``JPEGImages`` and ``SegmentationClassContext``)."""
-    return find_root(root, ("VOC2010", "VOCdevkit/VOC2010"), ("JPEGImages", "SegmentationClassContext"),
-                     "Pascal Context")
+    return find_root(
+        root, ("VOC2010", "VOCdevkit/VOC2010"), ("JPEGImages", "SegmentationClassContext"), "Pascal Context"
+    )
 
 
 def pascal_context_pairs(root: str | Path, split: str = "val") -> list[tuple[Path, Path]]:
     """``(image, mask)`` paths of a split, in list-file order; checks that every file exists."""
     voc = find_pascal_context_root(root)
-    return listed_pairs(voc / "ImageSets" / "SegmentationContext" / f"{split}.txt", voc / "JPEGImages",
-                        voc / "SegmentationClassContext", split, "Pascal Context")
+    return listed_pairs(
+        voc / "ImageSets" / "SegmentationContext" / f"{split}.txt",
+        voc / "JPEGImages",
+        voc / "SegmentationClassContext",
+        split,
+        "Pascal Context",
+    )
 
 
 class PascalContextSegmentation(FilePairsSegmentation):

@@ -19,8 +19,27 @@ from pathlib import Path
 from locatdino.data.datasets.file_pairs import FilePairsSegmentation, find_root, listed_pairs
 
 VOC_CLASSES: tuple[str, ...] = (
-    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+    "background",
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
 )
 VOC_IGNORE_INDEX = 255
 
@@ -33,7 +52,10 @@ def find_voc_root(root: str | Path) -> Path:
 def voc_pairs(root: str | Path, split: str = "val") -> list[tuple[Path, Path]]:
     """``(image, mask)`` paths of a VOC split, in list-file order; checks that every file exists."""
     voc = find_voc_root(root)
-    lists = [voc / "ImageSets" / "Segmentation" / f"{split}.txt", voc / "ImageSets" / "SegmentationAug" / f"{split}.txt"]
+    lists = [
+        voc / "ImageSets" / "Segmentation" / f"{split}.txt",
+        voc / "ImageSets" / "SegmentationAug" / f"{split}.txt",
+    ]
     masks = voc / ("SegmentationClassAug" if split == "trainaug" else "SegmentationClass")
     if not masks.is_dir() and (voc / "SegmentationClassAug").is_dir():
         masks = voc / "SegmentationClassAug"

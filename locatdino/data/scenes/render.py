@@ -30,7 +30,16 @@ from PIL import Image
 from locatdino.data.scenes.textures import TEXTURES, colourize, fbm, rgb, value_noise
 
 SCENE_CLASSES: tuple[str, ...] = (
-    "sky", "water", "grass", "ground", "mountain", "tree", "bush", "building", "rock", "animal",
+    "sky",
+    "water",
+    "grass",
+    "ground",
+    "mountain",
+    "tree",
+    "bush",
+    "building",
+    "rock",
+    "animal",
 )
 _ID = {name: i for i, name in enumerate(SCENE_CLASSES)}
 _SPLITS = {"train": 0, "val": 1}
@@ -47,40 +56,99 @@ class Look:
 
 _FOLIAGE = Look(
     ("leafy", "blotchy", "grainy"),
-    (("dark_green", "green"), ("green", "yellow_green"), ("red_brown", "orange"), ("olive", "yellow"),
-     ("dark_green", "olive")),
+    (
+        ("dark_green", "green"),
+        ("green", "yellow_green"),
+        ("red_brown", "orange"),
+        ("olive", "yellow"),
+        ("dark_green", "olive"),
+    ),
     (1.5, 5.0),
 )
 LOOKS: dict[str, Look] = {
-    "sky": Look(("smooth", "blotchy", "ripples"),
-                (("blue", "sky_blue"), ("sky_blue", "white"), ("grey", "light_grey"), ("orange", "pink"),
-                 ("light_grey", "white")), (6.0, 20.0)),
-    "water": Look(("ripples", "smooth", "blotchy"),
-                  (("dark_blue", "sky_blue"), ("blue", "white"), ("grey", "light_grey"), ("teal", "sky_blue"),
-                   ("dark_grey", "grey")), (2.0, 8.0)),
-    "grass": Look(("blades", "grainy", "leafy"),
-                  (("dark_green", "green"), ("green", "yellow_green"), ("olive", "yellow_green"),
-                   ("olive", "beige")), (1.5, 5.0)),
-    "ground": Look(("grainy", "blotchy", "stripes", "spotted"),
-                   (("brown", "beige"), ("dark_brown", "brown"), ("beige", "sand"), ("grey", "light_grey"),
-                    ("light_grey", "white")), (1.5, 6.0)),
-    "mountain": Look(("blotchy", "veined", "smooth"),
-                     (("dark_grey", "grey"), ("grey", "light_grey"), ("dark_blue", "grey"), ("brown", "beige"),
-                      ("dark_green", "olive")), (4.0, 12.0)),
+    "sky": Look(
+        ("smooth", "blotchy", "ripples"),
+        (
+            ("blue", "sky_blue"),
+            ("sky_blue", "white"),
+            ("grey", "light_grey"),
+            ("orange", "pink"),
+            ("light_grey", "white"),
+        ),
+        (6.0, 20.0),
+    ),
+    "water": Look(
+        ("ripples", "smooth", "blotchy"),
+        (
+            ("dark_blue", "sky_blue"),
+            ("blue", "white"),
+            ("grey", "light_grey"),
+            ("teal", "sky_blue"),
+            ("dark_grey", "grey"),
+        ),
+        (2.0, 8.0),
+    ),
+    "grass": Look(
+        ("blades", "grainy", "leafy"),
+        (("dark_green", "green"), ("green", "yellow_green"), ("olive", "yellow_green"), ("olive", "beige")),
+        (1.5, 5.0),
+    ),
+    "ground": Look(
+        ("grainy", "blotchy", "stripes", "spotted"),
+        (
+            ("brown", "beige"),
+            ("dark_brown", "brown"),
+            ("beige", "sand"),
+            ("grey", "light_grey"),
+            ("light_grey", "white"),
+        ),
+        (1.5, 6.0),
+    ),
+    "mountain": Look(
+        ("blotchy", "veined", "smooth"),
+        (
+            ("dark_grey", "grey"),
+            ("grey", "light_grey"),
+            ("dark_blue", "grey"),
+            ("brown", "beige"),
+            ("dark_green", "olive"),
+        ),
+        (4.0, 12.0),
+    ),
     "tree": _FOLIAGE,
     "bush": _FOLIAGE,
-    "building": Look(("bricks", "smooth", "grainy"),
-                     (("red_brown", "orange"), ("grey", "light_grey"), ("beige", "white"), ("brown", "beige"),
-                      ("light_grey", "white")), (2.0, 6.0)),
-    "rock": Look(("grainy", "veined", "blotchy"),
-                 (("dark_grey", "grey"), ("grey", "light_grey"), ("brown", "beige"), ("dark_brown", "brown")),
-                 (2.0, 8.0)),
-    "animal": Look(("smooth", "spotted", "stripes", "grainy"),
-                   (("dark_brown", "brown"), ("brown", "beige"), ("black", "white"), ("grey", "light_grey"),
-                    ("orange", "sand"), ("black", "dark_grey")), (1.5, 5.0)),
+    "building": Look(
+        ("bricks", "smooth", "grainy"),
+        (
+            ("red_brown", "orange"),
+            ("grey", "light_grey"),
+            ("beige", "white"),
+            ("brown", "beige"),
+            ("light_grey", "white"),
+        ),
+        (2.0, 6.0),
+    ),
+    "rock": Look(
+        ("grainy", "veined", "blotchy"),
+        (("dark_grey", "grey"), ("grey", "light_grey"), ("brown", "beige"), ("dark_brown", "brown")),
+        (2.0, 8.0),
+    ),
+    "animal": Look(
+        ("smooth", "spotted", "stripes", "grainy"),
+        (
+            ("dark_brown", "brown"),
+            ("brown", "beige"),
+            ("black", "white"),
+            ("grey", "light_grey"),
+            ("orange", "sand"),
+            ("black", "dark_grey"),
+        ),
+        (1.5, 5.0),
+    ),
 }
-_TRUNK = Look(("stripes", "blades"), (("dark_brown", "brown"), ("dark_grey", "grey"), ("black", "dark_brown")),
-              (1.0, 3.0))
+_TRUNK = Look(
+    ("stripes", "blades"), (("dark_brown", "brown"), ("dark_grey", "grey"), ("black", "dark_brown")), (1.0, 3.0)
+)
 _WINDOWS = ("dark_blue", "black", "sky_blue", "light_grey", "yellow")
 _ROOFS = ("red_brown", "dark_grey", "brown", "dark_blue")
 _OBJECTS = ("tree", "bush", "building", "rock", "animal")
@@ -135,9 +203,9 @@ class _Canvas:
         if ye <= ys or xe <= xs:
             return
         m = mask[ys:ye, xs:xe]
-        img = self.image[:, y0 + ys:y0 + ye, x0 + xs:x0 + xe]
+        img = self.image[:, y0 + ys : y0 + ye, x0 + xs : x0 + xe]
         img.copy_(torch.where(m, rgb_[:, ys:ye, xs:xe], img))
-        lab = self.label[y0 + ys:y0 + ye, x0 + xs:x0 + xe]
+        lab = self.label[y0 + ys : y0 + ye, x0 + xs : x0 + xe]
         lab.masked_fill_(m, _ID[cls])
 
 
@@ -190,8 +258,11 @@ def _building(rng: np.random.Generator, size: float, scale: float) -> tuple[torc
     mask = wall
     if rh > 0:
         roof_mask = (y < rh) & ((x - w / 2).abs() < (w / 2) * (y / rh) + 1)
-        roof_rgb = colourize(fbm(rng, h, w, 2 * scale, 2), rgb(_ROOFS[rng.integers(len(_ROOFS))], rng) * 0.7,
-                             rgb(_ROOFS[rng.integers(len(_ROOFS))], rng))
+        roof_rgb = colourize(
+            fbm(rng, h, w, 2 * scale, 2),
+            rgb(_ROOFS[rng.integers(len(_ROOFS))], rng) * 0.7,
+            rgb(_ROOFS[rng.integers(len(_ROOFS))], rng),
+        )
         rgb_ = torch.where(roof_mask, roof_rgb, rgb_)
         mask = mask | roof_mask
     return mask, rgb_
@@ -231,8 +302,9 @@ _DRAW = {"tree": _tree, "bush": _bush, "building": _building, "rock": _rock, "an
 _SIZE = {"tree": 1.0, "bush": 1.1, "building": 0.9, "rock": 1.2, "animal": 1.2}
 
 
-def render_scene(rng: np.random.Generator, height: int = 224, width: int | None = None,
-                 image_wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def render_scene(
+    rng: np.random.Generator, height: int = 224, width: int | None = None, image_wide: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Draw one scene: ``(image uint8 [H, W, 3], mask uint8 [H, W])`` with ``SCENE_CLASSES`` ids.
 
     ``image_wide=False`` leaves out the effects that one scene shares across all its pixels (the

@@ -43,30 +43,51 @@ def _prefix(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="locatdino shards", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="locatdino shards",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="locatdino shards [options] SOURCE OUT_DIR\n       locatdino shards [options] --synthetic N OUT_DIR",
         description="Write WebDataset tar shards (+ index.json) from an image folder tree (optionally one "
-                    "sub-folder per class -> 'cls'), a Pascal VOC 2012 tree, an ADE20K tree (masks -> "
-                    "'seg.png') or the built-in synthetic scenes.", epilog=__doc__.split("Examples::")[1])
+        "sub-folder per class -> 'cls'), a Pascal VOC 2012 tree, an ADE20K tree (masks -> "
+        "'seg.png') or the built-in synthetic scenes.",
+        epilog=__doc__.split("Examples::")[1],
+    )
     groups = option_groups(p)
     data, output = groups.data, groups.output
-    data.add_argument("paths", nargs="+", metavar="PATH",
-                      help="source directory (or 'scenes') and output directory; with --synthetic only OUT_DIR")
-    data.add_argument("--kind", default="auto", choices=["auto", "folder", "voc", "ade20k", "scenes"],
-                      help="source layout (default: detected from the tree)")
-    data.add_argument("--split", default=None,
-                      help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
-                           "scenes: train/val (train)")
+    data.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="source directory (or 'scenes') and output directory; with --synthetic only OUT_DIR",
+    )
+    data.add_argument(
+        "--kind",
+        default="auto",
+        choices=["auto", "folder", "voc", "ade20k", "scenes"],
+        help="source layout (default: detected from the tree)",
+    )
+    data.add_argument(
+        "--split",
+        default=None,
+        help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
+        "scenes: train/val (train)",
+    )
     data.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
     add_shared_option(data, "--seed", 0)
     data.add_argument("--size", type=at_least(1), default=224, help="side of the built-in scenes in pixels")
     output.add_argument("--maxcount", type=at_least(1), default=10_000, help="samples per shard (default 10000)")
     output.add_argument("--maxsize", type=_bytes, default=1e9, help="bytes per shard before starting a new one (1G)")
-    output.add_argument("--prefix", type=_prefix, default="shard",
-                        help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)")
-    output.add_argument("--overwrite", action="store_true",
-                        help="replace the shard set already in OUT_DIR (its index.json and PREFIX-NNNNNN.tar files; "
-                        "other .tar files are never replaced)")
+    output.add_argument(
+        "--prefix",
+        type=_prefix,
+        default="shard",
+        help="shard file-name stem (default 'shard': OUT_DIR/shard-000000.tar, ...)",
+    )
+    output.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the shard set already in OUT_DIR (its index.json and PREFIX-NNNNNN.tar files; "
+        "other .tar files are never replaced)",
+    )
     add_shared_option(groups.runtime, "--workers", note="the cores this process may use")
     groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -82,15 +103,25 @@ def main(argv: list[str] | None = None) -> int:
     source, out_dir = args.paths
     try:
         src = build_source(source, args.kind, args.split, args.synthetic, args.seed, args.size)
-        index = write_shards(src, out_dir, maxcount=args.maxcount, maxsize=args.maxsize, workers=args.workers,
-                             prefix=args.prefix, overwrite=args.overwrite, progress=not args.quiet)
+        index = write_shards(
+            src,
+            out_dir,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            workers=args.workers,
+            prefix=args.prefix,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+        )
     except (FileNotFoundError, FileExistsError, ValueError, DiskFullError) as exc:
         print(f"locatdino shards: {exc}", file=sys.stderr)
         return 1
     _notes(index)
-    print(f"wrote {index['num_samples']} samples in {index['num_shards']} shards "
-          f"({index['total_bytes'] / 1e6:.1f} MB, {index['seconds']:.1f} s) to {out_dir}\n"
-          f"urls: {out_dir.rstrip('/')}/{index['urls']}")
+    print(
+        f"wrote {index['num_samples']} samples in {index['num_shards']} shards "
+        f"({index['total_bytes'] / 1e6:.1f} MB, {index['seconds']:.1f} s) to {out_dir}\n"
+        f"urls: {out_dir.rstrip('/')}/{index['urls']}"
+    )
     return 0
 
 
@@ -99,9 +130,15 @@ def _notes(index: dict) -> None:
     skipped, renamed = index.get("skipped_files") or {"count": 0}, index.get("renamed_keys")
     if skipped["count"]:
         named = "; ".join(skipped["first"][:3]) + ("; ..." if skipped["count"] > 3 else "")
-        print(f"locatdino shards: skipped {skipped['count']} file(s) that do not decode, not stored (index.json "
-              f"skipped_files): {named}", file=sys.stderr)
+        print(
+            f"locatdino shards: skipped {skipped['count']} file(s) that do not decode, not stored (index.json "
+            f"skipped_files): {named}",
+            file=sys.stderr,
+        )
     if renamed:
         a, b = next(iter(renamed["first"].items()))
-        print(f"locatdino shards: note: {renamed['count']} file(s) share their sample key with an earlier file and "
-              f"were stored under their own (index.json renamed_keys), e.g. {a} as {b!r}", file=sys.stderr)
+        print(
+            f"locatdino shards: note: {renamed['count']} file(s) share their sample key with an earlier file and "
+            f"were stored under their own (index.json renamed_keys), e.g. {a} as {b!r}",
+            file=sys.stderr,
+        )

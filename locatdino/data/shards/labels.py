@@ -37,7 +37,9 @@ class ShardImageLabels:
                     label = int(read_member(url, members[LABEL_KEY]).decode().strip())
                     self._items.append((url, key, members[image_key], label))
         if not self._items:
-            raise ValueError(f"no samples with an image and {LABEL_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}")
+            raise ValueError(
+                f"no samples with an image and {LABEL_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}"
+            )
         index = Path(os.path.dirname(self.urls[0]) or ".") / INDEX_NAME
         names = json.loads(index.read_text()).get("classes") if index.is_file() else None
         self.num_classes = max(label for *_, label in self._items) + 1

@@ -69,8 +69,13 @@ class ShardSegmentation:
             arguments replace it (required for shards without an index).
     """
 
-    def __init__(self, urls: str | Sequence[str], num_classes: int | None = None, ignore_index: int | None = None,
-                 class_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        num_classes: int | None = None,
+        ignore_index: int | None = None,
+        class_names: Sequence[str] | None = None,
+    ) -> None:
         self.urls = expand_urls(urls)
         meta = self._index_metadata()
         if num_classes is None and "num_classes" not in meta:
@@ -85,7 +90,9 @@ class ShardSegmentation:
                 if image_key is not None and MASK_KEY in members:
                     self._items.append((url, key, members[image_key], members[MASK_KEY]))
         if not self._items:
-            raise ValueError(f"no samples with an image and {MASK_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}")
+            raise ValueError(
+                f"no samples with an image and {MASK_KEY} in {len(self.urls)} shard(s), e.g. {self.urls[0]}"
+            )
 
     def _index_metadata(self) -> dict[str, Any]:
         path = Path(os.path.dirname(self.urls[0]) or ".") / INDEX_NAME

@@ -35,8 +35,9 @@ class SkippedSamplesLogger(L.Callback):
         self.named = 0
         self._notes = 0
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not isinstance(batch, dict) or "skipped" not in batch:
             return
         notes = batch.get("skipped_keys")
@@ -50,11 +51,15 @@ class SkippedSamplesLogger(L.Callback):
                 self.named += 1
                 log.warning("rank %d: skipped %s", trainer.global_rank, note)
             elif self._notes == self.max_warnings + 1:
-                log.warning("rank %d: more than %d skips, from now on only counted (data/skipped)",
-                            trainer.global_rank, self.max_warnings)
+                log.warning(
+                    "rank %d: more than %d skips, from now on only counted (data/skipped)",
+                    trainer.global_rank,
+                    self.max_warnings,
+                )
         pl_module.log("data/skipped", float(self.total), on_step=True, on_epoch=False)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._notes > self.named:
-            log.warning("rank %d: %d sample(s) skipped in this run, %d named above", trainer.global_rank,
-                        self.total, self.named)
+            log.warning(
+                "rank %d: %d sample(s) skipped in this run, %d named above", trainer.global_rank, self.total, self.named
+            )

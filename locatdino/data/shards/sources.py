@@ -101,8 +101,9 @@ class FolderSource:
         self.root = Path(self.root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder {self.root} does not exist")
-        self._files = sorted(p.relative_to(self.root) for p in self.root.rglob("*")
-                             if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        self._files = sorted(
+            p.relative_to(self.root) for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+        )
         if not self._files:
             raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {self.root}")
         nested = all(len(p.parts) > 1 for p in self._files)
@@ -111,8 +112,10 @@ class FolderSource:
 
     def items(self) -> list[tuple[str, str, int | None]]:
         index = {c: i for i, c in enumerate(self.classes or [])}
-        return [(p.as_posix(), key, index.get(p.parts[0]) if self.classes else None)
-                for p, key in zip(self._files, self._keys)]
+        return [
+            (p.as_posix(), key, index.get(p.parts[0]) if self.classes else None)
+            for p, key in zip(self._files, self._keys)
+        ]
 
     def sample(self, item: tuple[str, str, int | None]) -> Sample:
         rel, key, cls = item
@@ -153,8 +156,11 @@ class PairSource:
 
     def sample(self, item: tuple[str, str, str]) -> Sample:
         image, mask, key = item
-        return {"__key__": key, "jpg": _read(Path(image), _CHECK_PAIRED_IMAGE, image),
-                "seg.png": _read(Path(mask), decode_mask, mask)}
+        return {
+            "__key__": key,
+            "jpg": _read(Path(image), _CHECK_PAIRED_IMAGE, image),
+            "seg.png": _read(Path(mask), decode_mask, mask),
+        }
 
     def metadata(self) -> dict[str, Any]:
         names, ignore = (VOC_CLASSES, VOC_IGNORE_INDEX) if self.kind == "voc" else (ADE20K_CLASSES, ADE20K_IGNORE_INDEX)
@@ -186,17 +192,28 @@ class ScenesSource:
         jpg, png = io.BytesIO(), io.BytesIO()
         Image.fromarray(image).save(jpg, format="JPEG", quality=90)
         Image.fromarray(np.ascontiguousarray(mask), "L").save(png, format="PNG")
-        return {"__key__": f"scene_{self.split}_{self.seed}_{item:08d}", "jpg": jpg.getvalue(),
-                "seg.png": png.getvalue(), "cls": str(scene_class(mask)),
-                MULTILABEL_KEY: json.dumps(scene_classes(mask, self.multilabel_share))}
+        return {
+            "__key__": f"scene_{self.split}_{self.seed}_{item:08d}",
+            "jpg": jpg.getvalue(),
+            "seg.png": png.getvalue(),
+            "cls": str(scene_class(mask)),
+            MULTILABEL_KEY: json.dumps(scene_classes(mask, self.multilabel_share)),
+        }
 
     def metadata(self) -> dict[str, Any]:
-        return {**_segmentation(SCENE_CLASSES, None), "classes": list(SCENE_CLASSES), "seed": self.seed,
-                "size": self.size, "split": self.split, "multilabel_share": self.multilabel_share}
+        return {
+            **_segmentation(SCENE_CLASSES, None),
+            "classes": list(SCENE_CLASSES),
+            "seed": self.seed,
+            "size": self.size,
+            "split": self.split,
+            "multilabel_share": self.multilabel_share,
+        }
 
 
-def build_source(source: str | Path, kind: str = "auto", split: str | None = None, synthetic: int = 0,
-                 seed: int = 0, size: int = 224) -> ShardSource:
+def build_source(
+    source: str | Path, kind: str = "auto", split: str | None = None, synthetic: int = 0, seed: int = 0, size: int = 224
+) -> ShardSource:
     """Pick the source: ``kind`` in auto/folder/voc/ade20k/scenes (auto looks at the tree)."""
     if synthetic and (str(source) != "scenes" or kind not in ("auto", "scenes")):
         given = f"--kind {kind}" if str(source) == "scenes" else f"the source {source}"

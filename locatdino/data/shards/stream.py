@@ -136,8 +136,12 @@ def _grown(entry: dict[str, Any], url: str) -> bool:
     recorded = entry.get("bytes")
     if recorded is None or not os.path.isfile(url) or os.path.getsize(url) <= recorded:
         return False
-    log.warning("%s has %d bytes, index.json recorded %d: counting its samples from the tar", url,
-                os.path.getsize(url), recorded)
+    log.warning(
+        "%s has %d bytes, index.json recorded %d: counting its samples from the tar",
+        url,
+        os.path.getsize(url),
+        recorded,
+    )
     return True
 
 
@@ -157,8 +161,14 @@ def _checked_index(folder: str, probe: str) -> dict[str, dict[str, Any]]:
     if entry is not None and os.path.isfile(probe) and os.path.getsize(probe) >= entry.get("bytes", 0):  # not truncated
         counted = _count_tar_samples(probe)
         if counted != entry["num_samples"]:
-            log.warning("%s says %d samples in %s, its tar holds %d: the index does not describe these shards, "
-                        "counting every shard from its tar", path, entry["num_samples"], probe, counted)
+            log.warning(
+                "%s says %d samples in %s, its tar holds %d: the index does not describe these shards, "
+                "counting every shard from its tar",
+                path,
+                entry["num_samples"],
+                probe,
+                counted,
+            )
             return {}
     return entries
 
@@ -223,12 +233,24 @@ class ShardStream(IterableDataset):
         decode: encoded bytes → what ``transform`` takes; default :func:`decode_rgb` (PIL RGB).
     """
 
-    def __init__(self, urls: Sequence[str], transform: Callable[[Any], list[torch.Tensor]], batch_size: int, *,
-                 num_batches: int | None = None, rank: int = 0, world_size: int = 1, resampled: bool = False,
-                 shuffle_shards: bool = True, shuffle_buffer: int = 1000, seed: int = 0,
-                 shard_sizes: Sequence[int] | None = None, target: Callable[[dict[str, Any]], Any] | None = None,
-                 collate: Callable[[list[Any]], dict[str, Any]] | None = None,
-                 decode: Callable[[bytes], Any] = decode_rgb) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        transform: Callable[[Any], list[torch.Tensor]],
+        batch_size: int,
+        *,
+        num_batches: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        resampled: bool = False,
+        shuffle_shards: bool = True,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        shard_sizes: Sequence[int] | None = None,
+        target: Callable[[dict[str, Any]], Any] | None = None,
+        collate: Callable[[list[Any]], dict[str, Any]] | None = None,
+        decode: Callable[[bytes], Any] = decode_rgb,
+    ) -> None:
         super().__init__()
         if not urls:
             raise ValueError("ShardStream: no shard URLs")
@@ -239,7 +261,11 @@ class ShardStream(IterableDataset):
         self.urls, self.transform, self.batch_size = list(urls), transform, batch_size
         self.num_batches, self.rank, self.world_size = num_batches, rank, world_size
         self.resampled, self.shuffle_shards, self.shuffle_buffer, self.seed = (
-            resampled, shuffle_shards, shuffle_buffer, seed)
+            resampled,
+            shuffle_shards,
+            shuffle_buffer,
+            seed,
+        )
         self.expected = dict(zip(self.urls, shard_sizes)) if shard_sizes is not None else {}
         self.target, self.collate, self.decode = target, collate, decode
         self.epoch = 0
@@ -260,8 +286,12 @@ class ShardStream(IterableDataset):
     def _shards(self, worker: int, owned: set[str]) -> Iterable[dict[str, str]]:
         """This worker's shards; those of the epoch's first cycle are added to ``owned`` as read."""
         if self.resampled:
-            return wds.ResampledShards(self.urls, seed=make_seed(self.seed, self.epoch),
-                                       worker_seed=lambda: make_seed(self.rank, worker), deterministic=True)
+            return wds.ResampledShards(
+                self.urls,
+                seed=make_seed(self.seed, self.epoch),
+                worker_seed=lambda: make_seed(self.rank, worker),
+                deterministic=True,
+            )
         mine = islice(self._shard_order(self.num_batches is not None), self.rank, None, self.world_size)
         return self._noting_first_cycle(wds.split_by_worker(mine), owned)
 

@@ -41,13 +41,18 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
-from locatdino.data.shards.sources import ShardSource
-from locatdino.data.transforms.decode import DecodeError
-from locatdino.common.output_files import (DiskFullError, atomic_write_text, disk_full_message, make_temporary_dir,
-                                    remove_stale_temporaries)
+from locatdino.common.output_files import (
+    DiskFullError,
+    atomic_write_text,
+    disk_full_message,
+    make_temporary_dir,
+    remove_stale_temporaries,
+)
 from locatdino.common.processes import worker_pool
 from locatdino.common.progress import progress as progress_bar
 from locatdino.common.threads import available_cores
+from locatdino.data.shards.sources import ShardSource
+from locatdino.data.transforms.decode import DecodeError
 
 INDEX_NAME = "index.json"
 SKIPPED_NAMED = 100  # skipped files named in index.json (all are counted)
@@ -59,8 +64,10 @@ def check_prefix(prefix: str) -> str:
     """``prefix`` if it is a file-name stem (letters, digits, ``_ - + .``; no path separator,
     no ``..``), else ``ValueError`` naming ``--prefix``."""
     if not _PREFIX.fullmatch(prefix) or ".." in prefix:
-        raise ValueError(f"--prefix {prefix!r} is not a file-name stem (letters, digits, '_', '-', '+', '.'; no '/' "
-                         "or '..'): the shards are written into OUT_DIR")
+        raise ValueError(
+            f"--prefix {prefix!r} is not a file-name stem (letters, digits, '_', '-', '+', '.'; no '/' "
+            "or '..'): the shards are written into OUT_DIR"
+        )
     return prefix
 
 
@@ -85,8 +92,9 @@ def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize:
         shards.append({"path": fname, "num_samples": writer.count, "cls": dict(classes)})
         classes.clear()
 
-    writer = wds.ShardWriter(os.path.join(tmp, f"{chunk:06d}-%04d.tar"), maxcount=maxcount, maxsize=maxsize,
-                             post=finished, verbose=0)
+    writer = wds.ShardWriter(
+        os.path.join(tmp, f"{chunk:06d}-%04d.tar"), maxcount=maxcount, maxsize=maxsize, post=finished, verbose=0
+    )
     with writer:
         for item in items:
             try:
@@ -109,18 +117,30 @@ def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
         return []
     if not overwrite:
         found = f"{len(tars)} .tar file(s)" + (" and index.json" if index.exists() else "")
-        raise FileExistsError(f"{out} already holds shards ({found}); pass --overwrite (overwrite=True) to "
-                              "replace them, or choose another directory")
-    foreign = [t for t in tars if not (t.name.startswith(f"{prefix}-") and t.name[len(prefix) + 1:-4].isdigit())]
+        raise FileExistsError(
+            f"{out} already holds shards ({found}); pass --overwrite (overwrite=True) to "
+            "replace them, or choose another directory"
+        )
+    foreign = [t for t in tars if not (t.name.startswith(f"{prefix}-") and t.name[len(prefix) + 1 : -4].isdigit())]
     if foreign:
-        raise FileExistsError(f"{out} holds .tar files that are not {prefix}-NNNNNN.tar shards (e.g. {foreign[0].name}); "
-                              "refusing to mix shard sets: choose an empty directory")
+        raise FileExistsError(
+            f"{out} holds .tar files that are not {prefix}-NNNNNN.tar shards (e.g. {foreign[0].name}); "
+            "refusing to mix shard sets: choose an empty directory"
+        )
     return tars
 
 
-def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10_000, maxsize: float = 1e9,
-                 workers: int | None = None, prefix: str = "shard", overwrite: bool = False,
-                 progress: bool = True) -> dict[str, Any]:
+def write_shards(
+    source: ShardSource,
+    out_dir: str | Path,
+    *,
+    maxcount: int = 10_000,
+    maxsize: float = 1e9,
+    workers: int | None = None,
+    prefix: str = "shard",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Write ``source`` as tar shards into ``out_dir``; returns the index (also saved as index.json).
 
     Args:
@@ -140,7 +160,7 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     remove_stale_temporaries(out)
     previous = _previous_shards(out, prefix, overwrite)
     items = source.items()
-    chunks = [items[i:i + maxcount] for i in range(0, len(items), maxcount)]
+    chunks = [items[i : i + maxcount] for i in range(0, len(items), maxcount)]
     workers = min(workers if workers is not None else available_cores(), len(chunks))
     tmp = str(make_temporary_dir(out / "tmp-shards"))
     start = time.time()
@@ -157,8 +177,10 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     except OSError as exc:  # a full disk, also when a writer process met it
         if disk_full_message(exc) is None:
             raise
-        raise DiskFullError(errno.ENOSPC, f"{out}: {os.strerror(errno.ENOSPC)} while writing shards (no shard "
-                            "written; the folder is as it was)") from None
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"{out}: {os.strerror(errno.ENOSPC)} while writing shards (no shard written; the folder is as it was)",
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if created and not any(out.iterdir()):  # a failed first run leaves no empty folder behind
@@ -166,8 +188,9 @@ def write_shards(source: ShardSource, out_dir: str | Path, *, maxcount: int = 10
     return index
 
 
-def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, maxsize: float, workers: int,
-         bar: tqdm) -> list[dict[str, list[Any]]]:
+def _run(
+    source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, maxsize: float, workers: int, bar: tqdm
+) -> list[dict[str, list[Any]]]:
     if workers <= 1:
         _init_worker(source, None)
         results = []
@@ -190,8 +213,9 @@ def _run(source: ShardSource, chunks: list[list[Any]], tmp: str, maxcount: int, 
         return [f.result() for f in futures]
 
 
-def _finalise(written: list[dict[str, Any]], skipped: list[str], out: Path, prefix: str, source: ShardSource,
-              seconds: float) -> dict[str, Any]:
+def _finalise(
+    written: list[dict[str, Any]], skipped: list[str], out: Path, prefix: str, source: ShardSource, seconds: float
+) -> dict[str, Any]:
     shards, class_counts = [], Counter()
     for i, s in enumerate(written):
         name = f"{prefix}-{i:06d}.tar"

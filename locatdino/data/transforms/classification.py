@@ -66,12 +66,20 @@ class ClassificationTransform:
     def train(self) -> Callable[[Image.Image], torch.Tensor]:
         """The augmented training transform."""
         return create_transform(
-            self.input_size, is_training=True, scale=self.scale, ratio=self.ratio, hflip=self.hflip,
-            auto_augment=self.auto_augment, color_jitter=self.color_jitter, re_prob=self.re_prob,
-            re_mode=self.re_mode, interpolation=self.interpolation,
+            self.input_size,
+            is_training=True,
+            scale=self.scale,
+            ratio=self.ratio,
+            hflip=self.hflip,
+            auto_augment=self.auto_augment,
+            color_jitter=self.color_jitter,
+            re_prob=self.re_prob,
+            re_mode=self.re_mode,
+            interpolation=self.interpolation,
         )
 
     def eval(self) -> Callable[[Image.Image], torch.Tensor]:
         """The deterministic held-out transform (resize, centre crop)."""
-        return create_transform(self.input_size, is_training=False, crop_pct=self.crop_pct,
-                                interpolation=self.interpolation)
+        return create_transform(
+            self.input_size, is_training=False, crop_pct=self.crop_pct, interpolation=self.interpolation
+        )

@@ -87,8 +87,9 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_rgb(data: bytes | str | os.PathLike, upright: bool = True,
-               draft: tuple[int, int] | None = None) -> Image.Image:
+def decode_rgb(
+    data: bytes | str | os.PathLike, upright: bool = True, draft: tuple[int, int] | None = None
+) -> Image.Image:
     """Decode encoded bytes or a file path to an 8-bit RGB PIL image (see module docstring);
     ``upright``: apply the EXIF orientation (off for images paired with a mask); ``draft``
     ``(w, h)``: a JPEG may be decoded at a power-of-two reduced scale that stays at least that

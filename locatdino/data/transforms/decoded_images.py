@@ -43,8 +43,10 @@ def check_decoded_size(size: int, multicrop: MultiCropTransform) -> int:
         crops.append(("local_crop_size", multicrop.local_crop_size))
     name, largest = max(crops, key=lambda c: c[1])
     if size < largest:
-        raise ValueError(f"decoded_size {size} px is smaller than the largest crop (multicrop.{name} {largest} px): "
-                         f"give at least {largest}, or leave it null for the default {default_image_size(multicrop)} px")
+        raise ValueError(
+            f"decoded_size {size} px is smaller than the largest crop (multicrop.{name} {largest} px): "
+            f"give at least {largest}, or leave it null for the default {default_image_size(multicrop)} px"
+        )
     return size
 
 

@@ -49,8 +49,7 @@ _TRIES = 10
 _SOLARIZE_THRESHOLD = 128 / 255  # PIL's ImageOps.solarize at 128, the CPU path's
 
 
-def sample_crop_boxes(sizes: Tensor, n: int, scale: Sequence[float],
-                      ratio: Sequence[float] = ASPECT_RATIO) -> Tensor:
+def sample_crop_boxes(sizes: Tensor, n: int, scale: Sequence[float], ratio: Sequence[float] = ASPECT_RATIO) -> Tensor:
     """``n`` RandomResizedCrop boxes for each of ``B`` images of ``sizes [B, 2]`` ``(h, w)``.
 
     torchvision's ``RandomResizedCrop.make_params`` for every crop at once: up to 10 tries of
@@ -63,8 +62,9 @@ def sample_crop_boxes(sizes: Tensor, n: int, scale: Sequence[float],
     height, width = hw[:, 0:1], hw[:, 1:2]
     shape = (hw.shape[0], _TRIES)
     area = height * width * torch.empty(shape, dtype=torch.float64, device=sizes.device).uniform_(*scale)
-    log_r = torch.empty(shape, dtype=torch.float64, device=sizes.device).uniform_(math.log(ratio[0]),
-                                                                                  math.log(ratio[1]))
+    log_r = torch.empty(shape, dtype=torch.float64, device=sizes.device).uniform_(
+        math.log(ratio[0]), math.log(ratio[1])
+    )
     w = torch.sqrt(area * log_r.exp()).round()
     h = torch.sqrt(area / log_r.exp()).round()
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
@@ -122,7 +122,9 @@ class GPUMultiCrop(nn.Module):
         super().__init__()
         self.multicrop = m = multicrop
         self.global_views = nn.ModuleList(
-            self._pipeline(m.global_crop_size, blur, sol) for blur, sol in zip(m.global_blur_prob, m.global_solarize_prob))
+            self._pipeline(m.global_crop_size, blur, sol)
+            for blur, sol in zip(m.global_blur_prob, m.global_solarize_prob)
+        )
         self.local_views = self._pipeline(m.local_crop_size, m.local_blur_prob, m.local_solarize_prob)
 
     def _pipeline(self, size: int, blur_prob: float, solarize_prob: float) -> nn.Sequential:
@@ -145,8 +147,10 @@ class GPUMultiCrop(nn.Module):
 
     def forward(self, images: Tensor, sizes: Tensor, seed: int | None = None) -> dict[str, Tensor]:
         if images.ndim != 4 or images.shape[1] != 3 or sizes.shape != (images.shape[0], 2):
-            raise ValueError(f"GPUMultiCrop: expected images [B, 3, S, S] and sizes [B, 2], got "
-                             f"{tuple(images.shape)} and {tuple(sizes.shape)}")
+            raise ValueError(
+                f"GPUMultiCrop: expected images [B, 3, S, S] and sizes [B, 2], got "
+                f"{tuple(images.shape)} and {tuple(sizes.shape)}"
+            )
         with seeded_rng(seed, images.device) if seed is not None else contextlib.nullcontext():
             return self._augment(images, sizes)
 

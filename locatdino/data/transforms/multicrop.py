@@ -43,8 +43,11 @@ def to_uint8_rgb(image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor
     if isinstance(image, Image.Image):
         return TF.pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
     if isinstance(image, np.ndarray):
-        image = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1) if image.ndim == 3 else (
-            torch.from_numpy(np.ascontiguousarray(image))[None])
+        image = (
+            torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+            if image.ndim == 3
+            else (torch.from_numpy(np.ascontiguousarray(image))[None])
+        )
     if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"expected a uint8 image [3, H, W] or [1, H, W], got {image.dtype} {tuple(image.shape)}")
     return image.expand(3, -1, -1) if image.shape[0] == 1 else image
@@ -82,15 +85,19 @@ class MultiCropTransform:
     def __post_init__(self) -> None:
         for name in ("global_blur_prob", "global_solarize_prob"):
             if len(getattr(self, name)) != self.num_global_crops:
-                raise ValueError(f"MultiCropTransform: {name} needs one probability per global crop "
-                                 f"({self.num_global_crops}), got {getattr(self, name)}")
+                raise ValueError(
+                    f"MultiCropTransform: {name} needs one probability per global crop "
+                    f"({self.num_global_crops}), got {getattr(self, name)}"
+                )
         if self.num_global_crops < 1 or self.num_local_crops < 0:
             raise ValueError("MultiCropTransform: need >= 1 global crop and >= 0 local crops")
         bicubic = v2.InterpolationMode.BICUBIC
-        self._global_crop = v2.RandomResizedCrop(self.global_crop_size, self.global_scale, interpolation=bicubic,
-                                                 antialias=True)
-        self._local_crop = v2.RandomResizedCrop(self.local_crop_size, tuple(self.local_crop_scale),
-                                                interpolation=bicubic, antialias=True)
+        self._global_crop = v2.RandomResizedCrop(
+            self.global_crop_size, self.global_scale, interpolation=bicubic, antialias=True
+        )
+        self._local_crop = v2.RandomResizedCrop(
+            self.local_crop_size, tuple(self.local_crop_scale), interpolation=bicubic, antialias=True
+        )
         self._mean = torch.tensor(self.mean).view(1, 3, 1, 1)
         self._std = torch.tensor(self.std).view(1, 3, 1, 1)
 
@@ -101,16 +108,29 @@ class MultiCropTransform:
 
     def __call__(self, image: Image.Image | np.ndarray | torch.Tensor) -> list[torch.Tensor]:
         x = to_uint8_rgb(image)
-        crops = list(self._views(x, self._global_crop, self.num_global_crops,
-                                 torch.tensor(self.global_blur_prob), torch.tensor(self.global_solarize_prob)))
+        crops = list(
+            self._views(
+                x,
+                self._global_crop,
+                self.num_global_crops,
+                torch.tensor(self.global_blur_prob),
+                torch.tensor(self.global_solarize_prob),
+            )
+        )
         if self.num_local_crops:
             n = self.num_local_crops
-            crops += self._views(x, self._local_crop, n, torch.full((n,), self.local_blur_prob),
-                                 torch.full((n,), self.local_solarize_prob))
+            crops += self._views(
+                x,
+                self._local_crop,
+                n,
+                torch.full((n,), self.local_blur_prob),
+                torch.full((n,), self.local_solarize_prob),
+            )
         return crops
 
-    def _views(self, x: torch.Tensor, crop: v2.RandomResizedCrop, n: int, blur_p: torch.Tensor,
-               solarize_p: torch.Tensor) -> torch.Tensor:
+    def _views(
+        self, x: torch.Tensor, crop: v2.RandomResizedCrop, n: int, blur_p: torch.Tensor, solarize_p: torch.Tensor
+    ) -> torch.Tensor:
         """``n`` augmented crops of one size as a stack ``[n, 3, S, S]`` (normalised float)."""
         flip = (torch.rand(n) < self.flip_prob).tolist()
         crops = [crop(x).flip(-1) if f else crop(x) for f in flip]
@@ -140,8 +160,9 @@ class MultiCropTransform:
         return lo + (hi - lo) * torch.rand(n, 4)
 
 
-def _apply(views: torch.Tensor, selected: torch.Tensor, op: Callable[..., torch.Tensor],
-           *params: torch.Tensor) -> torch.Tensor:
+def _apply(
+    views: torch.Tensor, selected: torch.Tensor, op: Callable[..., torch.Tensor], *params: torch.Tensor
+) -> torch.Tensor:
     """``views`` with ``op(views[i], *params[i])`` applied to the selected crops: the op's own
     output when all are selected (no gather, no copy back), else written back in place."""
     if bool(selected.all()):
@@ -159,8 +180,9 @@ def _stack_views(samples: Sequence[Sequence[torch.Tensor]], start: int, stop: in
     return flat.view(stop - start, len(samples), *flat.shape[1:])
 
 
-def collate_multicrop(samples: Sequence[Sequence[torch.Tensor]], skipped: int | None = None,
-                      num_global_crops: int | None = None) -> dict[str, torch.Tensor]:
+def collate_multicrop(
+    samples: Sequence[Sequence[torch.Tensor]], skipped: int | None = None, num_global_crops: int | None = None
+) -> dict[str, torch.Tensor]:
     """Stack per-sample crop lists into the DINO batch (INTERFACES.md).
 
     Returns ``{"global": [V_g, B, 3, H, W], "local": [V_l, B, 3, h, w]}`` (view-major, so the
@@ -174,8 +196,11 @@ def collate_multicrop(samples: Sequence[Sequence[torch.Tensor]], skipped: int | 
     if num_global_crops is None:
         num_global_crops = next((i for i, c in enumerate(first) if c.shape != first[0].shape), len(first))
     glob = _stack_views(samples, 0, num_global_crops)
-    loc = _stack_views(samples, num_global_crops, len(first)) if len(first) > num_global_crops else (
-        glob.new_empty((0, len(samples), 3, 0, 0)))
+    loc = (
+        _stack_views(samples, num_global_crops, len(first))
+        if len(first) > num_global_crops
+        else (glob.new_empty((0, len(samples), 3, 0, 0)))
+    )
     batch = {"global": glob, "local": loc}
     if skipped is not None:
         batch["skipped"] = torch.tensor(skipped, dtype=torch.int64)

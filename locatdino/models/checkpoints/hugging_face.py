@@ -61,10 +61,13 @@ def weights_in_folder(folder: str) -> str:
             return os.path.join(folder, name)
     sharded = [n for n in os.listdir(folder) if n.endswith(".index.json")]
     if sharded:
-        raise ValueError(f"{folder}: holds a sharded checkpoint ({sharded[0]}), which is not read: save it as one "
-                         "model.safetensors")
-    raise ValueError(f"{folder}: is a folder without {' or '.join(WEIGHT_FILES)} (a Hugging Face model folder holds "
-                     "one; a sharded FSDP checkpoint? save it as one file)")
+        raise ValueError(
+            f"{folder}: holds a sharded checkpoint ({sharded[0]}), which is not read: save it as one model.safetensors"
+        )
+    raise ValueError(
+        f"{folder}: is a folder without {' or '.join(WEIGHT_FILES)} (a Hugging Face model folder holds "
+        "one; a sharded FSDP checkpoint? save it as one file)"
+    )
 
 
 def is_transformers_layout(state_dict: Mapping[str, torch.Tensor]) -> bool:
@@ -95,7 +98,7 @@ def _backbone_keys(state_dict: Mapping[str, torch.Tensor]) -> Mapping[str, torch
     """A task model's backbone keys without their prefix (``dinov2.``, ``vit.``); a base model's as they are."""
     for prefix in _TASK_PREFIXES:
         if f"{prefix}{_PATCH}" in state_dict:
-            return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
     return state_dict
 
 
@@ -118,8 +121,11 @@ def transformers_config(source: str) -> tuple[str, dict[str, Any]] | None:
     """``(path, contents)`` of the transformers ``config.json`` that describes ``source`` (a model
     folder, or its ``model.safetensors`` / ``pytorch_model.bin``); None when there is none, or it
     is not a transformers config (timm's has no ``model_type``)."""
-    folder = source if os.path.isdir(source) else (
-        os.path.dirname(source) if os.path.basename(source) in WEIGHT_FILES else None)
+    folder = (
+        source
+        if os.path.isdir(source)
+        else (os.path.dirname(source) if os.path.basename(source) in WEIGHT_FILES else None)
+    )
     path = None if folder is None else os.path.join(folder, "config.json")
     if path is None or not os.path.isfile(path):
         return None
@@ -148,16 +154,23 @@ def config_disagreement(config: Mapping[str, Any], state_dict: Mapping[str, torc
     fc1 = state_dict.get("encoder.layer.0.intermediate.dense.weight")
     found: dict[str, tuple[Any, str]] = {
         "hidden_size": (width, "the weights are {} wide"),
-        "num_hidden_layers": (len({k.split(".")[2] for k in state_dict if k.startswith("encoder.layer.")}),
-                              "the weights have {} layers"),
+        "num_hidden_layers": (
+            len({k.split(".")[2] for k in state_dict if k.startswith("encoder.layer.")}),
+            "the weights have {} layers",
+        ),
         "patch_size": (patch, "the weights' patch is {} px"),
-        "image_size": (None if pos is None else math.isqrt(pos.shape[1] - 1) * patch,
-                       "the weights' position embeddings are for {} px"),
+        "image_size": (
+            None if pos is None else math.isqrt(pos.shape[1] - 1) * patch,
+            "the weights' position embeddings are for {} px",
+        ),
         "intermediate_size": (None if fc1 is None else int(fc1.shape[0]), "the weights' MLP is {} wide"),
     }
     if dinov2:
         swiglu = any(".mlp.weights_in." in k for k in state_dict)
-        found["num_register_tokens"] = (0 if regs is None else int(regs.shape[1]), "the weights have {} register tokens")
+        found["num_register_tokens"] = (
+            0 if regs is None else int(regs.shape[1]),
+            "the weights have {} register tokens",
+        )
         found["use_swiglu_ffn"] = (swiglu, f"the weights' MLP is {'SwiGLU' if swiglu else 'fc1/fc2'}")
     for key, (value, says) in found.items():
         expected = config.get(key, {"num_register_tokens": 0, "use_swiglu_ffn": False}.get(key))

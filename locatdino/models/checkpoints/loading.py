@@ -38,13 +38,22 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from locatdino.models.checkpoints.dinov2 import from_dinov2, is_dinov2_release, release_pos_embed_rule
-from locatdino.models.checkpoints.hugging_face import (config_disagreement, from_transformers, heads_disagreement,
-                                                       is_transformers_layout, transformers_config,
-                                                       weights_in_folder)
+from locatdino.models.checkpoints.hugging_face import (
+    config_disagreement,
+    from_transformers,
+    heads_disagreement,
+    is_transformers_layout,
+    transformers_config,
+    weights_in_folder,
+)
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
-from locatdino.models.checkpoints.safetensors_file import (TORCH_MAGIC, is_safetensors, load_safetensors,
-                                                          safetensors_metadata)
+from locatdino.models.checkpoints.safetensors_file import (
+    TORCH_MAGIC,
+    is_safetensors,
+    load_safetensors,
+    safetensors_metadata,
+)
 from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
@@ -102,19 +111,28 @@ def _unreadable(source: str, err: Exception) -> str:
         try:
             text = head.decode("utf-8")
         except UnicodeDecodeError:
-            return f"is not a torch checkpoint (neither torch's zip format nor a pickle; {os.path.getsize(source)} bytes)"
+            return (
+                f"is not a torch checkpoint (neither torch's zip format nor a pickle; {os.path.getsize(source)} bytes)"
+            )
         start = " ".join(text.split())[:40]
         return f"is a text file, not a torch checkpoint (it starts with {start!r})"
     # torch's zip format ends with the archive's directory; a legacy pickle ends with its tensors
-    if (head.startswith(b"PK") and not zipfile.is_zipfile(source)) or isinstance(err, EOFError) or (
-            "unexpected EOF" in str(err)):
-        return (f"is truncated ({os.path.getsize(source)} bytes, the end of the checkpoint is missing: an interrupted "
-                "save, download or copy?)")
+    if (
+        (head.startswith(b"PK") and not zipfile.is_zipfile(source))
+        or isinstance(err, EOFError)
+        or ("unexpected EOF" in str(err))
+    ):
+        return (
+            f"is truncated ({os.path.getsize(source)} bytes, the end of the checkpoint is missing: an interrupted "
+            "save, download or copy?)"
+        )
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     unsupported = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(err))
     if unsupported:  # torch's first line only says that weights_only failed
-        return (f"cannot be read with weights_only=True (unsupported {unsupported.group(1)}): it holds Python objects besides "
-                "tensors and containers; save its state dict with torch.save(model.state_dict(), path)")
+        return (
+            f"cannot be read with weights_only=True (unsupported {unsupported.group(1)}): it holds Python objects "
+            "besides tensors and containers; save its state dict with torch.save(model.state_dict(), path)"
+        )
     return f"cannot be read as a torch checkpoint with weights_only=True: {lines[0] if lines else type(err).__name__}"
 
 
@@ -143,9 +161,11 @@ def _finite(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch
     bad = [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         count = sum(int((~torch.isfinite(state_dict[k])).sum()) for k in bad)
-        raise ValueError(f"{source}: {count} NaN/inf weight value(s) in {bad[0]}"
-                         + (f" and {len(bad) - 1} other tensor(s)" if len(bad) > 1 else "")
-                         + " (a diverged run? use a checkpoint from before it)")
+        raise ValueError(
+            f"{source}: {count} NaN/inf weight value(s) in {bad[0]}"
+            + (f" and {len(bad) - 1} other tensor(s)" if len(bad) > 1 else "")
+            + " (a diverged run? use a checkpoint from before it)"
+        )
     return state_dict
 
 
@@ -177,12 +197,12 @@ def _backbone_entries(checkpoint: object, which: str, source: str) -> dict[str, 
 def _without_ddp(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip DistributedDataParallel's ``module.`` when every key carries it."""
     if state_dict and all(k.startswith("module.") for k in state_dict):
-        return {k[len("module."):]: v for k, v in state_dict.items()}
+        return {k[len("module.") :]: v for k, v in state_dict.items()}
     return dict(state_dict)
 
 
 def _with_prefix(state_dict: Mapping[str, torch.Tensor], prefix: str, source: str) -> dict[str, torch.Tensor]:
-    out = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    out = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
     if not out:
         found = sorted({k.split(".")[0] for k in state_dict})
         raise ValueError(f"{source}: no keys start with '{prefix}' (top-level names found: {', '.join(found)})")
@@ -218,7 +238,9 @@ def convert_state_dict(
             "vanilla ViT from it and call locatdino.models.locatify(model) to add freshly initialised GAug"
         )
     if ckpt_gaug and not model_gaug:
-        raise ValueError("checkpoint has GAug parameters (blocks.*.attn.gaug.*) but the model has none: use a locatvit_* model")
+        raise ValueError(
+            "checkpoint has GAug parameters (blocks.*.attn.gaug.*) but the model has none: use a locatvit_* model"
+        )
 
     if "pos_embed" in out and model.pos_embed is not None:
         out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model, pos_embed)
@@ -377,8 +399,12 @@ def create_backbone(
             raise ValueError(f"{config[0]}: {disagreement} (does this config.json belong to these weights?)")
         raw = _finite(to_timm_keys(entries), source)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
-        if "patch_size" not in timm_kwargs and patch is not None and patch.ndim == 4 and (
-                tuple(patch.shape[-2:]) != patch_size(model)):
+        if (
+            "patch_size" not in timm_kwargs
+            and patch is not None
+            and patch.ndim == 4
+            and (tuple(patch.shape[-2:]) != patch_size(model))
+        ):
             timm_kwargs["patch_size"] = tuple(patch.shape[-2:])
             model = timm.create_model(name, **timm_kwargs)
         trained_size = _trained_img_size(raw, model)

@@ -34,8 +34,10 @@ def dino_interpolate_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int], n
     num_patches = pos_embed.shape[1] - num_prefix_tokens
     side = math.isqrt(num_patches)
     if side * side != num_patches:
-        raise ValueError(f"pos_embed {list(pos_embed.shape)} is not a square grid plus {num_prefix_tokens} "
-                         "prefix tokens: the DINO position-embedding rule needs a square training grid")
+        raise ValueError(
+            f"pos_embed {list(pos_embed.shape)} is not a square grid plus {num_prefix_tokens} "
+            "prefix tokens: the DINO position-embedding rule needs a square training grid"
+        )
     if tuple(grid) == (side, side):
         return pos_embed
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

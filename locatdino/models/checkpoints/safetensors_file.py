@@ -56,8 +56,10 @@ def _damage(path: str, err: SafetensorError) -> str:
         prefix = f.read(_LENGTH)
         length = struct.unpack("<Q", prefix)[0] if len(prefix) == _LENGTH else None
         first = f.read(1)
-    truncated = (f"is truncated ({size} bytes{{}}, the end of the safetensors file is missing: an interrupted save, "
-                 "download or copy?)")
+    truncated = (
+        f"is truncated ({size} bytes{{}}, the end of the safetensors file is missing: an interrupted save, "
+        "download or copy?)"
+    )
     if length is None or (first == b"{" and _LENGTH + length > size):
         return truncated.format("")
     if first != b"{":
@@ -68,11 +70,16 @@ def _damage(path: str, err: SafetensorError) -> str:
             entries = json.loads(f.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError):
             return "its safetensors header is not valid JSON (a damaged or edited file); get the file again"
-    ends = [e["data_offsets"][1] for k, e in entries.items()
-            if k != "__metadata__" and isinstance(e, dict) and len(e.get("data_offsets", ())) == 2]
+    ends = [
+        e["data_offsets"][1]
+        for k, e in entries.items()
+        if k != "__metadata__" and isinstance(e, dict) and len(e.get("data_offsets", ())) == 2
+    ]
     declared = _LENGTH + length + max(ends, default=0)
     if declared > size:
         return truncated.format(f" of the {declared} its header lists")
     reason = str(err).split(":", 1)[-1].strip()
-    return (f"its safetensors header does not match its {size} bytes ({reason}): the header lies about a tensor's "
-            "shape, dtype or place (a damaged or edited file); get the file again")
+    return (
+        f"its safetensors header does not match its {size} bytes ({reason}): the header lies about a tensor's "
+        "shape, dtype or place (a damaged or edited file); get the file again"
+    )

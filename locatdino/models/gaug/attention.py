@@ -73,8 +73,9 @@ class GAugAttention(Attention):
     def _resolve_path(self, device: torch.device, plain: bool) -> str:
         """The path of this call; ``plain``: no attention dropout, extra mask or causal flag."""
         if self.gaug_path not in PATHS:
-            raise ValueError(f"GAugAttention.gaug_path (LOCATDINO_GAUG_PATH) must be one of {PATHS}, "
-                             f"got '{self.gaug_path}'")
+            raise ValueError(
+                f"GAugAttention.gaug_path (LOCATDINO_GAUG_PATH) must be one of {PATHS}, got '{self.gaug_path}'"
+            )
         if self.gaug_path != "auto":
             if self.gaug_path != "mask" and not plain:
                 raise ValueError(f"GAug path '{self.gaug_path}' has no attention dropout or extra mask: use 'mask'")
@@ -94,8 +95,9 @@ class GAugAttention(Attention):
             return self._resolve_path(device, plain)
 
     @torch.jit.unused  # TorchScript never takes the flex path (nor parses try/except)
-    def _flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-              num_prefix: int) -> tuple[torch.Tensor, str]:
+    def _flex(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, num_prefix: int
+    ) -> tuple[torch.Tensor, str]:
         """``(FlexAttention's output, "flex")``, or ``(q, "by size")`` when it is unavailable (auto path)."""
         try:
             return flex_bias_attention(q, k, v, rows, cols, num_prefix, self.scale), "flex"

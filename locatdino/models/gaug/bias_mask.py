@@ -29,10 +29,10 @@ def write_bias_rows(
     first_patch = max(start, num_prefix)  # first query row of the chunk that is a patch
     patches = slice(first_patch - num_prefix, start + n - num_prefix)
     if num_prefix:
-        out[..., :first_patch - start, :].zero_()  # prefix query rows
-        out[..., first_patch - start:, :num_prefix].zero_()  # prefix key columns
+        out[..., : first_patch - start, :].zero_()  # prefix query rows
+        out[..., first_patch - start :, :num_prefix].zero_()  # prefix key columns
     if patches.stop > patches.start:
-        block = out[..., first_patch - start:, num_prefix:].unflatten(-1, (h, w))
+        block = out[..., first_patch - start :, num_prefix:].unflatten(-1, (h, w))
         torch.mul(rows[..., patches, :, None], cols[..., patches, None, :], out=block)
     return patches
 

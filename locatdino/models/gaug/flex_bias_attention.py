@@ -48,8 +48,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from locatdino.models.gaug.flex_options import (FlexOptions, candidates, device_properties, fitting,
-                                                shared_memory_limit)
+from locatdino.models.gaug.flex_options import FlexOptions, candidates, device_properties, fitting, shared_memory_limit
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,11 @@ def flex_failure() -> str | None:
 
 def flex_report() -> dict:
     """What was chosen and what failed so far in this process (for reports: ``benchmarks/gpu_check/``)."""
-    return {"chosen": {key: options.name for key, options in _chosen.items()},
-            "failed": [dict(entry) for entry in _failed], "off": _failure}
+    return {
+        "chosen": {key: options.name for key, options in _chosen.items()},
+        "failed": [dict(entry) for entry in _failed],
+        "off": _failure,
+    }
 
 
 def reset_flex_state() -> None:
@@ -85,8 +87,14 @@ def reset_flex_state() -> None:
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-    num_prefix: int, scale: float, kernel: tuple[tuple[str, int], ...] = (),
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    num_prefix: int,
+    scale: float,
+    kernel: tuple[tuple[str, int], ...] = (),
 ) -> torch.Tensor:
     w = cols.shape[-1]
 
@@ -118,8 +126,13 @@ def _variant(tensors: tuple[torch.Tensor, ...], num_prefix: int, scale: float) -
     return (num_prefix, scale, grad, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
 
 
-def _run(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int, scale: float,
-         options: FlexOptions) -> torch.Tensor:
+def _run(
+    attend: Callable[..., torch.Tensor],
+    tensors: tuple[torch.Tensor, ...],
+    num_prefix: int,
+    scale: float,
+    options: FlexOptions,
+) -> torch.Tensor:
     """``attend`` with ``options``; the profiles are cast outside the compiled function, so the
     kernel's captured tensors are always its inputs (their gradients flow back through the cast)."""
     q, k, v, rows, cols = tensors
@@ -127,8 +140,13 @@ def _run(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...],
     return attend(q, k, v, rows.to(dtype), cols.to(dtype), num_prefix, scale, options.kernel)
 
 
-def _first_call(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int,
-                scale: float, options: FlexOptions) -> torch.Tensor:
+def _first_call(
+    attend: Callable[..., torch.Tensor],
+    tensors: tuple[torch.Tensor, ...],
+    num_prefix: int,
+    scale: float,
+    options: FlexOptions,
+) -> torch.Tensor:
     """Run a new variant once with ``options``, its backward too when it carries gradients."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)  # same strides
@@ -148,8 +166,13 @@ def _choice_key(q: torch.Tensor, props) -> str:
 
 
 @torch.compiler.disable  # inside a compiled backbone: run eagerly, its failures caught as they are outside
-def _choose(attend: Callable[..., torch.Tensor], tensors: tuple[torch.Tensor, ...], num_prefix: int,
-            scale: float, variant: tuple) -> torch.Tensor:
+def _choose(
+    attend: Callable[..., torch.Tensor],
+    tensors: tuple[torch.Tensor, ...],
+    num_prefix: int,
+    scale: float,
+    variant: tuple,
+) -> torch.Tensor:
     """First call of a new variant: the first fitting option from the last winner on that works.
 
     In a backbone compiled by ``torch.compile`` (``model.compile``) this call runs eagerly; once

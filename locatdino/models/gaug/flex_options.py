@@ -61,8 +61,14 @@ class FlexOptions:
         pinned = dict(self.kernel)
         if "BLOCK_M" not in pinned or "BLOCK_N" not in pinned or "num_stages" not in pinned:
             return None
-        return shared_memory_estimate(pinned["BLOCK_M"], pinned["BLOCK_N"], pinned["num_stages"], head_dim,
-                                      dtype.itemsize, self.profile_dtype(dtype).itemsize)
+        return shared_memory_estimate(
+            pinned["BLOCK_M"],
+            pinned["BLOCK_N"],
+            pinned["num_stages"],
+            head_dim,
+            dtype.itemsize,
+            self.profile_dtype(dtype).itemsize,
+        )
 
 
 def _tiles(block_m: int, block_n: int, stages: int, **extra: int) -> tuple[tuple[str, int], ...]:
@@ -89,8 +95,9 @@ def candidates(dtype: torch.dtype) -> tuple[FlexOptions, ...]:
     return FP32_CANDIDATES if dtype == torch.float32 else (FlexOptions(),)
 
 
-def shared_memory_estimate(block_m: int, block_n: int, num_stages: int, head_dim: int,
-                           element_size: int, profile_size: int) -> int:
+def shared_memory_estimate(
+    block_m: int, block_n: int, num_stages: int, head_dim: int, element_size: int, profile_size: int
+) -> int:
     """Bytes of shared memory one block of the forward kernel needs with these tiles, estimated::
 
         max(1, stages − 1) · (2·BLOCK_N·d·e + 2·BLOCK_M·BLOCK_N·p) + BLOCK_M·d·e + BLOCK_M·BLOCK_N·e
@@ -126,15 +133,22 @@ def shared_memory_limit(props) -> int | None:
     return None
 
 
-def fitting(options: tuple[FlexOptions, ...], head_dim: int, dtype: torch.dtype,
-            limit: int | None) -> list[FlexOptions]:
+def fitting(
+    options: tuple[FlexOptions, ...], head_dim: int, dtype: torch.dtype, limit: int | None
+) -> list[FlexOptions]:
     """``options`` in order, less those whose estimate exceeds ``limit`` (logged)."""
     kept = []
     for candidate in options:
         need = candidate.shared_memory(head_dim, dtype)
         if limit is not None and need is not None and need > limit:
-            log.info("FlexAttention: skipping %s for %s, head size %d: needs ~%d B of shared memory, the device "
-                     "allows %d B", candidate.name, dtype, head_dim, need, limit)
+            log.info(
+                "FlexAttention: skipping %s for %s, head size %d: needs ~%d B of shared memory, the device allows %d B",
+                candidate.name,
+                dtype,
+                head_dim,
+                need,
+                limit,
+            )
             continue
         kept.append(candidate)
     return kept

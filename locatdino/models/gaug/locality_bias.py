@@ -20,8 +20,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from timm.layers import trunc_normal_
+from torch import Tensor, nn
 
 from locatdino.models.gaug.bias_mask import outer_product_mask
 
@@ -72,7 +72,12 @@ _LOG_FLOOR = -30.0
 
 @torch.library.custom_op("locatdino::gaussian_profiles", mutates_args=())
 def _gaussian_profiles(
-    z: Tensor, d_rows: Tensor, d_cols: Tensor, var_scale: float, shift: float, eps: float,
+    z: Tensor,
+    d_rows: Tensor,
+    d_cols: Tensor,
+    var_scale: float,
+    shift: float,
+    eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``rows = alpha · exp(x_r)``, ``cols = exp(x_c)`` with ``x = max(d / (var + eps), _LOG_FLOOR)``.
 
@@ -96,8 +101,14 @@ def _gaussian_profiles(
 def _(z: Tensor, d_rows: Tensor, d_cols: Tensor, var_scale: float, shift: float, eps: float):
     lead = z.shape[:-1]
     h, w = d_rows.shape[-1], d_cols.shape[-1]
-    return (z.new_empty(*lead, h), z.new_empty(*lead, w), z.new_empty(*lead, h),
-            z.new_empty(*lead, 2), z.new_empty(*lead, 2), z.new_empty(*lead, 1))
+    return (
+        z.new_empty(*lead, h),
+        z.new_empty(*lead, w),
+        z.new_empty(*lead, h),
+        z.new_empty(*lead, 2),
+        z.new_empty(*lead, 2),
+        z.new_empty(*lead, 1),
+    )
 
 
 def _profiles_setup_context(ctx, inputs: tuple, output: tuple) -> None:
@@ -115,8 +126,9 @@ def _profiles_backward(ctx, grad_rows, grad_cols, *unused) -> tuple:
     # through exp and the floor: d/dx of exp(x) is the value itself, 0 where x was floored
     grad_x_rows = (grad_rows * e_rows * alpha).masked_fill_(d_rows * inv[..., 0:1] < _LOG_FLOOR, 0)
     grad_x_cols = (grad_cols * cols).masked_fill_(d_cols * inv[..., 1:2] < _LOG_FLOOR, 0)
-    grad_inv = torch.cat([(grad_x_rows * d_rows).sum(-1, keepdim=True),
-                          (grad_x_cols * d_cols).sum(-1, keepdim=True)], dim=-1)
+    grad_inv = torch.cat(
+        [(grad_x_rows * d_rows).sum(-1, keepdim=True), (grad_x_cols * d_cols).sum(-1, keepdim=True)], dim=-1
+    )
     # inv = 1/(var + eps): d inv/d var = -inv²; var = scale·σ: d var/d z = scale·σ(1-σ)
     grad_z_var = -grad_inv * inv * inv * (ctx.var_scale * sig * (1 - sig))
     grad_z_alpha = grad_alpha * torch.sigmoid(z[..., 2:])
@@ -186,7 +198,7 @@ class GaussianLocalityBias(nn.Module):
         bias = torch.cat([self.log_var.bias, self.log_alpha.bias]).to(dtype)
         # all N queries through the d_h → 3 linear, then drop the prefix rows of the small
         # result: slicing q itself would cost a q-sized zero-fill in backward
-        z = F.linear(q.to(dtype), weight, bias)[:, :, q.shape[2] - grid[0] * grid[1]:]
+        z = F.linear(q.to(dtype), weight, bias)[:, :, q.shape[2] - grid[0] * grid[1] :]
         var_scale = self.c * (min(grid) / min(self.build_grid) if grid != self.build_grid else 1.0)
         return z, var_scale
 
@@ -222,8 +234,13 @@ class GaussianLocalityBias(nn.Module):
         else:
             table = build_distance_table if torch.compiler.is_compiling() else distance_table
             d_rows, d_cols = table(h, w, self.clamp_min, q.device)
-        fast = self.training and self.fast_min_grid is not None and max(grid) >= self.fast_min_grid \
-            and h % 2 == 0 and w % 2 == 0
+        fast = (
+            self.training
+            and self.fast_min_grid is not None
+            and max(grid) >= self.fast_min_grid
+            and h % 2 == 0
+            and w % 2 == 0
+        )
         if fast:
             # fast mode: average over 2×2 patches (of z: the linear commutes with the mean); coarse
             # query (i', j') sits on fine row 2i', column 2j', keys on every second row/column

@@ -59,8 +59,12 @@ def _head_chunks(B: int, H: int, N: int, element_size: int, budget: int) -> list
         heads = min(H, budget // head)
         return [(b, slice(h, min(H, h + heads)), slice(0, N)) for b in range(B) for h in range(0, H, heads)]
     rows = max(16, budget // (N * element_size))
-    return [(b, slice(h, h + 1), slice(start, min(N, start + rows)))
-            for b in range(B) for h in range(H) for start in range(0, N, rows)]
+    return [
+        (b, slice(h, h + 1), slice(start, min(N, start + rows)))
+        for b in range(B)
+        for h in range(H)
+        for start in range(0, N, rows)
+    ]
 
 
 def mask_fits_one_chunk(q: Tensor) -> bool:
@@ -72,8 +76,9 @@ def mask_fits_one_chunk(q: Tensor) -> bool:
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention", mutates_args=())
-def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-               needs_grad: bool) -> Tensor:
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, needs_grad: bool
+) -> Tensor:
     if not needs_grad and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64):
         return _evaluate(q, k, v, rows, cols, num_prefix, scale)
     B, H, N, _ = q.shape
@@ -91,8 +96,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_
     return out
 
 
-def _probabilities(q: Tensor, k: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-                   start: int) -> tuple[Tensor, slice]:
+def _probabilities(
+    q: Tensor, k: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, start: int
+) -> tuple[Tensor, slice]:
     """Attention probabilities ``[G, n, N]`` of the ``n`` queries ``q [G, n, d]`` from ``start`` on
     (``k [G, N, d]``, profiles ``[G, h·w, ·]``) in a scratch buffer, and the slice of patch
     queries they cover: the bias rows written first, ``scale · q kᵀ`` added by the same product."""
@@ -131,15 +137,23 @@ def _output_like(q: Tensor) -> Tensor:
 
 
 @_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float,
-      needs_grad: bool) -> Tensor:
+def _(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, needs_grad: bool
+) -> Tensor:
     return _output_like(q)
 
 
 @torch.library.custom_op("locatdino::separable_bias_attention_backward", mutates_args=())
 def _attention_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
-    num_prefix: int, scale: float,
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    num_prefix: int,
+    scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     B, H, N, d = q.shape
     flat = lambda t: t.reshape(B * H, *t.shape[2:])  # noqa: E731
@@ -172,8 +186,17 @@ def _attention_backward(
 
 
 @_attention_backward.register_fake
-def _(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, rows: Tensor, cols: Tensor,
-      num_prefix: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    num_prefix: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return tuple(t.new_empty(t.shape) for t in (q, k, v, rows, cols))
 
 
@@ -211,6 +234,7 @@ def separable_bias_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     # decided out here, where autograd still sees the inputs; the budget itself is read inside the
     # operator, so TorchScript compiles no module global
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                              or rows.requires_grad or cols.requires_grad)
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or rows.requires_grad or cols.requires_grad
+    )
     return torch.ops.locatdino.separable_bias_attention(q, k, v, rows, cols, num_prefix, scale, needs_grad)

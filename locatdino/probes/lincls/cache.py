@@ -24,8 +24,7 @@ class ClassFeatures:
 
     def __init__(self, count: int, dim: int, directory: str | Path | None = None, max_ram_bytes: int = 4 << 30):
         self._rows = contextlib.ExitStack()
-        self.features = self._rows.enter_context(feature_rows(count, dim, directory, max_ram_bytes,
-                                                              "lincls-features"))
+        self.features = self._rows.enter_context(feature_rows(count, dim, directory, max_ram_bytes, "lincls-features"))
         self.labels = np.full(count, -1, np.int64)
         self.filled = np.zeros(count, bool)
 

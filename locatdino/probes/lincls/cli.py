@@ -25,15 +25,28 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from locatdino.common.arguments import (ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups,
-                                 positive_float)
-from locatdino.evaluation.bootstrap import accuracy_interval
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import (add_data_arguments, add_encoder_arguments, add_loader_arguments,
-                                          add_prr_argument, check_outputs, encoder_device, record_run)
+from locatdino.common.arguments import (
+    ArgumentParser,
+    ConfigTable,
+    add_shared_option,
+    at_least,
+    option_groups,
+    positive_float,
+)
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import DiskFullError
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.evaluation.bootstrap import accuracy_interval
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
+from locatdino.evaluation.options import (
+    add_data_arguments,
+    add_encoder_arguments,
+    add_loader_arguments,
+    add_prr_argument,
+    check_outputs,
+    encoder_device,
+    record_run,
+)
 from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.protocol import EPOCHS, PROTOCOLS, LinclsConfig, linear_classification
@@ -41,11 +54,25 @@ from locatdino.probes.lincls.report import LINCLS_FILES, lincls_report, lincls_t
 
 LINCLS_TABLE = ConfigTable(
     LinclsConfig,
-    options={"--variant": "protocol", "--input-size": "input_size", "--epochs": "epochs",
-             "--train-batch-size": "batch_size", "--lr": "lr", "--lr-grid": "lr_grid", "--holdout": "holdout",
-             "--last-blocks": "last_blocks", "--avgpool": "avgpool", "--prr": "prr", "--precision": "precision",
-             "--batch-size": "eval_batch_size", "--cache-dir": "cache_dir", "--cache-ram-mb": "max_cache_ram_mb",
-             "--workers": "num_workers", "--seed": "seed", "--no-progress": "progress"},
+    options={
+        "--variant": "protocol",
+        "--input-size": "input_size",
+        "--epochs": "epochs",
+        "--train-batch-size": "batch_size",
+        "--lr": "lr",
+        "--lr-grid": "lr_grid",
+        "--holdout": "holdout",
+        "--last-blocks": "last_blocks",
+        "--avgpool": "avgpool",
+        "--prr": "prr",
+        "--precision": "precision",
+        "--batch-size": "eval_batch_size",
+        "--cache-dir": "cache_dir",
+        "--cache-ram-mb": "max_cache_ram_mb",
+        "--workers": "num_workers",
+        "--seed": "seed",
+        "--no-progress": "progress",
+    },
     internal={},
     negated=frozenset({"--no-progress"}),
 )
@@ -71,25 +98,56 @@ def _parser() -> ArgumentParser:
     add_model_arguments(groups.model)
     add_data_arguments(groups.data, CLASS_DATASETS)
     protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument("--variant", choices=PROTOCOLS, default=d.protocol,
-                          help="full: DINO's eval_linear (RandomResizedCrop + flip views through the backbone every "
-                          "epoch); fast: DINOv2's grid of learning rates trained at once on cached centre-crop "
-                          "features, the best picked on --holdout")
+    protocol.add_argument(
+        "--variant",
+        choices=PROTOCOLS,
+        default=d.protocol,
+        help="full: DINO's eval_linear (RandomResizedCrop + flip views through the backbone every "
+        "epoch); fast: DINOv2's grid of learning rates trained at once on cached centre-crop "
+        "features, the best picked on --holdout",
+    )
     add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
-    add_shared_option(protocol, "--epochs", note=f"{EPOCHS['full']} full, {EPOCHS['fast']} fast, the references'; "
-                      "whole passes: the reference's cosine steps once per epoch")
-    add_shared_option(protocol, "--train-batch-size", d.batch_size,
-                      note=f"{d.batch_size}, the reference's 8 GPUs x 128; the lr scales with it")
+    add_shared_option(
+        protocol,
+        "--epochs",
+        note=f"{EPOCHS['full']} full, {EPOCHS['fast']} fast, the references'; "
+        "whole passes: the reference's cosine steps once per epoch",
+    )
+    add_shared_option(
+        protocol,
+        "--train-batch-size",
+        d.batch_size,
+        note=f"{d.batch_size}, the reference's 8 GPUs x 128; the lr scales with it",
+    )
     add_shared_option(protocol, "--lr", d.lr)
-    protocol.add_argument("--lr-grid", type=positive_float, nargs="+", default=list(d.lr_grid), metavar="LR",
-                          help="fast: base learning rates trained at once, each x batch / 256 (DINOv2's grid)")
-    protocol.add_argument("--holdout", type=_holdout, default=d.holdout,
-                          help="fast: share of the training images held out to pick the learning rate")
-    protocol.add_argument("--last-blocks", type=at_least(1), default=None, metavar="N",
-                          help="class tokens of the last N blocks, concatenated (default: 4, DINO's ViT-S choice; "
-                          "1 from ViT-B's width 768 on)")
-    protocol.add_argument("--avgpool", action=argparse.BooleanOptionalAction, default=None,
-                          help="append the last block's mean patch token (default: from ViT-B's width on, as DINO)")
+    protocol.add_argument(
+        "--lr-grid",
+        type=positive_float,
+        nargs="+",
+        default=list(d.lr_grid),
+        metavar="LR",
+        help="fast: base learning rates trained at once, each x batch / 256 (DINOv2's grid)",
+    )
+    protocol.add_argument(
+        "--holdout",
+        type=_holdout,
+        default=d.holdout,
+        help="fast: share of the training images held out to pick the learning rate",
+    )
+    protocol.add_argument(
+        "--last-blocks",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="class tokens of the last N blocks, concatenated (default: 4, DINO's ViT-S choice; "
+        "1 from ViT-B's width 768 on)",
+    )
+    protocol.add_argument(
+        "--avgpool",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="append the last block's mean patch token (default: from ViT-B's width on, as DINO)",
+    )
     add_prr_argument(protocol)  # on the last block's tokens, LocAtViT's pretrained embedding
     add_shared_option(protocol, "--seed", d.seed)
     add_encoder_arguments(runtime, d.precision)
@@ -115,26 +173,38 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"locatdino lincls: {err}") from None
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    try:
-        for run, model in zip(runs, models):
+    for run, model in zip(runs, models):
+        try:
             LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
-    except ValueError as err:
-        raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
+        except ValueError as err:
+            raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
     folder = check_outputs(args.out, "lincls", LINCLS_FILES, cfg.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _evaluate_all(argv, args, cfg, runs, models, train, val, device, folder)
 
 
-def _evaluate_all(argv: list[str], args: argparse.Namespace, cfg: LinclsConfig, runs: list[ModelRun],
-                  models: list[nn.Module], train: LabelledImages, val: LabelledImages, device: torch.device,
-                  folder: OutputFolder) -> int:
+def _evaluate_all(
+    argv: list[str],
+    args: argparse.Namespace,
+    cfg: LinclsConfig,
+    runs: list[ModelRun],
+    models: list[nn.Module],
+    train: LabelledImages,
+    val: LabelledImages,
+    device: torch.device,
+    folder: OutputFolder,
+) -> int:
     """Every model's linear evaluation, then the Δ top-1 of each to the first, written (and
     recorded) once all have run."""
     results, hits = [], []
     for run, model in zip(runs, models):
-        print(f"[lincls] {run.label}: {len(train)} train / {len(val)} validation images, {len(train.class_names)} "
-              f"classes, {cfg.input_size} px, variant {cfg.protocol}, {cfg.total_epochs} epochs x batch "
-              f"{cfg.batch_size}", file=sys.stderr, flush=True)
+        print(
+            f"[lincls] {run.label}: {len(train)} train / {len(val)} validation images, {len(train.class_names)} "
+            f"classes, {cfg.input_size} px, variant {cfg.protocol}, {cfg.total_epochs} epochs x batch "
+            f"{cfg.batch_size}",
+            file=sys.stderr,
+            flush=True,
+        )
         scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
         for split, names in scored.skipped.items():
             note_skipped("lincls", split, names)

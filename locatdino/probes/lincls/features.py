@@ -40,8 +40,9 @@ class LinearInput:
     prr: bool = False
 
     @classmethod
-    def reference(cls, model: nn.Module, last_blocks: int | None = None, avgpool: bool | None = None,
-                  prr: bool = False) -> LinearInput:
+    def reference(
+        cls, model: nn.Module, last_blocks: int | None = None, avgpool: bool | None = None, prr: bool = False
+    ) -> LinearInput:
         """DINO's choice for ``model`` where an argument is None: 4 blocks (all, in a shallower
         model) without pooling below ViT-B's width, 1 block with pooling from it on;
         ``ValueError`` when ``model`` has fewer blocks than asked for or no class token."""
@@ -59,14 +60,20 @@ class LinearInput:
 
     def __call__(self, model: nn.Module, images: Tensor) -> Tensor:
         """``[B, dim]`` float32 features of ImageNet-normalised ``images [B, 3, S, S]``."""
-        outputs = model.forward_intermediates(images, indices=self.last_blocks, norm=True,
-                                              return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True)
+        outputs = model.forward_intermediates(
+            images,
+            indices=self.last_blocks,
+            norm=True,
+            return_prefix_tokens=True,
+            output_fmt="NLC",
+            intermediates_only=True,
+        )
         patches, prefix = outputs[-1]
         if self.prr:
             pool = model.attn_pool if isinstance(model.attn_pool, AttentionPoolPrr) else None
             heads = pool.num_heads if pool is not None else model.blocks[0].attn.num_heads
             refined = prr_tokens(torch.cat([prefix, patches], dim=1), heads, pool)
-            prefix, patches = refined[:, :prefix.shape[1]], refined[:, prefix.shape[1]:]
+            prefix, patches = refined[:, : prefix.shape[1]], refined[:, prefix.shape[1] :]
             outputs = [*outputs[:-1], (patches, prefix)]
         pieces = [p[:, 0] for _, p in outputs[:-1]] + [prefix[:, 0]]
         if self.avgpool:

@@ -75,8 +75,9 @@ class LinclsConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"--variant must be one of {PROTOCOLS}, got {self.protocol!r}")
         if self.epochs is not None and self.epochs != int(self.epochs):
-            raise ValueError(f"--epochs {self.epochs:g}: lincls trains whole passes (the reference's cosine steps "
-                             "once per epoch)")
+            raise ValueError(
+                f"--epochs {self.epochs:g}: lincls trains whole passes (the reference's cosine steps once per epoch)"
+            )
         if not self.lr_grid:
             raise ValueError("--lr-grid needs at least one learning rate")
         if not 0 < self.holdout < 1:
@@ -95,9 +96,11 @@ class LinclsConfig:
         the batch the user asked for, not the one the data allows)."""
         usable = num_train - self.holdout_count(num_train) if self.protocol == "fast" else num_train
         if self.batch_size > usable:
-            raise ValueError(f"--train-batch-size {self.batch_size} is more than the {usable} training images"
-                             f"{' left after --holdout' if self.protocol == 'fast' else ''}: pass --train-batch-size "
-                             f"{usable} or less (the lr is scaled by batch / 256)")
+            raise ValueError(
+                f"--train-batch-size {self.batch_size} is more than the {usable} training images"
+                f"{' left after --holdout' if self.protocol == 'fast' else ''}: pass --train-batch-size "
+                f"{usable} or less (the lr is scaled by batch / 256)"
+            )
 
     def holdout_count(self, num_train: int) -> int:
         return max(1, round(self.holdout * num_train))
@@ -152,14 +155,19 @@ def _accuracy(ranked: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return hit[:, 0].numpy(), hit.any(1).numpy()
 
 
-def encode(model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfig, device: torch.device,
-           what: str) -> tuple[ClassFeatures, list[int]]:
+def encode(
+    model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfig, device: torch.device, what: str
+) -> tuple[ClassFeatures, list[int]]:
     """Every image's classifier input from its centre crop, and the indices of those that did not decode."""
     model, precision = encoder_for(model, cfg.precision, device)
     dim = inputs.dim(int(model.embed_dim))
     store = ClassFeatures(len(dataset), dim, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
-    loader = DataLoader(ClassViews(dataset, eval_transform(cfg.input_size)), batch_size=cfg.eval_batch_size,
-                        num_workers=_workers(cfg, device), collate_fn=collate_views)
+    loader = DataLoader(
+        ClassViews(dataset, eval_transform(cfg.input_size)),
+        batch_size=cfg.eval_batch_size,
+        num_workers=_workers(cfg, device),
+        collate_fn=collate_views,
+    )
     skipped = []
     try:
         with eval_mode(model), torch.inference_mode(), autocast(precision, device):
@@ -173,15 +181,21 @@ def encode(model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfi
     return store, sorted(skipped)
 
 
-def train_full(model: nn.Module, inputs: LinearInput, train_set: Any, num_classes: int, cfg: LinclsConfig,
-               device: torch.device) -> tuple[nn.Linear, list[int]]:
+def train_full(
+    model: nn.Module, inputs: LinearInput, train_set: Any, num_classes: int, cfg: LinclsConfig, device: torch.device
+) -> tuple[nn.Linear, list[int]]:
     """DINO's protocol: the trained linear layer and the training samples that did not decode."""
     encoder, precision = encoder_for(model, cfg.precision, device)
     torch.manual_seed(cfg.seed)
     head = linear_layer(inputs.dim(int(model.embed_dim)), num_classes).to(device)
-    loader = DataLoader(ClassViews(train_set, train_transform(cfg.input_size)), batch_size=cfg.batch_size,
-                        shuffle=True, generator=torch.Generator().manual_seed(cfg.seed),
-                        num_workers=_workers(cfg, device), collate_fn=collate_views)
+    loader = DataLoader(
+        ClassViews(train_set, train_transform(cfg.input_size)),
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        num_workers=_workers(cfg, device),
+        collate_fn=collate_views,
+    )
     optimizer = torch.optim.SGD(head.parameters(), lr=cfg.scaled(cfg.lr), momentum=0.9, weight_decay=0)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, cfg.total_epochs, eta_min=0)
     skipped = []
@@ -203,8 +217,9 @@ def train_full(model: nn.Module, inputs: LinearInput, train_set: Any, num_classe
     return head.cpu(), sorted(skipped)
 
 
-def train_fast(features: ClassFeatures, rows: np.ndarray, num_classes: int, cfg: LinclsConfig,
-               device: torch.device) -> list[nn.Linear]:
+def train_fast(
+    features: ClassFeatures, rows: np.ndarray, num_classes: int, cfg: LinclsConfig, device: torch.device
+) -> list[nn.Linear]:
     """DINOv2's variant: one linear layer per lr of ``cfg.lr_grid``, trained at once on the
     cached features of images ``rows`` (same batches for all)."""
     torch.manual_seed(cfg.seed)
@@ -217,7 +232,7 @@ def train_fast(features: ClassFeatures, rows: np.ndarray, num_classes: int, cfg:
     for _ in progress(range(cfg.total_epochs), desc="epochs", disable=not cfg.progress, leave=False):
         order = rows[torch.randperm(len(rows), generator=generator).numpy()]
         for start in range(0, len(order), cfg.batch_size):
-            feats, labels = features.rows(order[start:start + cfg.batch_size], device)
+            feats, labels = features.rows(order[start : start + cfg.batch_size], device)
             loss = sum(F.cross_entropy(head(feats), labels) for head in heads)
             optimizer.zero_grad()
             loss.backward()
@@ -237,7 +252,7 @@ def _ranked(head: nn.Linear, features: ClassFeatures, rows: np.ndarray, batch: i
     ranked, labels = [], []
     with torch.no_grad():
         for start in range(0, len(rows), batch):
-            feats, y = features.rows(rows[start:start + batch])
+            feats, y = features.rows(rows[start : start + batch])
             ranked.append(ranked_classes(head(feats)))
             labels.append(y)
     return torch.cat(ranked), torch.cat(labels)
@@ -257,12 +272,15 @@ def _names(dataset: Any, indices: list[int]) -> list[str]:
 
 def _check_decoded(train_set: Any, skipped: list[int]) -> None:
     if len(skipped) == len(train_set):
-        raise ValueError(f"none of the {len(train_set)} training images decodes (first: "
-                         f"{_names(train_set, skipped[:1])[0]}): nothing to train on")
+        raise ValueError(
+            f"none of the {len(train_set)} training images decodes (first: "
+            f"{_names(train_set, skipped[:1])[0]}): nothing to train on"
+        )
 
 
-def linear_classification(model: nn.Module, train_set: Any, val_set: Any, num_classes: int, cfg: LinclsConfig,
-                          device: torch.device) -> LinclsResult:
+def linear_classification(
+    model: nn.Module, train_set: Any, val_set: Any, num_classes: int, cfg: LinclsConfig, device: torch.device
+) -> LinclsResult:
     """One frozen model's linear evaluation by ``cfg.protocol`` (see the module docstring)."""
     inputs = LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
     model = model.to(device)
@@ -293,20 +311,37 @@ def linear_classification(model: nn.Module, train_set: Any, val_set: Any, num_cl
             raise ValueError(f"none of the {len(val_set)} validation images decodes: nothing to score")
         ranked, labels = _ranked(head, val_store, rows)
         if cfg.protocol == "fast":
-            lr_table = [{"base_lr": base, "lr": cfg.scaled(base), "holdout_top1": round(score, 4),
-                         "val_top1": round(top1_of(layer, val_store, rows), 4)}
-                        for base, score, layer in zip(cfg.lr_grid, held, heads)]
+            lr_table = [
+                {
+                    "base_lr": base,
+                    "lr": cfg.scaled(base),
+                    "holdout_top1": round(score, 4),
+                    "val_top1": round(top1_of(layer, val_store, rows), 4),
+                }
+                for base, score, layer in zip(cfg.lr_grid, held, heads)
+            ]
     finally:
         val_store.close()
     timings["evaluate"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - clock
     top1, top5 = _accuracy(ranked, labels)
-    interval = lambda hits: tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
+
+    def interval(hits: np.ndarray) -> tuple[float, ...]:
+        return tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
+
     return LinclsResult(
-        top1=round(100 * float(top1.mean()), 4), top5=round(100 * float(top5.mean()), 4),
-        top1_interval=interval(top1), top5_interval=interval(top5),
-        num_train=len(train_set) - len(train_skipped), num_val=len(top1),
-        skipped={"train": _names(train_set, train_skipped), "val": _names(val_set, val_skipped)}, lr=lr,
-        linear_input=inputs.to_dict(), config={**asdict(cfg), "epochs": cfg.total_epochs, "lr_grid": list(cfg.lr_grid)},
-        lr_table=lr_table, timings={k: round(v, 3) for k, v in timings.items()}, provenance=provenance, hits=top1,
+        top1=round(100 * float(top1.mean()), 4),
+        top5=round(100 * float(top5.mean()), 4),
+        top1_interval=interval(top1),
+        top5_interval=interval(top5),
+        num_train=len(train_set) - len(train_skipped),
+        num_val=len(top1),
+        skipped={"train": _names(train_set, train_skipped), "val": _names(val_set, val_skipped)},
+        lr=lr,
+        linear_input=inputs.to_dict(),
+        config={**asdict(cfg), "epochs": cfg.total_epochs, "lr_grid": list(cfg.lr_grid)},
+        lr_table=lr_table,
+        timings={k: round(v, 3) for k, v in timings.items()},
+        provenance=provenance,
+        hits=top1,
     )

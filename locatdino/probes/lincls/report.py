@@ -32,22 +32,32 @@ def _input_cell(linear_input: dict[str, Any]) -> str:
 
 def lincls_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per model: top-1 and top-5 in % with 95 % intervals, Δ top-1 to the first model."""
-    rows = ["| model | protocol | input | lr used | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | protocol | input | lr used | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        rows.append(f"| {r['model']['label']} | {r['config']['protocol']} | {_input_cell(r['linear_input'])} | "
-                    f"{r['lr']:.3g} | {_score_cell(r, 'top1')} | {_delta_cell(r)} | {_score_cell(r, 'top5')} |")
+        rows.append(
+            f"| {r['model']['label']} | {r['config']['protocol']} | {_input_cell(r['linear_input'])} | "
+            f"{r['lr']:.3g} | {_score_cell(r, 'top1')} | {_delta_cell(r)} | {_score_cell(r, 'top5')} |"
+        )
     return "\n".join(rows)
 
 
 def _lr_table(result: dict[str, Any]) -> list[str]:
     """The lr grid of one fast run: held-out top-1 (what picks) and validation top-1 (for reference)."""
     picked = result["lr"]
-    rows = [f"### {result['model']['label']}", "", "| base lr (× batch / 256) | held-out top-1 | validation top-1 |",
-            "|---|---|---|"]
+    rows = [
+        f"### {result['model']['label']}",
+        "",
+        "| base lr (× batch / 256) | held-out top-1 | validation top-1 |",
+        "|---|---|---|",
+    ]
     for row in result["lr_table"]:
         mark = " (picked)" if row["lr"] == picked else ""
-        rows.append(f"| {row['base_lr']:g}{mark} | {number_cell(row['holdout_top1'])} | {number_cell(row['val_top1'])} |")
+        rows.append(
+            f"| {row['base_lr']:g}{mark} | {number_cell(row['holdout_top1'])} | {number_cell(row['val_top1'])} |"
+        )
     return rows + [""]
 
 
@@ -56,21 +66,36 @@ def lincls_report(report: dict[str, Any]) -> str:
     first = report["models"][0]
     cfg = first["config"]
     if cfg["protocol"] == "full":
-        how = (f"DINO's linear evaluation: RandomResizedCrop + flip views, {cfg['epochs']} epochs, batch "
-               f"{cfg['batch_size']}, SGD momentum 0.9, lr {cfg['lr']:g} × batch / 256 cosine to 0, no weight decay")
+        how = (
+            f"DINO's linear evaluation: RandomResizedCrop + flip views, {cfg['epochs']} epochs, batch "
+            f"{cfg['batch_size']}, SGD momentum 0.9, lr {cfg['lr']:g} × batch / 256 cosine to 0, no weight decay"
+        )
     else:
-        how = (f"lr-grid variant on cached centre-crop features: {len(cfg['lr_grid'])} learning rates trained at "
-               f"once for {cfg['epochs']} epochs, batch {cfg['batch_size']}, the best on "
-               f"{100 * cfg['holdout']:g} % of the training images held out")
-    lines = ["# Linear classification on frozen features", "", f"Command: `{report['command']}`", "",
-             f"Dataset: {cfg['dataset']} — {first['num_train']} training images, {first['num_val']} validation "
-             f"images scored from their {cfg['input_size']} px centre crop; {how}; encoder {cfg['precision']}.", "",
-             lincls_table(report["models"]), "",
-             "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
-             f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
-             f"draws for both models, seed {SEED}).", ""]
-    skipped = [f"{len(first['skipped'][split])} {split} images that do not decode were skipped (named in "
-               "results.json)" for split in ("train", "val") if first["skipped"][split]]
+        how = (
+            f"lr-grid variant on cached centre-crop features: {len(cfg['lr_grid'])} learning rates trained at "
+            f"once for {cfg['epochs']} epochs, batch {cfg['batch_size']}, the best on "
+            f"{100 * cfg['holdout']:g} % of the training images held out"
+        )
+    lines = [
+        "# Linear classification on frozen features",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Dataset: {cfg['dataset']} — {first['num_train']} training images, {first['num_val']} validation "
+        f"images scored from their {cfg['input_size']} px centre crop; {how}; encoder {cfg['precision']}.",
+        "",
+        lincls_table(report["models"]),
+        "",
+        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
+        f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
+        f"draws for both models, seed {SEED}).",
+        "",
+    ]
+    skipped = [
+        f"{len(first['skipped'][split])} {split} images that do not decode were skipped (named in results.json)"
+        for split in ("train", "val")
+        if first["skipped"][split]
+    ]
     if skipped:
         lines += ["; ".join(skipped) + ".", ""]
     if cfg["protocol"] == "fast":

@@ -26,8 +26,14 @@ from torch.utils.data import Dataset
 
 def train_transform(size: int) -> Callable[[Any], Tensor]:
     """DINO's linear-evaluation training augmentation: PIL image → normalised ``[3, S, S]``."""
-    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
-                      T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)])
+    return T.Compose(
+        [
+            T.RandomResizedCrop(size),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+        ]
+    )
 
 
 class ClassViews(Dataset):

@@ -51,9 +51,10 @@ class DINOModule(PretrainingObjective):
 
     ``self.student`` and ``self.teacher`` are ``nn.ModuleDict({"backbone", "head"})`` of the same
     shape (checkpoint keys ``student.backbone.*``, ``teacher.head.*``, …); the teacher starts as a
-    copy of the student, never receives gradients and follows it by EMA after every optimizer
-    step. The teacher is the evaluated network (``eval_backbone``, what ``export`` writes). The image embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the
-    final norm (after PRR for LocAtViT).
+    copy of the student, never receives gradients and follows it by EMA after every optimizer step.
+    The teacher is the evaluated network (``eval_backbone``, what ``export`` writes). The image
+    embedding is ``backbone(x)`` with ``num_classes=0``: the class token after the final norm (after
+    PRR for LocAtViT).
 
     ``training_step`` takes the multi-crop batch of ``locatdino.data.collate_multicrop``:
     ``batch["global"]`` ``[V_g, B, 3, H, W]`` and ``batch["local"]`` ``[V_l, B, 3, h, w]``
@@ -153,14 +154,25 @@ class DINOModule(PretrainingObjective):
         kwargs = dict(backbone_kwargs or {})
         # timm's position-embedding resampling for both (the local crops are trained with it); the
         # teacher is built without the pretrained tag a named student checkpoint may carry
-        self.student = nn.ModuleDict({"backbone": create_backbone(
-            backbone, backbone_checkpoint, pos_embed="timm", drop_path_rate=drop_path_rate, **kwargs)})
-        self.teacher = nn.ModuleDict({"backbone": create_backbone(
-            split_model_name_tag(backbone)[0], pos_embed="timm", drop_path_rate=0.0, **kwargs)})
+        self.student = nn.ModuleDict(
+            {
+                "backbone": create_backbone(
+                    backbone, backbone_checkpoint, pos_embed="timm", drop_path_rate=drop_path_rate, **kwargs
+                )
+            }
+        )
+        self.teacher = nn.ModuleDict(
+            {
+                "backbone": create_backbone(
+                    split_model_name_tag(backbone)[0], pos_embed="timm", drop_path_rate=0.0, **kwargs
+                )
+            }
+        )
         embed_dim = self.student["backbone"].num_features
         for branch in (self.student, self.teacher):
-            branch["head"] = DINOHead(embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers,
-                                      use_bn_in_head, norm_last_layer)
+            branch["head"] = DINOHead(
+                embed_dim, out_dim, hidden_dim, bottleneck_dim, head_layers, use_bn_in_head, norm_last_layer
+            )
             branch.update(self.branch_extras(embed_dim))
         self.teacher.load_state_dict(self.student.state_dict())
         self.teacher.requires_grad_(False)
@@ -168,9 +180,7 @@ class DINOModule(PretrainingObjective):
         self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
         self._start_weights = load_start_weights(self, backbone_checkpoint) if backbone_checkpoint else None
         # Decided on the unwrapped shapes: FSDP flattens parameters to 1-D shards.
-        self._no_weight_decay = {
-            n for n, p in self.student.named_parameters() if p.ndim <= 1 or n.endswith(".bias")
-        }
+        self._no_weight_decay = {n for n, p in self.student.named_parameters() if p.ndim <= 1 or n.endswith(".bias")}
         self.schedules: DINOSchedules | None = None
         self._steps_per_epoch = 1
         # Set by a non-finite loss in any micro-batch, cleared after the optimizer step: with gradient
@@ -228,7 +238,9 @@ class DINOModule(PretrainingObjective):
         with torch.no_grad():
             teacher_out = self.forward_branch(self.teacher, [batch["global"]])
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
-        student_out = self.forward_branch(self.student, [batch["global"], *([batch["local"]] if "local" in batch else [])])
+        student_out = self.forward_branch(
+            self.student, [batch["global"], *([batch["local"]] if "local" in batch else [])]
+        )
         return StepLosses(self.dino_loss(student_out, teacher_probs), teacher_probs, [(self.dino_loss, teacher_out)])
 
     def centred_losses(self) -> tuple[DINOLoss, ...]:
@@ -257,12 +269,17 @@ class DINOModule(PretrainingObjective):
             # bookkeeping is not free
             entropy, batch_entropy = teacher_entropies(step.teacher_probs)
             self.entropies_logged_at = self.trainer.global_step
-            self.log_dict({
-                "train/lr": values["lr"], "train/wd": values["weight_decay"],
-                "train/teacher_momentum": values["teacher_momentum"], "train/teacher_temp": values["teacher_temp"],
-                ENTROPY_KEY: entropy, MARGINAL_ENTROPY_KEY: batch_entropy,
-                **{f"train/{name}": value for name, value in step.parts.items()},
-            })
+            self.log_dict(
+                {
+                    "train/lr": values["lr"],
+                    "train/wd": values["weight_decay"],
+                    "train/teacher_momentum": values["teacher_momentum"],
+                    "train/teacher_temp": values["teacher_temp"],
+                    ENTROPY_KEY: entropy,
+                    MARGINAL_ENTROPY_KEY: batch_entropy,
+                    **{f"train/{name}": value for name, value in step.parts.items()},
+                }
+            )
         if self._skip_update:
             # DDP needs the backward on every rank (Lightning refuses a None loss there); its
             # gradients are dropped in configure_gradient_clipping.
@@ -278,8 +295,10 @@ class DINOModule(PretrainingObjective):
         step = self.trainer.global_step
         if self.hparams.on_nonfinite == "skip":
             if not self._skip_update:  # once per optimizer step, however many micro-batches fail
-                rank_zero_warn(f"{self.loss_name} loss is not finite at step {step} (on some rank; here {loss.item()}): "
-                               "skipping the step on every rank.")
+                rank_zero_warn(
+                    f"{self.loss_name} loss is not finite at step {step} (on some rank; here {loss.item()}): "
+                    "skipping the step on every rank."
+                )
                 self._skipped_steps += 1
                 self._skip_update = True
             self.log("train/skipped_steps", float(self._skipped_steps))
@@ -296,8 +315,9 @@ class DINOModule(PretrainingObjective):
             for p in self._last_layer_params:
                 p.grad = None
         if self.hparams.clip_grad:
-            clip_grad_per_tensor_(self._clipped_params, self.hparams.clip_grad,
-                                  sharded=isinstance(self.trainer.strategy, FSDPStrategy))
+            clip_grad_per_tensor_(
+                self._clipped_params, self.hparams.clip_grad, sharded=isinstance(self.trainer.strategy, FSDPStrategy)
+            )
         # Trainer(gradient_clip_val=...) still applies on top, as users expect.
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
@@ -326,23 +346,35 @@ class DINOModule(PretrainingObjective):
         self._steps_per_epoch = length.steps_per_epoch
         h = self.hparams
         self.schedules = DINOSchedules.build(
-            total_steps=length.total_steps, steps_per_epoch=length.steps_per_epoch, global_batch=length.global_batch,
-            base_lr=h.lr, min_lr=h.min_lr, warmup_epochs=h.warmup_epochs,
-            weight_decay=h.weight_decay, weight_decay_end=h.weight_decay_end,
-            momentum_teacher=h.momentum_teacher, momentum_teacher_end=h.momentum_teacher_end,
-            teacher_temp=h.teacher_temp, warmup_teacher_temp=h.warmup_teacher_temp,
+            total_steps=length.total_steps,
+            steps_per_epoch=length.steps_per_epoch,
+            global_batch=length.global_batch,
+            base_lr=h.lr,
+            min_lr=h.min_lr,
+            warmup_epochs=h.warmup_epochs,
+            weight_decay=h.weight_decay,
+            weight_decay_end=h.weight_decay_end,
+            momentum_teacher=h.momentum_teacher,
+            momentum_teacher_end=h.momentum_teacher_end,
+            teacher_temp=h.teacher_temp,
+            warmup_teacher_temp=h.warmup_teacher_temp,
             warmup_teacher_temp_epochs=h.warmup_teacher_temp_epochs,
         )
 
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
-            raise ValueError("student and teacher are sharded differently, the EMA cannot pair them: use "
-                             "trainer.strategy locatdino.ssl.objective.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP")
+            raise ValueError(
+                "student and teacher are sharded differently, the EMA cannot pair them: use "
+                "trainer.strategy locatdino.ssl.objective.fsdp.DINOFSDPStrategy (DINOWrapPolicy) for FSDP"
+            )
         named = [(unwrapped_name(n), p) for n, p in self.trained_parameters() if p.requires_grad]
         self._clipped_params = [p for _, p in named]
         self._last_layer_params = [p for n, p in named if n.startswith(self.last_layer_prefixes)]
         groups = [
             {"params": [p for n, p in named if n not in self._no_weight_decay], "scheduled_weight_decay": True},
-            {"params": [p for n, p in named if n in self._no_weight_decay], "weight_decay": 0.0,
-             "scheduled_weight_decay": False},
+            {
+                "params": [p for n, p in named if n in self._no_weight_decay],
+                "weight_decay": 0.0,
+                "scheduled_weight_decay": False,
+            },
         ]
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=float(self.schedules.lr[0]))

@@ -30,18 +30,22 @@ from torch import nn
 
 import locatdino
 from locatdino.common.arguments import ArgumentParser, option_groups
+from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.evaluation.model_runs import parse_model
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
 from locatdino.models.checkpoints.loading import network_name
 from locatdino.models.token_grid import patch_size
-from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
-from locatdino.ssl.export.files import (FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files,
-                                        write_export)
+from locatdino.ssl.export.files import FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files, write_export
 from locatdino.ssl.export.model_card import logged_evaluation, model_card
 
 
-def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which: str = "teacher",
-                    overwrite: bool = False, fmt: str | None = None) -> str:
+def export_backbone(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    which: str = "teacher",
+    overwrite: bool = False,
+    fmt: str | None = None,
+) -> str:
     """Write the ``which`` backbone of ``checkpoint`` (a file, or ``NAME:FILE``) to ``out`` in
     ``fmt`` (None: from ``out``'s suffix); return a one-line summary."""
     name, source = _model_and_file(os.fspath(checkpoint))
@@ -49,8 +53,10 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     files = output_files(out, fmt)
     _check_targets(source, Path(out), files, fmt, overwrite)
     if os.path.isdir(source):
-        raise ValueError(f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
-                         "FSDPStrategy(state_dict_type='full') to get one file")
+        raise ValueError(
+            f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
+            "FSDPStrategy(state_dict_type='full') to get one file"
+        )
     ckpt = load_checkpoint(source, mmap=True)  # metadata; the weights are read by create_backbone
     lightning = isinstance(ckpt, Mapping) and "pytorch-lightning_version" in ckpt
     hparams = (ckpt.get("hyper_parameters") or {}) if lightning else {}
@@ -62,8 +68,10 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     elif fmt == "pth":
         state = {k: v.contiguous() for k, v in extract_backbone(ckpt, which, source).items()}
     else:
-        raise ValueError(f"{source}: --format {fmt} writes the model's config, so name the model the weights are "
-                         f"for: NAME:{source} (e.g. vit_small_patch16_224:{source})")
+        raise ValueError(
+            f"{source}: --format {fmt} writes the model's config, so name the model the weights are "
+            f"for: NAME:{source} (e.g. vit_small_patch16_224:{source})"
+        )
     network = network_name(ckpt, which) if isinstance(ckpt, Mapping) else which
     metadata = _metadata(source, network, model, hparams, ckpt, lightning)
     card = ""
@@ -75,8 +83,9 @@ def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, which
     write_export(fmt, state, metadata, Path(out), model, card)
     params = sum(v.numel() for v in state.values())
     what = f"{network} {metadata['model']} backbone" if model is not None else f"{network} backbone"
-    return (f"wrote the {what} ({len(state)} tensors, {params / 1e6:.2f}M values) to "
-            f"{', '.join(map(str, files))} ({fmt})")
+    return (
+        f"wrote the {what} ({len(state)} tensors, {params / 1e6:.2f}M values) to {', '.join(map(str, files))} ({fmt})"
+    )
 
 
 def export_format(out: str, fmt: str | None) -> str:
@@ -88,11 +97,15 @@ def export_format(out: str, fmt: str | None) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "safetensors" and not named_safetensors:
-        raise ValueError(f"the output {out}: --format safetensors writes a .safetensors file (timm picks its reader "
-                         f"by the suffix): name it {Path(out).with_suffix('.safetensors')}")
+        raise ValueError(
+            f"the output {out}: --format safetensors writes a .safetensors file (timm picks its reader "
+            f"by the suffix): name it {Path(out).with_suffix('.safetensors')}"
+        )
     if fmt != "safetensors" and named_safetensors:
-        raise ValueError(f"the output {out} is named .safetensors but --format {fmt} writes "
-                         f"{'a folder' if fmt == 'hf-hub' else 'a torch file'}: choose another name")
+        raise ValueError(
+            f"the output {out} is named .safetensors but --format {fmt} writes "
+            f"{'a folder' if fmt == 'hf-hub' else 'a torch file'}: choose another name"
+        )
     return fmt
 
 
@@ -119,17 +132,24 @@ def _architecture(name: str | None, hparams: Mapping[str, Any], source: str) -> 
     return saved, dict(hparams.get("backbone_kwargs") or {})
 
 
-def _metadata(source: str, network: str, model: nn.Module | None, hparams: Mapping[str, Any], ckpt: Any,
-              lightning: bool) -> dict[str, str]:
+def _metadata(
+    source: str, network: str, model: nn.Module | None, hparams: Mapping[str, Any], ckpt: Any, lightning: bool
+) -> dict[str, str]:
     """What every exported file records (strings: the safetensors header holds nothing else)."""
-    found: dict[str, str] = {"written_by": WRITTEN_BY, "locatdino_version": locatdino.__version__,
-                             "source": source, "network": network}
+    found: dict[str, str] = {
+        "written_by": WRITTEN_BY,
+        "locatdino_version": locatdino.__version__,
+        "source": source,
+        "network": network,
+    }
     if model is not None:
         img, patch = model.patch_embed.img_size, patch_size(model)
-        found.update(model=model.pretrained_cfg["architecture"],
-                     img_size=str(img[0]) if img[0] == img[1] else f"{img[0]}x{img[1]}",
-                     patch_size=str(patch[0]) if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}",
-                     pos_embed_rule=getattr(model, "pos_embed_rule", "timm"))
+        found.update(
+            model=model.pretrained_cfg["architecture"],
+            img_size=str(img[0]) if img[0] == img[1] else f"{img[0]}x{img[1]}",
+            patch_size=str(patch[0]) if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}",
+            pos_embed_rule=getattr(model, "pos_embed_rule", "timm"),
+        )
     if lightning:
         found["objective"] = hparams.get("_class_path") or f"locatdino fit ({network})"
         found["step"] = str(ckpt.get("global_step", ""))
@@ -152,39 +172,62 @@ def _check_targets(source: str, out: Path, files: list[Path], fmt: str, overwrit
         if not os.path.lexists(path):
             continue
         if os.path.exists(source) and path.exists() and os.path.samefile(source, path):  # also a link of it
-            raise ValueError(f"the output {path} is the input checkpoint: write the export to another "
-                             f"{'folder' if fmt == 'hf-hub' else 'file'}")
+            raise ValueError(
+                f"the output {path} is the input checkpoint: write the export to another "
+                f"{'folder' if fmt == 'hf-hub' else 'file'}"
+            )
         if overwrite:
             continue
         if not path.exists():  # a link to nothing
-            raise ValueError(f"the output {path} is a link to a missing file {os.readlink(path)}: pass --overwrite to "
-                             f"replace the link by the export, or choose another file")
+            raise ValueError(
+                f"the output {path} is a link to a missing file {os.readlink(path)}: pass --overwrite to "
+                f"replace the link by the export, or choose another file"
+            )
         earlier = export_metadata(path)
-        what = (f"is an earlier export ({describe_export(earlier)})" if earlier is not None
-                else "exists and was not written by export")
-        raise ValueError(f"the output {path} {what}: pass --overwrite to replace it, or choose another "
-                         f"{'folder' if fmt == 'hf-hub' else 'file'}")
+        what = (
+            f"is an earlier export ({describe_export(earlier)})"
+            if earlier is not None
+            else "exists and was not written by export"
+        )
+        raise ValueError(
+            f"the output {path} {what}: pass --overwrite to replace it, or choose another "
+            f"{'folder' if fmt == 'hf-hub' else 'file'}"
+        )
 
 
 def main(argv: list[str]) -> int:
     """``locatdino export`` with ``argv`` (without the word ``export``); returns the exit status."""
     parser = ArgumentParser(prog="locatdino export", description=__doc__.split("\n\n")[0])
     groups = option_groups(parser)
-    groups.model.add_argument("checkpoint", metavar="[NAME:]CHECKPOINT",
-                              help="Lightning checkpoint of locatdino fit (runs/<run>/checkpoints/last.ckpt), or "
-                              "NAME:FILE for any other file locatdino reads (a DINO checkpoint, a released "
-                              "backbone), NAME the timm / LocAtViT model the weights are for")
-    groups.model.add_argument("--which", choices=("teacher", "student"), default="teacher",
-                              help="network to export (default: the one the objective evaluates: DINO's teacher, "
-                              "the supervised classifier's backbone)")
+    groups.model.add_argument(
+        "checkpoint",
+        metavar="[NAME:]CHECKPOINT",
+        help="Lightning checkpoint of locatdino fit (runs/<run>/checkpoints/last.ckpt), or "
+        "NAME:FILE for any other file locatdino reads (a DINO checkpoint, a released "
+        "backbone), NAME the timm / LocAtViT model the weights are for",
+    )
+    groups.model.add_argument(
+        "--which",
+        choices=("teacher", "student"),
+        default="teacher",
+        help="network to export (default: the one the objective evaluates: DINO's teacher, "
+        "the supervised classifier's backbone)",
+    )
     groups.output.add_argument("out", help="output file (pth, safetensors) or folder (hf-hub)")
-    groups.output.add_argument("--format", choices=FORMATS, default=None, dest="fmt",
-                               help="pth: a torch state dict; safetensors: OUT.safetensors and its timm "
-                               "<stem>.config.json; hf-hub: a folder timm loads as local-dir:OUT or from the Hub "
-                               "once pushed (default: safetensors for an OUT named *.safetensors, else pth)")
-    groups.output.add_argument("--overwrite", action="store_true",
-                               help="replace existing output files, earlier exports included (never the input "
-                               "checkpoint)")
+    groups.output.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        dest="fmt",
+        help="pth: a torch state dict; safetensors: OUT.safetensors and its timm "
+        "<stem>.config.json; hf-hub: a folder timm loads as local-dir:OUT or from the Hub "
+        "once pushed (default: safetensors for an OUT named *.safetensors, else pth)",
+    )
+    groups.output.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing output files, earlier exports included (never the input checkpoint)",
+    )
     args = parser.parse_args(argv)
     try:
         print(export_backbone(args.checkpoint, args.out, args.which, args.overwrite, args.fmt))

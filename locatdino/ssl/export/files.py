@@ -110,14 +110,21 @@ def timm_config(model: nn.Module, metadata: Mapping[str, str]) -> str:
         config = json.loads(path.read_text(encoding="utf-8"))
     pretrained = config["pretrained_cfg"]
     pretrained.pop("tag", None)
-    pretrained.update(input_size=[3, *model.patch_embed.img_size], mean=list(IMAGENET_DEFAULT_MEAN),
-                      std=list(IMAGENET_DEFAULT_STD))
+    pretrained.update(
+        input_size=[3, *model.patch_embed.img_size], mean=list(IMAGENET_DEFAULT_MEAN), std=list(IMAGENET_DEFAULT_STD)
+    )
     config[EXPORT_KEY] = dict(metadata)
     return json.dumps(config, indent=2) + "\n"
 
 
-def write_export(fmt: str, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], out: Path,
-                 model: nn.Module | None = None, card: str = "") -> list[Path]:
+def write_export(
+    fmt: str,
+    state: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str],
+    out: Path,
+    model: nn.Module | None = None,
+    card: str = "",
+) -> list[Path]:
     """Write ``state`` in ``fmt`` to ``out`` (``model``: what ``state`` loads into, for
     ``config.json``; ``card``: the hf-hub ``README.md``); returns the files written. Each file is
     written atomically; the weights first, so a ``config.json`` never describes absent weights."""

@@ -36,32 +36,62 @@ def logged_evaluation(checkpoint_path: str | Path, step: int | None) -> dict[str
     return found
 
 
-def model_card(metadata: Mapping[str, str], hparams: Mapping[str, Any] | None,
-               evaluation: Mapping[str, tuple[int, float]], epoch: int | None) -> str:
+def model_card(
+    metadata: Mapping[str, str],
+    hparams: Mapping[str, Any] | None,
+    evaluation: Mapping[str, tuple[int, float]],
+    epoch: int | None,
+) -> str:
     """The ``README.md`` text (see the module docstring)."""
     name = metadata["model"]
     steps = ""
     if metadata.get("step"):
         steps = f"step {metadata['step']}" + (f", epoch {epoch}" if epoch is not None else "")
     lines = [
-        "---", "library_name: timm", "tags:", "- image-feature-extraction", "- timm", "- locatdino", "---", "",
-        f"# {name}", "",
+        "---",
+        "library_name: timm",
+        "tags:",
+        "- image-feature-extraction",
+        "- timm",
+        "- locatdino",
+        "---",
+        "",
+        f"# {name}",
+        "",
         f"The {metadata.get('network', 'backbone')} backbone of `{metadata.get('source')}`"
         + (f" ({metadata['objective']}, {steps})" if metadata.get("objective") and steps else "")
         + f", written by `locatdino export`. Trained at {metadata['img_size']} px with patch {metadata['patch_size']}; "
         "no classifier head (`num_classes=0`): `forward_features` gives the tokens, `forward` the image embedding.",
-        "", "```python", "import timm", "import locatdino  # only for a LocAtViT: registers locatvit_* in timm", "",
+        "",
+        "```python",
+        "import timm",
+        "import locatdino  # only for a LocAtViT: registers locatvit_* in timm",
+        "",
         'model = timm.create_model("local-dir:PATH/TO/THIS/FOLDER", pretrained=True)',
-        '# once pushed to the Hub: timm.create_model("hf-hub:USER/REPO", pretrained=True)', "```", "",
+        '# once pushed to the Hub: timm.create_model("hf-hub:USER/REPO", pretrained=True)',
+        "```",
+        "",
     ]
     recipe = {k: v for k, v in (hparams or {}).items() if not k.startswith("_")}
     if recipe:  # through JSON: tuples as lists, anything else as its text
-        lines += ["## Recipe", "", "The objective's settings saved in the checkpoint:", "", "```yaml",
-                  yaml.safe_dump(json.loads(json.dumps(recipe, default=str)), sort_keys=False).rstrip(), "```", ""]
+        lines += [
+            "## Recipe",
+            "",
+            "The objective's settings saved in the checkpoint:",
+            "",
+            "```yaml",
+            yaml.safe_dump(json.loads(json.dumps(recipe, default=str)), sort_keys=False).rstrip(),
+            "```",
+            "",
+        ]
     lines += ["## Evaluation", ""]
     if evaluation:
-        lines += ["| metric | value | at step |", "| --- | --- | --- |",
-                  *(f"| {key} | {value:.4g} | {step} |" for key, (step, value) in evaluation.items()), ""]
+        lines += [
+            "| metric | value | at step |",
+            "| --- | --- | --- |",
+            *(f"| {key} | {value:.4g} | {step} |" for key, (step, value) in evaluation.items()),
+            "",
+        ]
     else:
         lines += ["The run logged no held-out score up to this checkpoint.", ""]
     return "\n".join(lines)

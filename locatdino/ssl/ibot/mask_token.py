@@ -52,6 +52,8 @@ class MaskToken(nn.Module):
             return out
         # patch embeddings are [B, h, w, D] (dynamic image size) or [B, N, D]
         if masks.shape[0] != out.shape[0] or masks.shape[1] != out.shape[1:-1].numel():
-            raise ValueError(f"MaskToken: masks {tuple(masks.shape)} do not fit the patch embeddings "
-                             f"{tuple(out.shape)} (need [B, h·w])")
+            raise ValueError(
+                f"MaskToken: masks {tuple(masks.shape)} do not fit the patch embeddings "
+                f"{tuple(out.shape)} (need [B, h·w])"
+            )
         return torch.where(masks.reshape(*out.shape[:-1], 1), self.token.to(out.dtype), out)

@@ -93,7 +93,7 @@ class BlockMasking:
             if not (0 < bh < h and 0 < bw < w):  # smaller than the grid, as the references require
                 continue
             top, left = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
-            block = mask[top:top + bh, left:left + bw]
+            block = mask[top : top + bh, left : left + bw]
             new = bh * bw - int(block.sum())
             if 0 < new <= budget:
                 block[...] = True

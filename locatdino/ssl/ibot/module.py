@@ -12,11 +12,11 @@ from torch import Tensor, nn
 from locatdino.models.token_grid import token_grid
 from locatdino.ssl.dino.loss import DINOLoss
 from locatdino.ssl.dino.module import DINOModule, StepLosses
-from locatdino.ssl.objective.head import DINOHead
-from locatdino.ssl.ibot.patch_loss import IBOTPatchLoss
 from locatdino.ssl.ibot.koleo_loss import KoLeoLoss
 from locatdino.ssl.ibot.mask_token import MaskToken
 from locatdino.ssl.ibot.masking import BlockMasking, mask_rng
+from locatdino.ssl.ibot.patch_loss import IBOTPatchLoss
+from locatdino.ssl.objective.head import DINOHead
 from locatdino.ssl.objective.schedules import warmup_constant_schedule
 
 _MASK_SEED_KEY = "ibot_mask_seed"
@@ -44,17 +44,17 @@ class _FinalTokens:
         finally:
             self.armed = False
         tokens, self.tokens = self.tokens, None
-        return embedding, tokens[:, backbone.num_prefix_tokens:]
+        return embedding, tokens[:, backbone.num_prefix_tokens :]
 
 
 class IBOTModule(DINOModule):
     """iBOT pretraining of any timm ViT (LocAtViT or vanilla): DINO plus masked-patch prediction.
 
-    DINO's loss on the class embeddings plus, on the masked patches of the student's global crops,
-    a cross-entropy to the teacher's patch targets of the same, unmasked crops; optionally
-    DINOv2's KoLeo on the student's class embeddings. Everything else is :class:`DINOModule`'s: schedules, EMA teacher (the evaluated
-    and exported network), per-tensor clipping, last-layer freeze (both heads), non-finite
-    handling, gradient accumulation, DDP / FSDP, checkpoints.
+    DINO's loss on the class embeddings plus, on the masked patches of the student's global crops, a
+    cross-entropy to the teacher's patch targets of the same, unmasked crops; optionally DINOv2's
+    KoLeo on the student's class embeddings. Everything else is :class:`DINOModule`'s: schedules,
+    EMA teacher (the evaluated and exported network), per-tensor clipping, last-layer freeze (both
+    heads), non-finite handling, gradient accumulation, DDP / FSDP, checkpoints.
 
     Per step: the global crops ``[V_g, B, 3, H, W]`` get block-wise masks (:class:`BlockMasking`,
     drawn from ``(mask_seed, rank, step, micro-batch)``: a resume replays them); the student sees
@@ -119,11 +119,14 @@ class IBOTModule(DINOModule):
         super().__init__(**kwargs)  # (calls branch_extras: the patch head)
         h = self.hparams
         if not separate_patch_head and patch_out_dim not in (None, h.out_dim):
-            raise ValueError(f"IBOTModule: patch_out_dim {patch_out_dim} needs separate_patch_head (a shared "
-                             f"head has out_dim {h.out_dim} prototypes)")
+            raise ValueError(
+                f"IBOTModule: patch_out_dim {patch_out_dim} needs separate_patch_head (a shared "
+                f"head has out_dim {h.out_dim} prototypes)"
+            )
         self.masking = masking
-        self.ibot_loss = IBOTPatchLoss(self.patch_out_dim, h.student_temp, patch_center_momentum,
-                                       patch_centering, sinkhorn_iterations)
+        self.ibot_loss = IBOTPatchLoss(
+            self.patch_out_dim, h.student_temp, patch_center_momentum, patch_centering, sinkhorn_iterations
+        )
         self.koleo_loss = KoLeoLoss()
         # one token, outside both branches: the teacher never sees masks (and under FSDP it stays in
         # the root unit, unsharded for the whole step, where the patch-embedding hook reads it)
@@ -138,8 +141,17 @@ class IBOTModule(DINOModule):
         h = self.hparams
         if not h.separate_patch_head:
             return {}
-        return {"patch_head": DINOHead(embed_dim, self.patch_out_dim, h.hidden_dim, h.bottleneck_dim,
-                                       h.head_layers, h.use_bn_in_head, h.norm_last_layer)}
+        return {
+            "patch_head": DINOHead(
+                embed_dim,
+                self.patch_out_dim,
+                h.hidden_dim,
+                h.bottleneck_dim,
+                h.head_layers,
+                h.use_bn_in_head,
+                h.norm_last_layer,
+            )
+        }
 
     @property
     def patch_out_dim(self) -> int:
@@ -194,8 +206,11 @@ class IBOTModule(DINOModule):
         dino = self.dino_loss(student_out, teacher_probs)
         ibot = self.ibot_loss(self._patch_head(self.student)(s_patches[masks]), teacher_patch_probs, masks)
         loss = h.dino_loss_weight * dino + h.ibot_loss_weight * ibot
-        parts: dict[str, Tensor | float] = {"dino_loss": dino.detach(), "ibot_loss": ibot.detach(),
-                                            "teacher_patch_temp": values["teacher_patch_temp"]}
+        parts: dict[str, Tensor | float] = {
+            "dino_loss": dino.detach(),
+            "ibot_loss": ibot.detach(),
+            "teacher_patch_temp": values["teacher_patch_temp"],
+        }
         if h.koleo_loss_weight:
             koleo = sum(self.koleo_loss(e) for e in s_embedding.unflatten(0, (v_g, b)))
             loss = loss + h.koleo_loss_weight * koleo
@@ -218,8 +233,11 @@ class IBOTModule(DINOModule):
         optimizer = super().configure_optimizers()
         length, h = self._run_length, self.hparams
         self._patch_temp = warmup_constant_schedule(
-            h.warmup_teacher_patch_temp, h.teacher_patch_temp, length.total_steps,
-            int(round(h.warmup_teacher_temp_epochs * length.steps_per_epoch)))
+            h.warmup_teacher_patch_temp,
+            h.teacher_patch_temp,
+            length.total_steps,
+            int(round(h.warmup_teacher_temp_epochs * length.steps_per_epoch)),
+        )
         return optimizer
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

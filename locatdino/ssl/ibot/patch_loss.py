@@ -37,8 +37,14 @@ class IBOTPatchLoss(DINOLoss):
         sinkhorn_iterations: Sinkhorn–Knopp iterations (3).
     """
 
-    def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9,
-                 centering: Literal["center", "sinkhorn_knopp"] = "center", sinkhorn_iterations: int = 3) -> None:
+    def __init__(
+        self,
+        out_dim: int,
+        student_temp: float = 0.1,
+        center_momentum: float = 0.9,
+        centering: Literal["center", "sinkhorn_knopp"] = "center",
+        sinkhorn_iterations: int = 3,
+    ) -> None:
         super().__init__(out_dim, student_temp, center_momentum)
         if centering not in CENTERINGS:
             raise ValueError(f"IBOTPatchLoss: centering must be one of {CENTERINGS}, got {centering!r}")
@@ -68,9 +74,11 @@ class IBOTPatchLoss(DINOLoss):
         """
         m = int(masks.sum())
         if student_out.shape != teacher_probs.shape or student_out.shape[0] != m or masks.ndim != 2:
-            raise ValueError(f"IBOTPatchLoss: need student and teacher [M, K] with M = masks.sum() = {m} and "
-                             f"masks [C, N], got student {tuple(student_out.shape)}, teacher "
-                             f"{tuple(teacher_probs.shape)}, masks {tuple(masks.shape)}")
+            raise ValueError(
+                f"IBOTPatchLoss: need student and teacher [M, K] with M = masks.sum() = {m} and "
+                f"masks [C, N], got student {tuple(student_out.shape)}, teacher "
+                f"{tuple(teacher_probs.shape)}, masks {tuple(masks.shape)}"
+            )
         log_q = F.log_softmax(_at_least_fp32(student_out) / self.student_temp, dim=-1)
         per_patch = -(teacher_probs * log_q).sum(-1)
         counts = masks.sum(-1, keepdim=True).expand_as(masks)[masks]  # each patch's crop count

@@ -1,4 +1,5 @@
-"""Sinkhorn–Knopp teacher targets (SwAV, Caron et al. 2020; DINOv2's ``centering: sinkhorn_knopp``; docs/pretraining.md).
+"""Sinkhorn–Knopp teacher targets (SwAV, Caron et al. 2020; DINOv2's ``centering: sinkhorn_knopp``;
+docs/pretraining.md).
 
 Instead of subtracting a running centre, the teacher's sharpened scores of a batch are
 balanced so that every prototype receives the same total mass over the batch (summed over every

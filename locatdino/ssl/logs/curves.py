@@ -32,8 +32,11 @@ _PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 
 def _versions(log_dir: Path) -> list[Path]:
-    found = [(int(m[1]), p) for p in log_dir.glob("version_*/metrics.csv")
-             if (m := re.fullmatch(r"version_(\d+)", p.parent.name))]
+    found = [
+        (int(m[1]), p)
+        for p in log_dir.glob("version_*/metrics.csv")
+        if (m := re.fullmatch(r"version_(\d+)", p.parent.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -62,7 +65,7 @@ def stitched_metrics(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, fl
     runs = [_read(p) for p in _versions(Path(log_dir))]
     merged: dict[str, dict[int, float]] = {}
     for i, run in enumerate(runs):
-        later = [min(s) for r in runs[i + 1:] for s in r.values() if s]
+        later = [min(s) for r in runs[i + 1 :] for s in r.values() if s]
         cut = min(later) if later else math.inf
         for key, values in run.items():
             merged.setdefault(key, {}).update({s: v for s, v in values.items() if s < cut})

@@ -26,8 +26,11 @@ def wants_line_progress(trainer_config: dict[str, Any]) -> bool:
     callbacks = trainer_config.get("callbacks") or []
     if not isinstance(callbacks, list):
         callbacks = [callbacks]
-    return (trainer_config.get("enable_progress_bar", True) is not False and not is_terminal(sys.stdout)
-            and not any(isinstance(c, ProgressBar) for c in callbacks))
+    return (
+        trainer_config.get("enable_progress_bar", True) is not False
+        and not is_terminal(sys.stdout)
+        and not any(isinstance(c, ProgressBar) for c in callbacks)
+    )
 
 
 class LineProgressBar(ProgressBar):
@@ -50,18 +53,24 @@ class LineProgressBar(ProgressBar):
             return
         self._last = time.monotonic()
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in self.get_metrics(trainer, pl_module).items())
+        metrics = ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in self.get_metrics(trainer, pl_module).items()
+        )
         elapsed = time.strftime("%H:%M:%S", time.gmtime(self._last - self._start))
-        print(f"[fit] {what}: step {trainer.global_step}/{total}, epoch {trainer.current_epoch}, {elapsed}"
-              + (f", {metrics}" if metrics else ""), flush=True)
+        print(
+            f"[fit] {what}: step {trainer.global_step}/{total}, epoch {trainer.current_epoch}, {elapsed}"
+            + (f", {metrics}" if metrics else ""),
+            flush=True,
+        )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.monotonic()
         self._line(trainer, pl_module, "training")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if time.monotonic() - self._last >= self.interval:
             self._line(trainer, pl_module, "training")
 

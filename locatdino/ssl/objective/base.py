@@ -49,13 +49,17 @@ def resumed_run_change(then: RunLength, now: RunLength) -> str:
     length, and the data order (the shards are split over the ranks anew)."""
     if then.world_size and then.world_size != now.world_size:
         lr_factor = now.global_batch / then.global_batch
-        return (f"resumed on {now.world_size} ranks, the checkpoint was trained on {then.world_size}: global batch "
-                f"{then.global_batch} -> {now.global_batch} images, so the peak lr x {lr_factor:g} "
-                f"(it scales with the global batch); {then.steps_per_epoch} -> {now.steps_per_epoch} steps per epoch, "
-                f"schedules rebuilt for {now.total_steps} steps (were {then.total_steps}); the shards are split over "
-                "the ranks anew, so the data order differs from an uninterrupted run")
-    return (f"the schedules differ from the checkpoint's: {asdict(then)} then, {asdict(now)} now "
-            "(changed max_epochs/max_steps or batch size?)")
+        return (
+            f"resumed on {now.world_size} ranks, the checkpoint was trained on {then.world_size}: global batch "
+            f"{then.global_batch} -> {now.global_batch} images, so the peak lr x {lr_factor:g} "
+            f"(it scales with the global batch); {then.steps_per_epoch} -> {now.steps_per_epoch} steps per epoch, "
+            f"schedules rebuilt for {now.total_steps} steps (were {then.total_steps}); the shards are split over "
+            "the ranks anew, so the data order differs from an uninterrupted run"
+        )
+    return (
+        f"the schedules differ from the checkpoint's: {asdict(then)} then, {asdict(now)} now "
+        "(changed max_epochs/max_steps or batch size?)"
+    )
 
 
 class PretrainingObjective(LightningModule):
@@ -89,8 +93,10 @@ class PretrainingObjective(LightningModule):
         h = self.hparams
         if h.grad_checkpointing:
             if not hasattr(trained, "set_grad_checkpointing"):
-                raise UserError(f"model.grad_checkpointing: the backbone {h.backbone} ({type(trained).__name__}) "
-                                "has no set_grad_checkpointing")
+                raise UserError(
+                    f"model.grad_checkpointing: the backbone {h.backbone} ({type(trained).__name__}) "
+                    "has no set_grad_checkpointing"
+                )
             trained.set_grad_checkpointing(True)
             self._checkpointed = trained
         if h.compile:
@@ -108,8 +114,10 @@ class PretrainingObjective(LightningModule):
         strategy = getattr(self._trainer, "strategy", None)
         if self._checkpointed is not None and isinstance(strategy, FSDPStrategy):
             if not isinstance(strategy, DINOFSDPStrategy):
-                raise UserError("model.grad_checkpointing under FSDP needs trainer.strategy dino_fsdp "
-                                "(locatdino.ssl.objective.fsdp.DINOFSDPStrategy), which checkpoints each block")
+                raise UserError(
+                    "model.grad_checkpointing under FSDP needs trainer.strategy dino_fsdp "
+                    "(locatdino.ssl.objective.fsdp.DINOFSDPStrategy), which checkpoints each block"
+                )
             self._checkpointed.set_grad_checkpointing(False)
 
     @property

@@ -30,7 +30,6 @@ from torch.nn.utils import parametrize
 
 from locatdino.ssl.objective.head import DINOHead
 
-
 # every timm transformer block (ViT and LocAtViT: GAug attention lives inside the block)
 BLOCK_CHECKPOINTING = ModuleWrapPolicy({Block})
 
@@ -86,8 +85,12 @@ class DINOFSDPStrategy(FSDPStrategy):
         self.follow_grad_checkpointing(model)
         if self.root_device.type == "cpu" and not isinstance(model, FullyShardedDataParallel):
             model = FullyShardedDataParallel(
-                module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
-                sharding_strategy=self.sharding_strategy, device_id=torch.device("cpu"), **self.kwargs,
+                module=model,
+                cpu_offload=self.cpu_offload,
+                mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy,
+                device_id=torch.device("cpu"),
+                **self.kwargs,
             )
             self.kwargs.pop("auto_wrap_policy", None)  # applied; Lightning would warn that it is ignored
         return super()._setup_model(model)
@@ -106,5 +109,4 @@ class DINOFSDPStrategy(FSDPStrategy):
         return dataclasses.replace(config, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
 
-StrategyRegistry.register("dino_fsdp", DINOFSDPStrategy, description="FSDP with DINO's wrapping policy",
-                          override=True)
+StrategyRegistry.register("dino_fsdp", DINOFSDPStrategy, description="FSDP with DINO's wrapping policy", override=True)

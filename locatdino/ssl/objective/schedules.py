@@ -68,8 +68,9 @@ class DINOSchedules:
     ) -> DINOSchedules:
         """Epoch-valued settings are converted to steps with ``steps_per_epoch`` (rounded)."""
         if total_steps < 1 or steps_per_epoch <= 0:
-            raise ValueError(f"DINOSchedules: need total_steps >= 1 and steps_per_epoch > 0, "
-                             f"got {total_steps} and {steps_per_epoch}")
+            raise ValueError(
+                f"DINOSchedules: need total_steps >= 1 and steps_per_epoch > 0, got {total_steps} and {steps_per_epoch}"
+            )
 
         def steps(epochs: float) -> int:
             return int(round(epochs * steps_per_epoch))
@@ -96,4 +97,3 @@ class DINOSchedules:
             "teacher_momentum": float(self.teacher_momentum[i]),
             "teacher_temp": float(self.teacher_temp[i]),
         }
-

@@ -71,17 +71,21 @@ def load_start_weights(module: nn.Module, path: str | os.PathLike) -> StartWeigh
             target = getattr(module, branch)[name]
             mismatch = checkpoint_mismatch(state, target.state_dict())
             if mismatch:
-                raise ValueError(f"{source}: the {branch}'s {name} does not fit the run's ({mismatch}): give the "
-                                 "model the file's head settings (out_dim, hidden_dim, bottleneck_dim, head_layers), "
-                                 f"or start from its teacher's backbone alone (locatdino export {source} teacher.pth, "
-                                 "then --model.backbone_checkpoint teacher.pth)")
+                raise ValueError(
+                    f"{source}: the {branch}'s {name} does not fit the run's ({mismatch}): give the "
+                    "model the file's head settings (out_dim, hidden_dim, bottleneck_dim, head_layers), "
+                    f"or start from its teacher's backbone alone (locatdino export {source} teacher.pth, "
+                    "then --model.backbone_checkpoint teacher.pth)"
+                )
             target.load_state_dict(state)
         taken.modules.append(name)
     center = branches["center"]
     if center is not None:
         if center.numel() != module.dino_loss.center.numel():
-            raise ValueError(f"{source}: its DINO loss centre has {center.numel()} prototypes, the run's head "
-                             f"{module.dino_loss.center.numel()} (model.out_dim)")
+            raise ValueError(
+                f"{source}: its DINO loss centre has {center.numel()} prototypes, the run's head "
+                f"{module.dino_loss.center.numel()} (model.out_dim)"
+            )
         module.dino_loss.center.copy_(center.reshape(module.dino_loss.center.shape))
         taken.centres.append("dino_loss")
     return taken
@@ -109,7 +113,7 @@ def _part(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Ten
     out = {}
     for key, value in state.items():
         if key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
             for old, new in _WEIGHT_NORM.items():
                 key = key[: -len(old)] + new if key.endswith(old) else key
             out[key] = value
@@ -118,8 +122,11 @@ def _part(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Ten
 
 def _without_ddp(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """DistributedDataParallel's ``module.`` dropped when every key carries it (DINO's student)."""
-    return {k.removeprefix("module."): v for k, v in state.items()} if all(k.startswith("module.") for k in state) \
+    return (
+        {k.removeprefix("module."): v for k, v in state.items()}
+        if all(k.startswith("module.") for k in state)
         else dict(state)
+    )
 
 
 def start_line(module: nn.Module, taken: StartWeights) -> str:
@@ -129,9 +136,14 @@ def start_line(module: nn.Module, taken: StartWeights) -> str:
     both = " for the student and the teacher" if taken.kind == "a backbone" else " of the student and the teacher"
     took = [f"the {' and '.join(taken.modules)}{both}"] + [f"the {name} centre" for name in taken.centres]
     fresh = [f"the {name}s" for name in module.student if name not in taken.modules]
-    fresh += [f"the {name} centre" for name, loss in module.named_children()
-              if loss in module.centred_losses() and name not in taken.centres]
+    fresh += [
+        f"the {name} centre"
+        for name, loss in module.named_children()
+        if loss in module.centred_losses() and name not in taken.centres
+    ]
     branch_params = {id(p) for p in module.student.parameters()}
     fresh += sorted({f"the {n.split('.')[0]}" for n, p in module.trained_parameters() if id(p) not in branch_params})
-    return (f"model.backbone_checkpoint {taken.path} ({taken.kind}): took {', '.join(took)}; "
-            f"initialised {', '.join(fresh) or 'nothing'}")
+    return (
+        f"model.backbone_checkpoint {taken.path} ({taken.kind}): took {', '.join(took)}; "
+        f"initialised {', '.join(fresh) or 'nothing'}"
+    )

@@ -49,12 +49,15 @@ from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
-from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.common.errors import UsageError, UserError
 from locatdino.common.output_files import disk_full_message, output_lock, remove_stale_temporaries
 from locatdino.common.processes import Terminated, stop_status
+from locatdino.configs import DEFAULT_CONFIG, resolve_recipe
+from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
+from locatdino.ssl.logs.curves import CURVES_NAME, write_curves
+from locatdino.ssl.logs.progress import LineProgressBar, wants_line_progress
+from locatdino.ssl.logs.trackers import log_image, with_csv_logger
 from locatdino.ssl.run.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     MAX_COLLECTIVE_TIMEOUT_S,
@@ -67,21 +70,24 @@ from locatdino.ssl.run.collective_timeout import (
     takes_timeout,
 )
 from locatdino.ssl.run.config_files import config_paths, read_config
-from locatdino.ssl.logs.curves import CURVES_NAME, write_curves
-from locatdino.ssl.run.fit_checks import (FIT_ARGS, FitArgumentParser, check_fit_config, checkpoint_dir,
-                                      earlier_checkpoints)
+from locatdino.ssl.run.fit_checks import (
+    FIT_ARGS,
+    FitArgumentParser,
+    check_fit_config,
+    checkpoint_dir,
+    earlier_checkpoints,
+)
 from locatdino.ssl.run.launch_checks import missing_launcher
-from locatdino.ssl.logs.progress import LineProgressBar, wants_line_progress
 from locatdino.ssl.run.rank_agreement import SameConfigOnEveryRank
 from locatdino.ssl.run.restarts import record_elastic_job, resume_after_restart
 from locatdino.ssl.run.stop_checkpoint import SigtermCheckpoint, StoppedBySignal
-from locatdino.ssl.logs.trackers import log_image, with_csv_logger
-
 
 DEFAULT_OBJECTIVE = "locatdino.ssl.DINOModule"
 # the two ModelCheckpoint config groups of every run, with the title fit --help shows
-CHECKPOINT_GROUPS = {"step_checkpoint": "last.ckpt every N training steps, the resume point (ModelCheckpoint)",
-                     "epoch_checkpoint": "a checkpoint at every epoch end, and last.ckpt (ModelCheckpoint)"}
+CHECKPOINT_GROUPS = {
+    "step_checkpoint": "last.ckpt every N training steps, the resume point (ModelCheckpoint)",
+    "epoch_checkpoint": "a checkpoint at every epoch end, and last.ckpt (ModelCheckpoint)",
+}
 
 
 class MissingDefaultConfigError(FileNotFoundError):
@@ -115,15 +121,27 @@ class FitCLI(LightningCLI):
         trainer = self.trainer
         if isinstance(err, (SIGTERMException, Terminated)):
             stoppers = [cb for cb in trainer.callbacks if isinstance(cb, SigtermCheckpoint)]
-            signum = err.signum if isinstance(err, Terminated) else next(  # Lightning's own stop: SIGTERM
-                (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM)
+            signum = (
+                err.signum
+                if isinstance(err, Terminated)
+                else next(  # Lightning's own stop: SIGTERM
+                    (cb.stopped_by for cb in stoppers if cb.stopped_by), signal.SIGTERM
+                )
+            )
             saved = [cb.saved for cb in stoppers if cb.saved]
-            return StoppedBySignal(f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: " + (
-                f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"), signum)
+            return StoppedBySignal(
+                f"stopped by {signal.Signals(signum).name} at step {trainer.global_step}: "
+                + (f"saved {saved[0]} (resume with --ckpt_path last)" if saved else "no checkpoint saved"),
+                signum,
+            )
         checkpoints = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
-        message = lost_rank_message(err, rank=trainer.global_rank, step=trainer.global_step,
-                                    collective_timeout=self.config.fit.collective_timeout,
-                                    checkpoint=checkpoints[-1] if checkpoints else None)
+        message = lost_rank_message(
+            err,
+            rank=trainer.global_rank,
+            step=trainer.global_step,
+            collective_timeout=self.config.fit.collective_timeout,
+            checkpoint=checkpoints[-1] if checkpoints else None,
+        )
         return None if message is None else LostRank(message)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -134,14 +152,21 @@ class FitCLI(LightningCLI):
         parser.add_lightning_class_args(CollapseMonitor, "collapse_monitor")
         parser.add_lightning_class_args(SkippedSamplesLogger, "skipped_samples")
         parser.link_arguments("data.init_args.batch_size", "model.init_args.batch_size")
-        parser.add_argument("--collective_timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S,
-                            help="seconds a rank waits for the others in a collective before the run stops: what a "
-                            f"hung rank costs; {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:.3f} "
-                            "(24.8 days; docs/multinode.md)")
-        parser.add_argument("--overwrite", action="store_true",
-                            help="Start a new run in a trainer.default_root_dir that holds another run's "
-                            "checkpoints: delete them, its logs and its curves first (without --overwrite such a "
-                            "folder is refused).")
+        parser.add_argument(
+            "--collective_timeout",
+            type=float,
+            default=DEFAULT_COLLECTIVE_TIMEOUT_S,
+            help="seconds a rank waits for the others in a collective before the run stops: what a "
+            f"hung rank costs; {MIN_COLLECTIVE_TIMEOUT_S:g} to {MAX_COLLECTIVE_TIMEOUT_S:.3f} "
+            "(24.8 days; docs/multinode.md)",
+        )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="Start a new run in a trainer.default_root_dir that holds another run's "
+            "checkpoints: delete them, its logs and its curves first (without --overwrite such a "
+            "folder is refused).",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse, resume by itself when the launcher restarted the job (:func:`resume_after_restart`),
@@ -190,8 +215,12 @@ class FitCLI(LightningCLI):
         strategy = trainer_config.get("strategy", "auto")
         if isinstance(strategy, str):
             kwargs["strategy"] = strategy_with_timeout(
-                strategy, config.collective_timeout, num_nodes=trainer_config.get("num_nodes") or 1,
-                devices=trainer_config.get("devices", "auto"), accelerator=trainer_config.get("accelerator", "auto"))
+                strategy,
+                config.collective_timeout,
+                num_nodes=trainer_config.get("num_nodes") or 1,
+                devices=trainer_config.get("devices", "auto"),
+                accelerator=trainer_config.get("accelerator", "auto"),
+            )
         if wants_line_progress({**trainer_config, **kwargs}):
             callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
             kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), LineProgressBar()]
@@ -280,8 +309,9 @@ def remove_earlier_run(default_root_dir: str | None) -> None:
 def _names_objective(args: list[str]) -> bool:
     """Whether a flag or a ``--config`` file of ``args`` sets the model's ``class_path`` (every
     file is read here, so one that is not a YAML mapping is refused naming it)."""
-    flag = any(arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path="))
-               for arg in args)
+    flag = any(
+        arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path=")) for arg in args
+    )
     recipes = [read_config(path) for path in config_paths(args) if os.path.isfile(path)]
     return flag or any(isinstance(r.get("model"), dict) and "class_path" in r["model"] for r in recipes)
 
@@ -301,8 +331,9 @@ def build_cli(args: list[str], run: bool = True) -> FitCLI:
     """The ``FitCLI`` of ``locatdino fit`` over ``default.yaml``; ``run=False`` only parses
     and instantiates (``args`` then without the ``fit`` subcommand)."""
     if not DEFAULT_CONFIG.is_file():
-        raise MissingDefaultConfigError(f"{DEFAULT_CONFIG} not found: the recipes ship inside the package, "
-                                        "reinstall locatdino")
+        raise MissingDefaultConfigError(
+            f"{DEFAULT_CONFIG} not found: the recipes ship inside the package, reinstall locatdino"
+        )
     args = _resolve_recipes(args)
     if not _names_objective(args):  # DINO, whose init_args a recipe may then give without a class_path
         args = ["--model", DEFAULT_OBJECTIVE, *args]

@@ -3,11 +3,12 @@
 Every rank of a multi-process run meets the others in collectives (the gradient all-reduce of each
 step, barriers around checkpoints). When a rank dies, its peers' connections close and they fail
 within seconds. When a rank hangs instead (a frozen node, a stuck file system or data loader, a
-faulty GPU), nothing closes: its peers wait in the next collective until the process group's
-timeout (Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL
-alike), while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`)
-builds the strategy with that timeout (:func:`strategy_with_timeout`, through the strategies'
-public ``timeout=``), so a hung rank costs ``S`` seconds.
+faulty GPU), nothing closes: its peers wait in the next collective until the process group's timeout
+(Lightning's strategies pass torch's ``default_pg_timeout``, 30 minutes, for gloo and NCCL alike),
+while every other accelerator of the job idles. ``locatdino fit --collective_timeout S`` (default
+:data:`DEFAULT_COLLECTIVE_TIMEOUT_S`) builds the strategy with that timeout
+(:func:`strategy_with_timeout`, through the strategies' public ``timeout=``), so a hung rank costs
+``S`` seconds.
 
 ``S`` must exceed every legitimate wait of one rank for another, or a healthy run stops falsely.
 The measured ones (benchmarks/RESULTS.md, "How long does a multi-node job wait for a failed node?"): writing
@@ -55,9 +56,11 @@ MAX_COLLECTIVE_TIMEOUT_S = (2**31 - 1) / 1000
 HEARTBEAT_VARIABLE = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
 
 # what gloo, c10d's store and NCCL say when a peer is gone (its connections closed) or silent
-_CLOSED = re.compile(r"connection (reset|closed) by peer|broken pipe|remote process exited|failed to recv, got 0 bytes",
-                     re.I)
+_CLOSED = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|remote process exited|failed to recv, got 0 bytes", re.I
+)
 _TIMED_OUT = re.compile(r"timed out|timeout", re.I)
+
 
 class LostRank(Exception):
     """A collective failed because another rank died or hung; ``str()`` is one line naming it."""
@@ -70,24 +73,32 @@ def check_collective_timeout(seconds: Any) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
         raise UserError(f"collective_timeout: must be a positive number of seconds, got {seconds!r}")
     if seconds < MIN_COLLECTIVE_TIMEOUT_S:
-        raise UserError(f"collective_timeout: {seconds:g} s is below {MIN_COLLECTIVE_TIMEOUT_S:g} s, shorter than the "
-                        "ranks of a healthy run wait for each other (start-up, checkpoint writes): it would stop the "
-                        "run as if a rank hung (docs/multinode.md)")
+        raise UserError(
+            f"collective_timeout: {seconds:g} s is below {MIN_COLLECTIVE_TIMEOUT_S:g} s, shorter than the "
+            "ranks of a healthy run wait for each other (start-up, checkpoint writes): it would stop the "
+            "run as if a rank hung (docs/multinode.md)"
+        )
     if seconds > MAX_COLLECTIVE_TIMEOUT_S:
-        raise UserError(f"collective_timeout: {seconds:g} s is above {MAX_COLLECTIVE_TIMEOUT_S:.3f} s (24.8 days, the "
-                        "largest timeout the process group takes: a 32-bit count of milliseconds)")
+        raise UserError(
+            f"collective_timeout: {seconds:g} s is above {MAX_COLLECTIVE_TIMEOUT_S:.3f} s (24.8 days, the "
+            "largest timeout the process group takes: a 32-bit count of milliseconds)"
+        )
     return float(seconds)
 
 
 def takes_timeout(strategy_class: type) -> bool:
     """Whether ``strategy_class`` is built with a process-group ``timeout=`` (Lightning's DDP, FSDP,
     DeepSpeed, model-parallel and their subclasses, such as ``dino_fsdp``, which pass it on)."""
-    return any("timeout" in inspect.signature(cls.__init__).parameters
-               for cls in strategy_class.__mro__ if "__init__" in vars(cls))
+    return any(
+        "timeout" in inspect.signature(cls.__init__).parameters
+        for cls in strategy_class.__mro__
+        if "__init__" in vars(cls)
+    )
 
 
-def strategy_with_timeout(strategy: Any, seconds: float, *, num_nodes: int = 1, devices: Any = "auto",
-                          accelerator: Any = "auto") -> Any:
+def strategy_with_timeout(
+    strategy: Any, seconds: float, *, num_nodes: int = 1, devices: Any = "auto", accelerator: Any = "auto"
+) -> Any:
     """``trainer.strategy`` as given, or, where it names a strategy with a process group, that
     strategy built with ``timeout=seconds`` (the group reads it when it is created):
 
@@ -136,8 +147,9 @@ def nccl_environment(seconds: float, environ: Mapping[str, str]) -> dict[str, st
     return {HEARTBEAT_VARIABLE: str(max(1, math.ceil(seconds)))}
 
 
-def lost_rank_message(error: BaseException, *, rank: int, step: int, collective_timeout: float,
-                      checkpoint: str | None) -> str | None:
+def lost_rank_message(
+    error: BaseException, *, rank: int, step: int, collective_timeout: float, checkpoint: str | None
+) -> str | None:
     """One line for a collective that failed because a peer died (connection closed) or hung
     (timed out), or ``None`` when ``error`` is something else."""
     text = str(error)
@@ -146,9 +158,13 @@ def lost_rank_message(error: BaseException, *, rank: int, step: int, collective_
     if _CLOSED.search(text):
         what = "another rank closed its connection: it died (killed, out of memory, a failed node)"
     elif _TIMED_OUT.search(text):
-        what = (f"no answer from another rank for collective_timeout = {collective_timeout:g} s: it hangs (a frozen "
-                "node, a stuck file system or data loader) or died without closing its connections")
+        what = (
+            f"no answer from another rank for collective_timeout = {collective_timeout:g} s: it hangs (a frozen "
+            "node, a stuck file system or data loader) or died without closing its connections"
+        )
     else:
         return None
-    return (f"rank {rank} stopped at step {step}: {what}; last checkpoint: {checkpoint or 'none saved yet'} "
-            "(resume with --ckpt_path last)")
+    return (
+        f"rank {rank} stopped at step {step}: {what}; last checkpoint: {checkpoint or 'none saved yet'} "
+        "(resume with --ckpt_path last)"
+    )

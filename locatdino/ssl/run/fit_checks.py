@@ -95,8 +95,10 @@ def short_parser_message(message: str) -> str:
 
 
 def _not_a_multiple(key: str, size: int, patch: int, backbone: str) -> UserError:
-    return UserError(f"data.init_args.{key}: {size} px is not a multiple of the patch size {patch} of {backbone} "
-                     f"(use {fitting_sizes(size, patch)})")
+    return UserError(
+        f"data.init_args.{key}: {size} px is not a multiple of the patch size {patch} of {backbone} "
+        f"(use {fitting_sizes(size, patch)})"
+    )
 
 
 def check_fit_config(config: Namespace) -> None:
@@ -114,8 +116,10 @@ def check_fit_config(config: Namespace) -> None:
     patch = patch_size(backbone)
     multicrop = init.get("multicrop")
     if multicrop is not None and not pads_images(backbone):
-        crops = [("global_crop_size", multicrop.get("num_global_crops", 2)),
-                 ("local_crop_size", multicrop.get("num_local_crops", 0))]
+        crops = [
+            ("global_crop_size", multicrop.get("num_global_crops", 2)),
+            ("local_crop_size", multicrop.get("num_local_crops", 0)),
+        ]
         for key, count in crops:
             size = multicrop.get(key)
             if count and size is not None and size % patch[0]:
@@ -131,13 +135,16 @@ def check_fit_config(config: Namespace) -> None:
             try:
                 expand_urls(urls)
             except FileNotFoundError as err:
-                raise UserError(f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
-                                f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)") from None
+                raise UserError(
+                    f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
+                    f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)"
+                ) from None
 
     lr = model.get("lr")
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise UserError(f"model.lr: must be a positive number, got {lr} (a negative lr trains by gradient "
-                        "ascent, 0 trains nothing)")
+        raise UserError(
+            f"model.lr: must be a positive number, got {lr} (a negative lr trains by gradient ascent, 0 trains nothing)"
+        )
     check_objective_options(config.model, init, backbone)
 
     ckpt_path = config.get("ckpt_path")
@@ -146,15 +153,18 @@ def check_fit_config(config: Namespace) -> None:
         earlier = earlier_checkpoints(root)
         if earlier:
             shown = ", ".join(earlier[:3]) + (f" and {len(earlier) - 3} more" if len(earlier) > 3 else "")
-            raise UserError(f"trainer.default_root_dir {root!r} already holds another run's checkpoints ({shown}): "
-                            "resume that run with --ckpt_path last, give this one another --trainer.default_root_dir, "
-                            "or pass --overwrite to replace it")
+            raise UserError(
+                f"trainer.default_root_dir {root!r} already holds another run's checkpoints ({shown}): "
+                "resume that run with --ckpt_path last, give this one another --trainer.default_root_dir, "
+                "or pass --overwrite to replace it"
+            )
     if ckpt_path == "last" and "://" not in str(root):  # a remote run folder is Lightning's to search
         ckpt_path = _last_checkpoint(root)
     if ckpt_path is not None and ckpt_path not in _LIGHTNING_CKPT_NAMES:
         if not os.path.exists(ckpt_path):
-            raise UserError(f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in "
-                            "trainer.default_root_dir)")
+            raise UserError(
+                f"ckpt_path: no such file {ckpt_path!r} (or 'last' to resume the run in trainer.default_root_dir)"
+            )
         check_resume_checkpoint(ckpt_path, model, config.model.get("class_path"))
     if "://" not in str(root):
         _check_writable_root(root)
@@ -178,11 +188,16 @@ def _last_checkpoint(root: str | None) -> str:
     ``<default_root_dir>/checkpoints``); :class:`UserError` when there is none, where Lightning
     would warn and train from scratch."""
     folder = checkpoint_dir(root)
-    found = [os.path.join(folder, n) for n in (os.listdir(folder) if os.path.isdir(folder) else ())
-             if re.fullmatch(r"last(-\d+)?\.ckpt", n)]
+    found = [
+        os.path.join(folder, n)
+        for n in (os.listdir(folder) if os.path.isdir(folder) else ())
+        if re.fullmatch(r"last(-\d+)?\.ckpt", n)
+    ]
     if not found:
-        raise UserError(f"ckpt_path last: no last.ckpt in {folder} to resume (trainer.default_root_dir "
-                        f"{root!r}): leave --ckpt_path out to start a new run")
+        raise UserError(
+            f"ckpt_path last: no last.ckpt in {folder} to resume (trainer.default_root_dir "
+            f"{root!r}): leave --ckpt_path out to start a new run"
+        )
     return max(found, key=os.path.getmtime)
 
 
@@ -195,15 +210,22 @@ def check_resume_checkpoint(path: str, model: Namespace, objective: str | None =
     # mmap: only hyper_parameters is read, the weights and optimizer state stay on disk
     checkpoint = load_checkpoint(path, mmap=True)  # a file torch cannot read: ValueError, one line
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
-        raise UserError(f"ckpt_path {path}: not a locatdino fit checkpoint (no Lightning training state; a plain "
-                        "state dict or an export?): start from its weights with --model.backbone_checkpoint")
+        raise UserError(
+            f"ckpt_path {path}: not a locatdino fit checkpoint (no Lightning training state; a plain "
+            "state dict or an export?): start from its weights with --model.backbone_checkpoint"
+        )
     saved = checkpoint.get("hyper_parameters") or {}
     _check_same_objective(path, saved.get("_class_path"), objective)
-    differ = [f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config" for k in saved
-              if not k.startswith("_") and k in model and _as_saved(saved[k]) != _as_saved(model.get(k))]
+    differ = [
+        f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config"
+        for k in saved
+        if not k.startswith("_") and k in model and _as_saved(saved[k]) != _as_saved(model.get(k))
+    ]
     if differ:
-        raise UserError(f"ckpt_path {path} was trained with other settings ({'; '.join(differ)}): resume with "
-                        "the run's config, or start a new run from its weights with --model.backbone_checkpoint")
+        raise UserError(
+            f"ckpt_path {path} was trained with other settings ({'; '.join(differ)}): resume with "
+            "the run's config, or start a new run from its weights with --model.backbone_checkpoint"
+        )
 
 
 def _check_same_objective(path: str, saved: str | None, configured: str | None) -> None:
@@ -212,9 +234,11 @@ def _check_same_objective(path: str, saved: str | None, configured: str | None) 
     if saved is None or configured is None:  # a checkpoint written outside LightningCLI: nothing to compare
         return
     if (objective_class(saved) or saved) != (objective_class(configured) or configured):
-        raise UserError(f"ckpt_path {path} holds a {saved} run, the config trains {configured} (model.class_path): "
-                        "resume with the run's config, or start a new run from its weights with "
-                        "--model.backbone_checkpoint")
+        raise UserError(
+            f"ckpt_path {path} holds a {saved} run, the config trains {configured} (model.class_path): "
+            "resume with the run's config, or start a new run from its weights with "
+            "--model.backbone_checkpoint"
+        )
 
 
 def _as_saved(value: Any) -> Any:

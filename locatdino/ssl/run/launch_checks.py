@@ -32,11 +32,18 @@ def missing_launcher(trainer: Trainer, environ: Mapping[str, str]) -> str | None
     if nodes * devices <= 1:
         return None
     if isinstance(environment, SLURMEnvironment) and SRUN_TASK_VARIABLE not in environ:
-        return (f"{ranks} in SLURM job {environ.get('SLURM_JOB_ID', '?')}, but srun did not start this process: "
-                "under SLURM, srun starts the ranks, one task per device; run it under srun (launch/slurm.sbatch)")
-    if (isinstance(environment, LightningEnvironment) and nodes > 1
-            and not any(v in environ for v in NODE_RANK_VARIABLES)):
-        return (f"{ranks}, but no launcher started this process as one of {nodes} nodes (no torchrun, srun or "
-                f"NODE_RANK): run it on every node with torchrun --nnodes {nodes} (launch/torchrun.sh) or under "
-                "srun (launch/slurm.sbatch)")
+        return (
+            f"{ranks} in SLURM job {environ.get('SLURM_JOB_ID', '?')}, but srun did not start this process: "
+            "under SLURM, srun starts the ranks, one task per device; run it under srun (launch/slurm.sbatch)"
+        )
+    if (
+        isinstance(environment, LightningEnvironment)
+        and nodes > 1
+        and not any(v in environ for v in NODE_RANK_VARIABLES)
+    ):
+        return (
+            f"{ranks}, but no launcher started this process as one of {nodes} nodes (no torchrun, srun or "
+            f"NODE_RANK): run it on every node with torchrun --nnodes {nodes} (launch/torchrun.sh) or under "
+            "srun (launch/slurm.sbatch)"
+        )
     return None

@@ -57,27 +57,47 @@ UNIT = Range("in [0, 1]", low=0, high=1)
 RANGES: dict[type, dict[str, Range]] = {
     PretrainingObjective: {
         "drop_path_rate": Range("in [0, 1)", low=0, high=1, high_open=True),
-        "weight_decay": NON_NEGATIVE, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE,
+        "weight_decay": NON_NEGATIVE,
+        "min_lr": NON_NEGATIVE,
+        "warmup_epochs": NON_NEGATIVE,
     },
     DINOModule: {
-        "out_dim": AT_LEAST_ONE, "hidden_dim": AT_LEAST_ONE, "bottleneck_dim": AT_LEAST_ONE,
+        "out_dim": AT_LEAST_ONE,
+        "hidden_dim": AT_LEAST_ONE,
+        "bottleneck_dim": AT_LEAST_ONE,
         "head_layers": AT_LEAST_ONE,
-        "student_temp": POSITIVE, "teacher_temp": POSITIVE, "warmup_teacher_temp": POSITIVE,
-        "warmup_teacher_temp_epochs": NON_NEGATIVE, "center_momentum": UNIT, "weight_decay_end": NON_NEGATIVE,
-        "momentum_teacher": UNIT, "momentum_teacher_end": UNIT, "clip_grad": NON_NEGATIVE,
+        "student_temp": POSITIVE,
+        "teacher_temp": POSITIVE,
+        "warmup_teacher_temp": POSITIVE,
+        "warmup_teacher_temp_epochs": NON_NEGATIVE,
+        "center_momentum": UNIT,
+        "weight_decay_end": NON_NEGATIVE,
+        "momentum_teacher": UNIT,
+        "momentum_teacher_end": UNIT,
+        "clip_grad": NON_NEGATIVE,
         "freeze_last_layer": NON_NEGATIVE,
     },
     IBOTModule: {
-        "mask_probability": UNIT, "mask_min_patches": AT_LEAST_ONE,
+        "mask_probability": UNIT,
+        "mask_min_patches": AT_LEAST_ONE,
         "mask_aspect_ratio": Range("in (0, 1]", low=0, high=1, low_open=True),
-        "patch_out_dim": AT_LEAST_ONE, "teacher_patch_temp": POSITIVE, "warmup_teacher_patch_temp": POSITIVE,
-        "patch_center_momentum": UNIT, "dino_loss_weight": NON_NEGATIVE, "ibot_loss_weight": NON_NEGATIVE,
+        "patch_out_dim": AT_LEAST_ONE,
+        "teacher_patch_temp": POSITIVE,
+        "warmup_teacher_patch_temp": POSITIVE,
+        "patch_center_momentum": UNIT,
+        "dino_loss_weight": NON_NEGATIVE,
+        "ibot_loss_weight": NON_NEGATIVE,
         "koleo_loss_weight": NON_NEGATIVE,
     },
     SupervisedModule: {
-        "num_classes": AT_LEAST_ONE, "warmup_lr": NON_NEGATIVE, "mixup_alpha": NON_NEGATIVE,
-        "cutmix_alpha": NON_NEGATIVE, "mixup_prob": UNIT, "mixup_switch_prob": UNIT,
-        "label_smoothing": Range("in [0, 1)", low=0, high=1, high_open=True), "bce_target_thresh": UNIT,
+        "num_classes": AT_LEAST_ONE,
+        "warmup_lr": NON_NEGATIVE,
+        "mixup_alpha": NON_NEGATIVE,
+        "cutmix_alpha": NON_NEGATIVE,
+        "mixup_prob": UNIT,
+        "mixup_switch_prob": UNIT,
+        "label_smoothing": Range("in [0, 1)", low=0, high=1, high_open=True),
+        "bce_target_thresh": UNIT,
     },
 }
 
@@ -110,12 +130,15 @@ def check_objective_options(model: Namespace, data: Namespace, backbone: nn.Modu
 def _check_ibot(options: Namespace, data: Namespace, backbone: nn.Module) -> None:
     """Loss weights and Sinkhorn iterations of an iBOT config, then its masks (:func:`_check_masks`)."""
     if options.get("dino_loss_weight") == 0 and options.get("ibot_loss_weight") == 0:
-        raise UserError("model.dino_loss_weight and model.ibot_loss_weight: both 0, nothing would be learned "
-                        "(give either a positive weight)")
+        raise UserError(
+            "model.dino_loss_weight and model.ibot_loss_weight: both 0, nothing would be learned "
+            "(give either a positive weight)"
+        )
     iterations = options.get("sinkhorn_iterations")
     if options.get("patch_centering") == "sinkhorn_knopp" and iterations is not None and iterations < 1:
-        raise UserError(f"model.sinkhorn_iterations: must be at least 1 with model.patch_centering sinkhorn_knopp, "
-                        f"got {iterations}")
+        raise UserError(
+            f"model.sinkhorn_iterations: must be at least 1 with model.patch_centering sinkhorn_knopp, got {iterations}"
+        )
     low, high = options.get("mask_ratio") or inspect.signature(IBOTModule).parameters["mask_ratio"].default
     if not 0 <= low <= high <= 1:
         raise UserError(f"model.mask_ratio: must be [low, high] with 0 <= low <= high <= 1, got {[low, high]}")
@@ -131,17 +154,23 @@ def _check_masks(options: Namespace, high: float, data: Namespace, multicrop: Na
     probability = options.mask_probability
     crops = multicrop.get("num_global_crops", 2) * data.get("batch_size", 1)
     if int(crops * probability) == 0:
-        raise UserError(f"model.mask_probability: {probability} of the {crops} global crops of a step (per rank) "
-                        f"masks none of them; use at least {1 / crops:.3g} or a larger data.init_args.batch_size")
+        raise UserError(
+            f"model.mask_probability: {probability} of the {crops} global crops of a step (per rank) "
+            f"masks none of them; use at least {1 / crops:.3g} or a larger data.init_args.batch_size"
+        )
     size = multicrop.global_crop_size
     h, w = token_grid(backbone, (size, size))
     if int(h * w * high) == 0:
-        raise UserError(f"model.mask_ratio: its high {high} of the {h * w} tokens of a {size} px global crop is less "
-                        "than one patch: no patch would be masked")
+        raise UserError(
+            f"model.mask_ratio: its high {high} of the {h * w} tokens of a {size} px global crop is less "
+            "than one patch: no patch would be masked"
+        )
     # a block is smaller than the grid on both sides and covers at most a crop's masked share
     largest = min((h - 1) * (w - 1), int(h * w * high))
     min_patches = options.get("mask_min_patches")
     if min_patches is not None and min_patches > largest:
-        raise UserError(f"model.mask_min_patches: {min_patches} patches do not fit one block on the {h} x {w} token "
-                        f"grid of the {size} px global crops (at most {largest}: blocks are smaller than the grid "
-                        f"and than mask_ratio's high {high} of its {h * w} tokens); use at most {largest}")
+        raise UserError(
+            f"model.mask_min_patches: {min_patches} patches do not fit one block on the {h} x {w} token "
+            f"grid of the {size} px global crops (at most {largest}: blocks are smaller than the grid "
+            f"and than mask_ratio's high {high} of its {h * w} tokens); use at most {largest}"
+        )

@@ -28,8 +28,9 @@ _NOT_COMPARED = ("config", "__default_config__")  # where the settings were read
 
 def flat_config(config: Namespace) -> dict[str, str]:
     """``config``'s leaf keys (``model.init_args.lr``) and their values as JSON text, in its order."""
-    return {key: json.dumps(config[key], default=str, sort_keys=True) for key in config.keys()
-            if key not in _NOT_COMPARED}
+    return {
+        key: json.dumps(config[key], default=str, sort_keys=True) for key in config.keys() if key not in _NOT_COMPARED
+    }
 
 
 def config_digest(flat: dict[str, str]) -> str:
@@ -43,8 +44,7 @@ def first_difference(configs: list[dict[str, str]]) -> str | None:
     for rank, config in enumerate(configs[1:], start=1):
         for key in [*first, *(k for k in config if k not in first)]:
             if first.get(key) != config.get(key):
-                return (f"{key} is {first.get(key, 'not set')} on rank 0, {config.get(key, 'not set')} "
-                        f"on rank {rank}")
+                return f"{key} is {first.get(key, 'not set')} on rank 0, {config.get(key, 'not set')} on rank {rank}"
     return None
 
 
@@ -63,5 +63,7 @@ class SameConfigOnEveryRank(Callback):
             return
         configs: list[Any] = [None] * trainer.world_size
         dist.all_gather_object(configs, self.flat)
-        raise UserError(f"the ranks were launched with different settings: {first_difference(configs)}; launch "
-                        "every rank with the same command line and config files")
+        raise UserError(
+            f"the ranks were launched with different settings: {first_difference(configs)}; launch "
+            "every rank with the same command line and config files"
+        )

@@ -100,6 +100,7 @@ class SigtermCheckpoint(Callback):
     def _flag(self, name: str):
         def handler(signum: int, frame: FrameType | None) -> None:
             self._received[name] = max(self._received[name], signum)
+
         return handler
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
@@ -135,7 +136,13 @@ class SigtermCheckpoint(Callback):
             failure = f"status {status}" if status else None
         except OSError as err:  # no scontrol on PATH (a node without SLURM's client tools), not executable
             failure = f"scontrol: {err.strerror}"
-        outcome = (f"requeued SLURM job {job}: it resumes from it when it starts again" if failure is None else
-                   f"`scontrol requeue {job}` failed ({failure}): the job will not start again by itself")
-        print(f"locatdino fit: requeue signal at step {trainer.global_step}: saved {self.path}; {outcome}",
-              file=sys.stderr, flush=True)
+        outcome = (
+            f"requeued SLURM job {job}: it resumes from it when it starts again"
+            if failure is None
+            else f"`scontrol requeue {job}` failed ({failure}): the job will not start again by itself"
+        )
+        print(
+            f"locatdino fit: requeue signal at step {trainer.global_step}: saved {self.path}; {outcome}",
+            file=sys.stderr,
+            flush=True,
+        )

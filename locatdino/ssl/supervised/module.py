@@ -120,13 +120,30 @@ class SupervisedModule(PretrainingObjective):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.classifier = Classifier(create_backbone(backbone, backbone_checkpoint, pos_embed="timm",
-                                                     drop_path_rate=drop_path_rate, **(backbone_kwargs or {})),
-                                     num_classes)
+        self.classifier = Classifier(
+            create_backbone(
+                backbone,
+                backbone_checkpoint,
+                pos_embed="timm",
+                drop_path_rate=drop_path_rate,
+                **(backbone_kwargs or {}),
+            ),
+            num_classes,
+        )
         self.prepare_backbones(self.classifier.backbone)
-        self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
-                           switch_prob=mixup_switch_prob, mode=mixup_mode, label_smoothing=label_smoothing,
-                           num_classes=num_classes) if mixup_alpha > 0 or cutmix_alpha > 0 else None
+        self.mixup = (
+            Mixup(
+                mixup_alpha=mixup_alpha,
+                cutmix_alpha=cutmix_alpha,
+                prob=mixup_prob,
+                switch_prob=mixup_switch_prob,
+                mode=mixup_mode,
+                label_smoothing=label_smoothing,
+                num_classes=num_classes,
+            )
+            if mixup_alpha > 0 or cutmix_alpha > 0
+            else None
+        )
         self.criterion = self._criterion()
         self.val_top1 = MeanMetric()
 
@@ -153,11 +170,15 @@ class SupervisedModule(PretrainingObjective):
         if data is None or not hasattr(data, "num_classes"):
             return
         if data.num_classes != self.hparams.num_classes:
-            raise UserError(f"model.init_args.num_classes: {self.hparams.num_classes}, but the shards' index.json "
-                            f"lists {data.num_classes} classes")
+            raise UserError(
+                f"model.init_args.num_classes: {self.hparams.num_classes}, but the shards' index.json "
+                f"lists {data.num_classes} classes"
+            )
         if data.multilabel and (not self.hparams.bce_loss or self.mixup is not None):
-            raise UserError("data.init_args.labels: multi-label targets need model.init_args.bce_loss true and "
-                            "mixup_alpha = cutmix_alpha = 0 (timm's Mixup mixes single labels)")
+            raise UserError(
+                "data.init_args.labels: multi-label targets need model.init_args.bce_loss true and "
+                "mixup_alpha = cutmix_alpha = 0 (timm's Mixup mixes single labels)"
+            )
 
     # ------------------------------------------------------------------ training
 
@@ -187,14 +208,24 @@ class SupervisedModule(PretrainingObjective):
     def configure_optimizers(self) -> dict[str, Any]:
         length = self.run_length()
         h = self.hparams
-        optimizer = create_optimizer_v2(self.classifier, opt=h.opt, weight_decay=h.weight_decay,
-                                        lr=scaled_lr(h.lr, length.global_batch, SUPERVISED_REFERENCE_BATCH))
+        optimizer = create_optimizer_v2(
+            self.classifier,
+            opt=h.opt,
+            weight_decay=h.weight_decay,
+            lr=scaled_lr(h.lr, length.global_batch, SUPERVISED_REFERENCE_BATCH),
+        )
         # one scheduler "epoch" per optimizer step: warm-up and decay per iteration, as timm's
         # step_on_epochs=False does (its own epochs would need whole-epoch runs)
         scheduler, _ = create_scheduler_v2(
-            optimizer, sched=h.sched, num_epochs=length.total_steps, min_lr=h.min_lr, warmup_lr=h.warmup_lr,
-            warmup_epochs=int(round(h.warmup_epochs * length.steps_per_epoch)), cooldown_epochs=0,
-            step_on_epochs=False, updates_per_epoch=1,
+            optimizer,
+            sched=h.sched,
+            num_epochs=length.total_steps,
+            min_lr=h.min_lr,
+            warmup_lr=h.warmup_lr,
+            warmup_epochs=int(round(h.warmup_epochs * length.steps_per_epoch)),
+            cooldown_epochs=0,
+            step_on_epochs=False,
+            updates_per_epoch=1,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -2,8 +2,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from locatdino.data import (ADE20KSegmentation, ScenesSegmentation, ShardSegmentation, VOCSegmentation,
-                            build_segmentation_dataset, build_source, write_shards)
+from locatdino.data import (
+    ADE20KSegmentation,
+    ScenesSegmentation,
+    ShardSegmentation,
+    VOCSegmentation,
+    build_segmentation_dataset,
+    build_source,
+    write_shards,
+)
 
 VOC_IDS = {"train": ["2007_000032", "2007_000039"], "val": ["2008_000002"], "trainaug": ["2007_000032", "2011_003276"]}
 
@@ -89,7 +96,10 @@ def test_labelled_shards_read_back_like_the_tree(tmp_path, kind, split):
     shards = build_segmentation_dataset("shards", tmp_path / "shards", split)
     assert isinstance(shards, ShardSegmentation) and len(shards) == len(tree)
     assert (shards.num_classes, shards.ignore_index, shards.class_names) == (
-        tree.num_classes, tree.ignore_index, tree.class_names)
+        tree.num_classes,
+        tree.ignore_index,
+        tree.class_names,
+    )
     for i in range(len(tree)):
         np.testing.assert_array_equal(shards[i][1], tree[i][1])
         np.testing.assert_array_equal(np.asarray(shards[i][0]), np.asarray(tree[i][0]))

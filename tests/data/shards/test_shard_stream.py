@@ -8,8 +8,8 @@ import pytest
 import torch
 from lightning.fabric.utilities.data import _auto_add_worker_init_fn  # what Lightning's Trainer runs
 
-from tests.data.data_fixtures import IdTransform, batch_ids, write_id_shards
 from locatdino.data.shards.stream import ShardLoader, ShardStream, expand_urls, shard_sizes
+from tests.data.data_fixtures import IdTransform, batch_ids, write_id_shards
 
 
 def _run(stream, workers=2):
@@ -28,8 +28,7 @@ def test_two_ranks_two_workers_see_every_sample_exactly_once(id_shards):
 def test_resampled_uneven_shards_give_every_rank_the_same_batch_count(tmp_path):
     urls = write_id_shards(tmp_path, [11, 2, 5])
     for rank in range(2):
-        stream = ShardStream(urls, IdTransform(), batch_size=3, num_batches=5, rank=rank, world_size=2,
-                             resampled=True)
+        stream = ShardStream(urls, IdTransform(), batch_size=3, num_batches=5, rank=rank, world_size=2, resampled=True)
         batches = _run(stream)
         assert len(batches) == 5 and all(len(b) == 3 for b in batches)
 
@@ -71,8 +70,10 @@ def test_expand_urls_forms(id_shards, tmp_path):
 
 
 def _index(folder, counts, urls, grow=0):
-    entries = [{"name": os.path.basename(u), "num_samples": n, "bytes": os.path.getsize(u) - grow}
-               for u, n in zip(urls, counts)]
+    entries = [
+        {"name": os.path.basename(u), "num_samples": n, "bytes": os.path.getsize(u) - grow}
+        for u, n in zip(urls, counts)
+    ]
     (folder / "index.json").write_text(json.dumps({"shards": entries}))
 
 
@@ -83,8 +84,9 @@ def test_shard_sizes_from_index_or_tar_headers(id_shards, tmp_path):
     assert shard_sizes(["https://example.com/a.tar"]) is None
 
 
-@pytest.mark.parametrize("counts, grow", [([2, 1], 0), ([70, 30], 0), ([7, 3], 100)],
-                         ids=["undercount", "overcount", "rewritten shards"])
+@pytest.mark.parametrize(
+    "counts, grow", [([2, 1], 0), ([70, 30], 0), ([7, 3], 100)], ids=["undercount", "overcount", "rewritten shards"]
+)
 def test_an_index_that_does_not_describe_its_shards_is_not_trusted(id_shards, tmp_path, caplog, counts, grow):
     """index.json undercounting (most samples silently unused), overcounting (blamed on damaged
     tars) or recording other byte sizes: the samples are counted from the tars, with a warning."""
@@ -130,8 +132,9 @@ def test_workers_ignore_stop_signals_and_keep_lightnings_per_rank_seeding(id_sha
     draws = []
     for rank in range(2):
         L.seed_everything(0, workers=True)
-        loader = ShardLoader(ShardStream(id_shards, SignalAndDraw(), batch_size=5, rank=rank, world_size=2),
-                             num_workers=1)
+        loader = ShardLoader(
+            ShardStream(id_shards, SignalAndDraw(), batch_size=5, rank=rank, world_size=2), num_workers=1
+        )
         assert loader.worker_init_fn is None
         _auto_add_worker_init_fn(loader, rank)
         values = torch.cat([b["global"][0][:, :2, 0, 0] for b in loader])

@@ -29,7 +29,9 @@ def test_scenes_shards_index_and_determinism_across_worker_counts(tmp_path):
     for s in a["shards"]:
         assert _members(tmp_path / "a" / s["name"]) == _members(tmp_path / "b" / s["name"])
     members = _members(tmp_path / "a" / "shard-000000.tar")
-    assert [n for n, _ in members[:4]] == [f"scene_train_2_00000000.{k}" for k in ("classes.json", "cls", "jpg", "seg.png")]
+    assert [n for n, _ in members[:4]] == [
+        f"scene_train_2_00000000.{k}" for k in ("classes.json", "cls", "jpg", "seg.png")
+    ]
     assert a["classes"] == list(SCENE_CLASSES) and a["multilabel_share"] == 0.05
     _, mask = ScenesSegmentation(1, size=32, seed=2)[0]
     assert members[1][1].decode() == str(scene_class(mask)) and json.loads(members[0][1]) == scene_classes(mask, 0.05)
@@ -78,8 +80,12 @@ def test_flat_folder_has_no_classes(tmp_path):
 
 def test_cli_writes_scenes_and_reports_errors(tmp_path, capsys):
     out = str(tmp_path / "s")
-    assert cli.main(["--synthetic", "5", "--seed", "1", "--size", "32", out, "--maxcount", "2", "--quiet",
-                     "--workers", "0"]) == 0
+    assert (
+        cli.main(
+            ["--synthetic", "5", "--seed", "1", "--size", "32", out, "--maxcount", "2", "--quiet", "--workers", "0"]
+        )
+        == 0
+    )
     assert "wrote 5 samples in 3 shards" in capsys.readouterr().out
     assert len(expand_urls(out)) == 3
     assert cli.main(["--synthetic", "5", out, "--quiet"]) == 1
@@ -90,8 +96,8 @@ def test_cli_writes_scenes_and_reports_errors(tmp_path, capsys):
 
 
 def test_written_images_decode_back_to_the_scene(tmp_path):
-    from locatdino.data.scenes import render_scene, scene_rng
     from locatdino.data.datasets.segmentation import build_segmentation_dataset
+    from locatdino.data.scenes import render_scene, scene_rng
 
     write_shards(ScenesSource(2, seed=5, size=48, split="val"), tmp_path, workers=0, progress=False)
     ds = build_segmentation_dataset("shards", tmp_path, "val")
@@ -151,8 +157,10 @@ def test_a_folder_without_a_real_image_is_refused_and_leaves_nothing(tmp_path, c
     (src / "b.png").write_bytes(b"")
     assert cli.main([str(src), str(tmp_path / "out"), "--quiet", "--workers", "0"]) == 1
     err = capsys.readouterr().err
-    assert err == ("locatdino shards: nothing to write: none of the 2 file(s) decodes, e.g. a.jpg: "
-                   "UnidentifiedImageError: cannot identify image file\n")
+    assert err == (
+        "locatdino shards: nothing to write: none of the 2 file(s) decodes, e.g. a.jpg: "
+        "UnidentifiedImageError: cannot identify image file\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -168,19 +176,21 @@ def test_colliding_sample_keys_lose_no_image(tmp_path, capsys):
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     samples = _read_back(tmp_path / "out")
     assert index["num_samples"] == len(samples) == 7 and len({k for k, _ in samples}) == 7
-    assert index["renamed_keys"] == {"count": 3, "first": {"a.png": "a_png_2", "a_b.jpg": "a_b_jpg",
-                                                           "c.jpg": "c_jpg"}}
+    assert index["renamed_keys"] == {"count": 3, "first": {"a.png": "a_png_2", "a_b.jpg": "a_b_jpg", "c.jpg": "c_jpg"}}
     assert dict(samples)["a_png_2"] == ["png"] and dict(samples)["a_png"] == ["png"]
     members = dict(_members(tmp_path / "out" / "shard-000000.tar"))
     assert members["a_png_2.png"] == (src / "a.png").read_bytes()  # each file under its own key
     assert members["a.jpg"] == (src / "a.jpg").read_bytes()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--maxsize", "0"], "argument --maxsize: must be more than 0 bytes, got '0'"),
-    (["--maxsize", "-5"], "argument --maxsize: must be more than 0 bytes, got '-5'"),
-    (["--synthetic", "3"], "--synthetic 3 writes built-in scenes, but the source {src} was given too: drop one"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--maxsize", "0"], "argument --maxsize: must be more than 0 bytes, got '0'"),
+        (["--maxsize", "-5"], "argument --maxsize: must be more than 0 bytes, got '-5'"),
+        (["--synthetic", "3"], "--synthetic 3 writes built-in scenes, but the source {src} was given too: drop one"),
+    ],
+)
 def test_sizes_and_sources_that_contradict_are_refused(tmp_path, capsys, argv, message):
     _image_tree(tmp_path / "src", [""])
     try:
@@ -211,10 +221,28 @@ def test_a_disk_that_fills_leaves_no_shard_and_the_earlier_set(tmp_path, capsys,
         return real_write(self, obj)
 
     monkeypatch.setattr(wds.TarWriter, "write", fill_up)
-    assert cli.main(["--synthetic", "6", "--size", "16", str(out), "--maxcount", "3", "--workers", str(workers),
-                     "--overwrite", "--quiet"]) == 1
+    assert (
+        cli.main(
+            [
+                "--synthetic",
+                "6",
+                "--size",
+                "16",
+                str(out),
+                "--maxcount",
+                "3",
+                "--workers",
+                str(workers),
+                "--overwrite",
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert err == f"locatdino shards: {out}: No space left on device while writing shards (no shard written; " \
-                  "the folder is as it was)\n"
+    assert (
+        err == f"locatdino shards: {out}: No space left on device while writing shards (no shard written; "
+        "the folder is as it was)\n"
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no half shard, no temporary folder
     assert [s["name"] for s in earlier["shards"]] == ["shard-000000.tar", "shard-000001.tar"]

@@ -14,8 +14,13 @@ def test_the_count_is_the_streams_count_not_the_number_of_notes():
     trainer = SimpleNamespace(global_rank=0)
     callback = SkippedSamplesLogger()
     batches = [
-        {"skipped": torch.tensor(4), "skipped_keys": ["a.tar: 3 sample(s) missing of 5 (truncated or damaged tar)",
-                                                      "b.tar:k1: UnidentifiedImageError: x"]},
+        {
+            "skipped": torch.tensor(4),
+            "skipped_keys": [
+                "a.tar: 3 sample(s) missing of 5 (truncated or damaged tar)",
+                "b.tar:k1: UnidentifiedImageError: x",
+            ],
+        },
         {"skipped": torch.tensor(0), "skipped_keys": ["shard error, rest of shard lost: ReadError: y"]},
         {"skipped": torch.tensor(0), "skipped_keys": []},
         {"skipped": torch.tensor(2)},  # a batch without the notes: the count alone

@@ -6,9 +6,9 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from tests.data.data_fixtures import id_image, png_bytes
 from locatdino.data.shards.stream import ShardStream
 from locatdino.data.transforms.decode import DecodeError, decode_mask, decode_rgb, find_image
+from tests.data.data_fixtures import id_image, png_bytes
 
 
 def _encoded(image: Image.Image, fmt: str) -> bytes:
@@ -146,8 +146,7 @@ def test_truncated_shard_is_reported_and_its_lost_samples_counted(tmp_path, id_s
     data = open(id_shards[0], "rb").read()  # 7 samples, one 1 KiB member each (header + padded data)
     broken = tmp_path / "broken.tar"
     broken.write_bytes(data[: 1024 * 3 + 300])  # 3 whole samples, then a cut inside the 4th header
-    stream = ShardStream([str(broken), id_shards[1]], _crop, batch_size=2, shuffle_shards=False,
-                         shard_sizes=[7, 3])
+    stream = ShardStream([str(broken), id_shards[1]], _crop, batch_size=2, shuffle_shards=False, shard_sizes=[7, 3])
     batches = list(stream)
     seen = sum(b["global"].shape[1] for b in batches)
     # tarfile reads 10 KiB blocks, so samples before the cut may be lost too: the account stays exact
@@ -165,8 +164,19 @@ def test_a_truncated_shard_is_counted_once_per_epoch_however_often_it_is_cycled(
     one_read = sum(1 for _ in ShardStream([str(broken)], _crop, batch_size=1, shuffle_buffer=1))
     lost = 7 - one_read
     assert lost >= 1
-    streams = [ShardStream([str(broken), id_shards[1]], _crop, batch_size=2, num_batches=12, rank=r, world_size=2,
-                           shuffle_buffer=1, shard_sizes=[7, 3]) for r in range(2)]
+    streams = [
+        ShardStream(
+            [str(broken), id_shards[1]],
+            _crop,
+            batch_size=2,
+            num_batches=12,
+            rank=r,
+            world_size=2,
+            shuffle_buffer=1,
+            shard_sizes=[7, 3],
+        )
+        for r in range(2)
+    ]
     for epoch in range(2):
         batches = [b for s in streams for b in s]
         for s in streams:
@@ -174,5 +184,7 @@ def test_a_truncated_shard_is_counted_once_per_epoch_however_often_it_is_cycled(
         assert sum(int(b["global"].shape[1]) for b in batches) == 48  # the broken shard is read ~10 times
         assert sum(int(b["skipped"]) for b in batches) == lost, epoch
         notes = [n for b in batches for n in b["skipped_keys"]]
-        assert [n for n in notes if "missing" in n] == [f"{broken}: {lost} sample(s) missing of 7 (truncated or damaged tar)"]
+        assert [n for n in notes if "missing" in n] == [
+            f"{broken}: {lost} sample(s) missing of 7 (truncated or damaged tar)"
+        ]
         assert 1 <= sum("truncated header" in n for n in notes) <= 2  # named once per rank at most

@@ -21,8 +21,14 @@ from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop, cut_crops, sam
 from locatdino.data.transforms.multicrop import MultiCropTransform, collate_multicrop
 
 SMALL = dict(global_crop_size=32, local_crop_size=16, num_local_crops=4)
-NO_AUG = dict(flip_prob=0.0, color_jitter_prob=0.0, grayscale_prob=0.0, global_blur_prob=(0.0, 0.0),
-              global_solarize_prob=(0.0, 0.0), local_blur_prob=0.0)
+NO_AUG = dict(
+    flip_prob=0.0,
+    color_jitter_prob=0.0,
+    grayscale_prob=0.0,
+    global_blur_prob=(0.0, 0.0),
+    global_solarize_prob=(0.0, 0.0),
+    local_blur_prob=0.0,
+)
 
 
 def _same_rate(a: np.ndarray, b: np.ndarray) -> None:
@@ -45,16 +51,25 @@ def test_crop_boxes_match_torchvision_scale_aspect_and_position(hw, scale):
     torch.manual_seed(0)
     ref = v2.RandomResizedCrop(16, scale)
     image = torch.zeros(3, *hw)
-    cpu = np.array([[p["top"], p["left"], p["height"], p["width"]]
-                    for p in (ref.make_params([image]) for _ in range(n))], dtype=np.float64)
+    cpu = np.array(
+        [[p["top"], p["left"], p["height"], p["width"]] for p in (ref.make_params([image]) for _ in range(n))],
+        dtype=np.float64,
+    )
     gpu = sample_crop_boxes(torch.tensor([hw]), n, scale).numpy()
     assert gpu.shape == (n, 4) and (gpu == np.round(gpu)).all()
     h, w = hw
     for boxes in (cpu, gpu):
-        assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= h).all() and (boxes[:, 1] + boxes[:, 3] <= w).all()
-    for stat in (lambda b: b[:, 2] * b[:, 3] / (h * w),  # scale
-                 lambda b: np.log(b[:, 3] / b[:, 2]),  # aspect ratio
-                 lambda b: (b[:, 0] + b[:, 2] / 2) / h, lambda b: (b[:, 1] + b[:, 3] / 2) / w):  # centre
+        assert (
+            (boxes[:, :2] >= 0).all()
+            and (boxes[:, 0] + boxes[:, 2] <= h).all()
+            and (boxes[:, 1] + boxes[:, 3] <= w).all()
+        )
+    for stat in (
+        lambda b: b[:, 2] * b[:, 3] / (h * w),  # scale
+        lambda b: np.log(b[:, 3] / b[:, 2]),  # aspect ratio
+        lambda b: (b[:, 0] + b[:, 2] / 2) / h,
+        lambda b: (b[:, 1] + b[:, 3] / 2) / w,
+    ):  # centre
         _same_distribution(stat(cpu), stat(gpu))
 
 
@@ -71,8 +86,9 @@ def test_crops_cut_the_sampled_box_from_the_non_uniformly_resized_image():
     top, left, bh, bw = boxes.float().unbind(1)
     torch.testing.assert_close(crops[:, 0].mean((1, 2)), (left + bw / 2) / w, atol=1e-3, rtol=0)
     torch.testing.assert_close(crops[:, 1].mean((1, 2)), (top + bh / 2) / h, atol=1e-3, rtol=0)
-    torch.testing.assert_close(crops[:, 0, :, 0] * w, (left + bw / 16)[:, None].expand(-1, 8), atol=0.05 * w / s + 1e-3,
-                               rtol=0)  # the left column samples the box's first sixteenth: no shift
+    torch.testing.assert_close(
+        crops[:, 0, :, 0] * w, (left + bw / 16)[:, None].expand(-1, 8), atol=0.05 * w / s + 1e-3, rtol=0
+    )  # the left column samples the box's first sixteenth: no shift
 
 
 def _images(n: int, size: int = 48, seed: int = 0) -> torch.Tensor:
@@ -125,8 +141,13 @@ def _gpu_draws(gpu: GPUMultiCrop, images: torch.Tensor, rounds: int) -> list[dic
     calls = []
     for seed in range(rounds):
         gpu(images, sizes, seed=seed)
-        calls.append({id(m): {k: v.clone().numpy() for k, v in m._params.items() if torch.is_tensor(v)}
-                      for m in gpu.modules() if hasattr(m, "_params")})
+        calls.append(
+            {
+                id(m): {k: v.clone().numpy() for k, v in m._params.items() if torch.is_tensor(v)}
+                for m in gpu.modules()
+                if hasattr(m, "_params")
+            }
+        )
     return calls
 
 
@@ -139,11 +160,18 @@ def test_photometric_rates_and_parameters_match_the_cpu_path(monkeypatch):
     cpu = _cpu_draws(config, images, monkeypatch)
     gpu_module = GPUMultiCrop(MultiCropTransform(**config))
     calls = _gpu_draws(gpu_module, images[:300], 2)
-    groups = [(gpu_module.global_views[0], 32, 0), (gpu_module.global_views[1], 32, 1),
-              (gpu_module.local_views, 16, None)]
+    groups = [
+        (gpu_module.global_views[0], 32, 0),
+        (gpu_module.global_views[1], 32, 1),
+        (gpu_module.local_views, 16, None),
+    ]
     for pipeline, size, view in groups:
-        for cpu_name, kind in (("color_jitter", "ColorJitter"), ("grayscale", "RandomGrayscale"),
-                               ("gaussian_blur", "RandomGaussianBlur"), ("solarize", "RandomSolarize")):
+        for cpu_name, kind in (
+            ("color_jitter", "ColorJitter"),
+            ("grayscale", "RandomGrayscale"),
+            ("gaussian_blur", "RandomGaussianBlur"),
+            ("solarize", "RandomSolarize"),
+        ):
             cpu_flags, cpu_params = _cpu_rows(cpu[cpu_name], size, view)
             if not any(type(m).__name__ == kind for m in pipeline):  # probability 0 on the GPU path
                 assert not cpu_flags.any(), (cpu_name, size, view)
@@ -151,9 +179,14 @@ def test_photometric_rates_and_parameters_match_the_cpu_path(monkeypatch):
             gpu_flags, module = _kornia_rows(pipeline, kind, calls)
             _same_rate(cpu_flags, gpu_flags)
             if kind == "ColorJitter":
-                factors = np.concatenate([np.stack([c[id(module)][f"{k}_factor"] for k in
-                                                    ("brightness", "contrast", "saturation", "hue")], 1)
-                                          for c in calls])
+                factors = np.concatenate(
+                    [
+                        np.stack(
+                            [c[id(module)][f"{k}_factor"] for k in ("brightness", "contrast", "saturation", "hue")], 1
+                        )
+                        for c in calls
+                    ]
+                )
                 for j in range(4):
                     _same_distribution(cpu_params[0][cpu_flags, j], factors[gpu_flags, j])
             if kind == "RandomGaussianBlur":
@@ -168,8 +201,9 @@ def test_flip_rate_matches_the_cpu_path():
     cpu_transform = MultiCropTransform(**config)
     torch.manual_seed(0)
     cpu_flags = [bool(c[0, 0, -1] < c[0, 0, 0]) for _ in range(400) for c in cpu_transform(ramp)]
-    out = GPUMultiCrop(MultiCropTransform(**config))(ramp.expand(400, -1, -1, -1), torch.tensor([[48, 48]] * 400),
-                                                      seed=0)
+    out = GPUMultiCrop(MultiCropTransform(**config))(
+        ramp.expand(400, -1, -1, -1), torch.tensor([[48, 48]] * 400), seed=0
+    )
     gpu_flags = torch.cat([(g[..., 0, 0, -1] < g[..., 0, 0, 0]).flatten() for g in (out["global"], out["local"])])
     assert 0.45 < gpu_flags.float().mean() < 0.55
     _same_rate(np.array(cpu_flags), gpu_flags.numpy())

@@ -8,8 +8,14 @@ from locatdino.data.transforms.multicrop import MultiCropTransform, collate_mult
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # written out: an independent check
 
-NO_AUG = dict(flip_prob=0.0, color_jitter_prob=0.0, grayscale_prob=0.0, global_blur_prob=(0.0, 0.0),
-              global_solarize_prob=(0.0, 0.0), local_blur_prob=0.0)
+NO_AUG = dict(
+    flip_prob=0.0,
+    color_jitter_prob=0.0,
+    grayscale_prob=0.0,
+    global_blur_prob=(0.0, 0.0),
+    global_solarize_prob=(0.0, 0.0),
+    local_blur_prob=0.0,
+)
 
 
 def _constant(rgb, size=(70, 50), mode="RGB"):
@@ -33,8 +39,9 @@ def test_normalisation_is_imagenet_mean_std():
 
 def test_per_crop_probabilities_are_honoured():
     # solarize only the second global crop, grayscale nothing: a constant image shows it exactly
-    t = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=1,
-                           **{**NO_AUG, "global_solarize_prob": (0.0, 1.0)})
+    t = MultiCropTransform(
+        global_crop_size=32, local_crop_size=16, num_local_crops=1, **{**NO_AUG, "global_solarize_prob": (0.0, 1.0)}
+    )
     g1, g2, loc = t(_constant((200, 200, 200)))
     mean, std = IMAGENET_MEAN[0], IMAGENET_STD[0]
     assert g1[0, 0, 0].item() == pytest.approx((200 / 255 - mean) / std, abs=1e-5)
@@ -43,8 +50,9 @@ def test_per_crop_probabilities_are_honoured():
 
 
 def test_grayscale_always_gives_equal_channels_before_normalisation():
-    t = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2,
-                           **{**NO_AUG, "grayscale_prob": 1.0})
+    t = MultiCropTransform(
+        global_crop_size=32, local_crop_size=16, num_local_crops=2, **{**NO_AUG, "grayscale_prob": 1.0}
+    )
     std, mean = torch.tensor(IMAGENET_STD).view(3, 1, 1), torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
     for c in t(_constant((220, 40, 90))):
         raw = c * std + mean
@@ -55,7 +63,8 @@ def test_grayscale_always_gives_equal_channels_before_normalisation():
 @pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK"])
 def test_any_pil_mode_gives_rgb_crops(mode):
     crops = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=1)(
-        _constant((10, 120, 250), mode=mode))
+        _constant((10, 120, 250), mode=mode)
+    )
     assert [c.shape[0] for c in crops] == [3, 3, 3]
 
 
@@ -70,8 +79,11 @@ def test_probability_list_must_match_global_crop_count():
 
 
 def test_collate_is_view_major_with_skip_count():
-    samples = [[torch.full((3, 8, 8), 10.0 * b + v) for v in range(2)] +
-               [torch.full((3, 4, 4), 10.0 * b + v) for v in range(2, 5)] for b in range(4)]
+    samples = [
+        [torch.full((3, 8, 8), 10.0 * b + v) for v in range(2)]
+        + [torch.full((3, 4, 4), 10.0 * b + v) for v in range(2, 5)]
+        for b in range(4)
+    ]
     batch = collate_multicrop(samples, skipped=3)
     assert batch["global"].shape == (2, 4, 3, 8, 8)
     assert batch["local"].shape == (3, 4, 3, 4, 4)
@@ -92,8 +104,14 @@ def test_chunking_does_not_change_the_crops(monkeypatch, chunk_pixels):
     """Same random draws, crops augmented in one chunk or several: equal up to the blur kernel's
     width, which follows the largest sigma of its chunk (taps of < 1e-3 weight)."""
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8))
-    t = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=6,
-                           color_jitter_prob=0.5, grayscale_prob=0.5, local_blur_prob=0.5)
+    t = MultiCropTransform(
+        global_crop_size=32,
+        local_crop_size=16,
+        num_local_crops=6,
+        color_jitter_prob=0.5,
+        grayscale_prob=0.5,
+        local_blur_prob=0.5,
+    )
     torch.manual_seed(0)
     whole = t(image)
     monkeypatch.setattr(multicrop, "_CHUNK_PIXELS", chunk_pixels)

@@ -32,7 +32,9 @@ def test_per_image_ops_match_torchvision(ours, ref, factors):
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)])
 def test_color_jitter_applies_the_ops_in_the_given_order(order):
-    factors = torch.tensor([[1.3, 0.7, 1.5, 0.1], [0.6, 1.4, 0.8, -0.07], [1.1, 1.2, 0.0, 0.3]] + [[1.0, 1.0, 1.0, 0.0]] * 2)
+    factors = torch.tensor(
+        [[1.3, 0.7, 1.5, 0.1], [0.6, 1.4, 0.8, -0.07], [1.1, 1.2, 0.0, 0.3]] + [[1.0, 1.0, 1.0, 0.0]] * 2
+    )
     ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
     expected = []
     for i in range(5):

@@ -19,8 +19,9 @@ PATCH = 14
 GRID = 37  # the releases' position embeddings: 518 px / 14
 
 
-def release_weights(width: int, depth: int, registers: int = 0, swiglu: bool = False, chunks: int = 0,
-                    seed: int = 0) -> dict[str, torch.Tensor]:
+def release_weights(
+    width: int, depth: int, registers: int = 0, swiglu: bool = False, chunks: int = 0, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """Random weights under the release's keys: ``cls_token``, ``pos_embed`` (37 × 37 + 1), ``mask_token``,
     ``register_tokens``, ``blocks.{i}`` (or ``blocks.{chunk}.{i}`` with ``chunks``) with ``ls1`` /
     ``ls2.gamma`` and ``mlp.fc1`` / ``fc2`` or SwiGLU ``mlp.w12`` / ``w3``, ``norm``."""
@@ -32,16 +33,21 @@ def release_weights(width: int, depth: int, registers: int = 0, swiglu: bool = F
     w: dict[str, torch.Tensor] = {}
 
     def linear(name: str, out_features: int, in_features: int) -> None:
-        w[f"{name}.weight"] = rand(out_features, in_features, scale=in_features ** -0.5)
+        w[f"{name}.weight"] = rand(out_features, in_features, scale=in_features**-0.5)
         w[f"{name}.bias"] = rand(out_features, scale=0.1)
 
     def norm(name: str) -> None:
         w[f"{name}.weight"], w[f"{name}.bias"] = rand(width, scale=0.2, offset=1.0), rand(width, scale=0.1)
 
-    w.update({"cls_token": rand(1, 1, width), "pos_embed": rand(1, GRID * GRID + 1, width, scale=0.5),
-              "mask_token": torch.zeros(1, width),
-              "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05),
-              "patch_embed.proj.bias": rand(width, scale=0.1)})
+    w.update(
+        {
+            "cls_token": rand(1, 1, width),
+            "pos_embed": rand(1, GRID * GRID + 1, width, scale=0.5),
+            "mask_token": torch.zeros(1, width),
+            "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05),
+            "patch_embed.proj.bias": rand(width, scale=0.1),
+        }
+    )
     norm("norm")
     if registers:
         w["register_tokens"] = rand(1, registers, width)
@@ -81,8 +87,9 @@ def _block_key(w: dict[str, torch.Tensor], i: int) -> str:
     return next(k[: -len("norm1.weight")] for k in w if k.endswith(f".{i}.norm1.weight") and k.count(".") == 4)
 
 
-def dinov2_forward(w: dict[str, torch.Tensor], images: torch.Tensor, heads: int,
-                   eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def dinov2_forward(
+    w: dict[str, torch.Tensor], images: torch.Tensor, heads: int, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x_norm_clstoken [B, D], x_norm_patchtokens [B, h·w, D])`` of the release weights ``w``."""
     x = F.conv2d(images, w["patch_embed.proj.weight"], w["patch_embed.proj.bias"], stride=PATCH)
     batch, width, h, wd = x.shape
@@ -93,8 +100,9 @@ def dinov2_forward(w: dict[str, torch.Tensor], images: torch.Tensor, heads: int,
     registers = w.get("register_tokens")
     if (h, wd) != (side, side):
         if registers is None:  # plain releases: interpolate_offset 0.1, no antialiasing
-            grid = F.interpolate(grid, scale_factor=((h + 0.1) / side, (wd + 0.1) / side), mode="bicubic",
-                                 antialias=False)
+            grid = F.interpolate(
+                grid, scale_factor=((h + 0.1) / side, (wd + 0.1) / side), mode="bicubic", antialias=False
+            )
         else:  # register releases: the exact size, antialiased
             grid = F.interpolate(grid, size=(h, wd), mode="bicubic", antialias=True)
     x = x + torch.cat([pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, h * wd, width)], dim=1)

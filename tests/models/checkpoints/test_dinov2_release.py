@@ -14,11 +14,17 @@ from tests.models.checkpoints.dinov2_reference import dinov2_forward, relative_e
 # (timm name, release layout, timm geometry of the tiny file)
 RELEASES = {
     "plain": ("vit_small_patch14_dinov2", dict(width=32, depth=2), dict(embed_dim=32, depth=2, num_heads=2)),
-    "reg4": ("vit_small_patch14_reg4_dinov2", dict(width=32, depth=2, registers=4),
-             dict(embed_dim=32, depth=2, num_heads=2)),
+    "reg4": (
+        "vit_small_patch14_reg4_dinov2",
+        dict(width=32, depth=2, registers=4),
+        dict(embed_dim=32, depth=2, num_heads=2),
+    ),
     # ViT-g's SwiGLU MLP, stored by training code with block_chunks=2 as blocks.{chunk}.{i}
-    "swiglu-chunked": ("vit_giant_patch14_dinov2", dict(width=64, depth=4, swiglu=True, chunks=2),
-                       dict(embed_dim=64, depth=4, num_heads=2, mlp_ratio=2 * swiglu_hidden(64) / 64)),
+    "swiglu-chunked": (
+        "vit_giant_patch14_dinov2",
+        dict(width=64, depth=4, swiglu=True, chunks=2),
+        dict(embed_dim=64, depth=4, num_heads=2, mlp_ratio=2 * swiglu_hidden(64) / 64),
+    ),
 }
 
 
@@ -51,7 +57,7 @@ def test_release_tokens_equal_the_official_forward_at_224_and_448_px(release_fil
             tokens = model.forward_features(images)
         assert tokens.shape == (2, 1 + registers + (size // 14) ** 2, geometry["embed_dim"])
         assert relative_error(tokens[:, 0], cls) < 1e-4
-        assert relative_error(tokens[:, 1 + registers:], patches) < 1e-4
+        assert relative_error(tokens[:, 1 + registers :], patches) < 1e-4
 
 
 def test_the_other_rule_would_be_measurably_wrong(release_files):
@@ -78,10 +84,15 @@ def test_a_release_saved_as_safetensors_loads_the_same(release_files, tmp_path):
 def test_registers_and_no_registers_name_the_model_to_use(release_files):
     with pytest.raises(ValueError) as err:
         create_backbone("vit_small_patch14_dinov2", release_files["reg4"][0], **RELEASES["plain"][2])
-    assert str(err.value) == (f"{release_files['reg4'][0]}: the file has 4 register tokens but vit_small_patch14_dinov2 "
-                              "has 0: use vit_small_patch14_reg4_dinov2")
-    with pytest.raises(ValueError, match=r"has 0 register tokens but vit_small_patch14_reg4_dinov2 has 4: use "
-                                         r"vit_small_patch14_dinov2$"):
+    assert str(err.value) == (
+        f"{release_files['reg4'][0]}: the file has 4 register tokens but vit_small_patch14_dinov2 "
+        "has 0: use vit_small_patch14_reg4_dinov2"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"has 0 register tokens but vit_small_patch14_reg4_dinov2 has 4: use "
+        r"vit_small_patch14_dinov2$",
+    ):
         create_backbone("vit_small_patch14_reg4_dinov2", release_files["plain"][0], **RELEASES["reg4"][2])
 
 
@@ -94,17 +105,26 @@ def test_a_vit_g_release_for_a_vit_s_name_is_named_both_ways():
         small = timm.create_model("vit_small_patch14_dinov2", num_classes=0).state_dict()
     message = checkpoint_mismatch(giant, small)
     assert message.startswith("cls_token: checkpoint [1, 1, 1536] vs model [1, 1, 384]; ")
-    assert message.endswith("unexpected blocks.12.norm1.weight, blocks.12.norm1.bias, blocks.12.attn.qkv.weight "
-                            "(+389 more) — a ViT-g/14 checkpoint for a ViT-S/14 model?")
+    assert message.endswith(
+        "unexpected blocks.12.norm1.weight, blocks.12.norm1.bias, blocks.12.attn.qkv.weight "
+        "(+389 more) — a ViT-g/14 checkpoint for a ViT-S/14 model?"
+    )
 
 
 def test_a_dinov2_teacher_checkpoint_gives_the_chunked_teacher_backbone(release_files, tmp_path):
     """DINOv2 training's ``teacher_checkpoint.pth``: ``{"teacher": {backbone.*, dino_head.*, ibot_head.*}}``."""
     path, weights = release_files["swiglu-chunked"]
     name, _, geometry = RELEASES["swiglu-chunked"]
-    torch.save({"teacher": {**{f"backbone.{k}": v for k, v in weights.items()},
-                            "dino_head.last_layer.weight_g": torch.ones(8, 1), "ibot_head.mlp.0.weight": torch.ones(8, 64)}},
-               tmp_path / "teacher_checkpoint.pth")
+    torch.save(
+        {
+            "teacher": {
+                **{f"backbone.{k}": v for k, v in weights.items()},
+                "dino_head.last_layer.weight_g": torch.ones(8, 1),
+                "ibot_head.mlp.0.weight": torch.ones(8, 64),
+            }
+        },
+        tmp_path / "teacher_checkpoint.pth",
+    )
     teacher = create_backbone(name, tmp_path / "teacher_checkpoint.pth", **geometry)
     release = create_backbone(name, path, **geometry)
     assert teacher.pos_embed_rule == release.pos_embed_rule == "dino"

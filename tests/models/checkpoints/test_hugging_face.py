@@ -18,19 +18,23 @@ SMALL = dict(embed_dim=32, depth=2, num_heads=2)
 
 # --- files written by transformers' save_pretrained ------------------------------------------------------------
 
+
 def _transformers_model(kind: str):
     """A small transformers model with every weight random (layer scale and norms included)."""
     transformers = pytest.importorskip("transformers")
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2)
     if kind == "vit":
-        model = transformers.ViTModel(transformers.ViTConfig(**common, intermediate_size=128, image_size=32,
-                                                             patch_size=8, layer_norm_eps=1e-12))
+        model = transformers.ViTModel(
+            transformers.ViTConfig(**common, intermediate_size=128, image_size=32, patch_size=8, layer_norm_eps=1e-12)
+        )
     elif kind == "dinov2-registers":
-        model = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
-            **common, image_size=56, patch_size=14, num_register_tokens=4))
+        model = transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(**common, image_size=56, patch_size=14, num_register_tokens=4)
+        )
     else:
-        model = transformers.Dinov2Model(transformers.Dinov2Config(**common, image_size=56, patch_size=14,
-                                                                   use_swiglu_ffn=kind == "dinov2-swiglu"))
+        model = transformers.Dinov2Model(
+            transformers.Dinov2Config(**common, image_size=56, patch_size=14, use_swiglu_ffn=kind == "dinov2-swiglu")
+        )
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -59,8 +63,12 @@ def test_save_pretrained_folder_and_its_files_give_transformers_tokens(kind, tmp
     images = torch.randn(2, 3, size, size)
     with torch.no_grad():
         expected = reference(pixel_values=images).last_hidden_state
-    for checkpoint in (tmp_path / "repo", tmp_path / "repo" / "model.safetensors", alone / "model.safetensors",
-                       tmp_path / "pytorch_model.bin"):
+    for checkpoint in (
+        tmp_path / "repo",
+        tmp_path / "repo" / "model.safetensors",
+        alone / "model.safetensors",
+        tmp_path / "pytorch_model.bin",
+    ):
         model = create_backbone(name, checkpoint, **SMALL, **extra).eval()
         assert model.patch_embed.img_size == (size, size)
         assert model.pos_embed_rule == ("timm" if kind == "dinov2-registers" else "dino")
@@ -73,18 +81,30 @@ def test_save_pretrained_folder_and_its_files_give_transformers_tokens(kind, tmp
 
 # --- files written from the published key layout --------------------------------------------------------------
 
+
 def _published_dinov2_keys(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Release keys → the Dinov2Model keys of facebook/dinov2-* (q, k, v stored apart)."""
-    out = {"embeddings.cls_token": w["cls_token"], "embeddings.mask_token": w["mask_token"],
-           "embeddings.position_embeddings": w["pos_embed"],
-           "embeddings.patch_embeddings.projection.weight": w["patch_embed.proj.weight"],
-           "embeddings.patch_embeddings.projection.bias": w["patch_embed.proj.bias"],
-           "layernorm.weight": w["norm.weight"], "layernorm.bias": w["norm.bias"]}
+    out = {
+        "embeddings.cls_token": w["cls_token"],
+        "embeddings.mask_token": w["mask_token"],
+        "embeddings.position_embeddings": w["pos_embed"],
+        "embeddings.patch_embeddings.projection.weight": w["patch_embed.proj.weight"],
+        "embeddings.patch_embeddings.projection.bias": w["patch_embed.proj.bias"],
+        "layernorm.weight": w["norm.weight"],
+        "layernorm.bias": w["norm.bias"],
+    }
     if "register_tokens" in w:
         out["embeddings.register_tokens"] = w["register_tokens"]
     depth = len([k for k in w if k.endswith("norm1.weight")])
-    names = {"norm1": "norm1", "norm2": "norm2", "attn.proj": "attention.output.dense", "mlp.fc1": "mlp.fc1",
-             "mlp.fc2": "mlp.fc2", "mlp.w12": "mlp.weights_in", "mlp.w3": "mlp.weights_out"}
+    names = {
+        "norm1": "norm1",
+        "norm2": "norm2",
+        "attn.proj": "attention.output.dense",
+        "mlp.fc1": "mlp.fc1",
+        "mlp.fc2": "mlp.fc2",
+        "mlp.w12": "mlp.weights_in",
+        "mlp.w3": "mlp.weights_out",
+    }
     for i in range(depth):
         src, dst = f"blocks.{i}.", f"encoder.layer.{i}."
         for ours, theirs in names.items():
@@ -93,8 +113,13 @@ def _published_dinov2_keys(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
                     out[f"{dst}{theirs}.{part}"] = w[f"{src}{ours}.{part}"]
         for part in ("weight", "bias"):
             q, k, v = w[f"{src}attn.qkv.{part}"].chunk(3)
-            out.update({f"{dst}attention.attention.query.{part}": q, f"{dst}attention.attention.key.{part}": k,
-                        f"{dst}attention.attention.value.{part}": v})
+            out.update(
+                {
+                    f"{dst}attention.attention.query.{part}": q,
+                    f"{dst}attention.attention.key.{part}": k,
+                    f"{dst}attention.attention.value.{part}": v,
+                }
+            )
         out[f"{dst}layer_scale1.lambda1"] = w[f"{src}ls1.gamma"]
         out[f"{dst}layer_scale2.lambda1"] = w[f"{src}ls2.gamma"]
     return out
@@ -107,8 +132,12 @@ def _published_vit_keys(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for key, value in hf.items():
         if "layer_scale" in key or "mask_token" in key:
             continue
-        key = (key.replace(".norm1.", ".layernorm_before.").replace(".norm2.", ".layernorm_after.")
-               .replace(".mlp.fc1.", ".intermediate.dense.").replace(".mlp.fc2.", ".output.dense."))
+        key = (
+            key.replace(".norm1.", ".layernorm_before.")
+            .replace(".norm2.", ".layernorm_after.")
+            .replace(".mlp.fc1.", ".intermediate.dense.")
+            .replace(".mlp.fc2.", ".output.dense.")
+        )
         out[key] = value
     width = w["cls_token"].shape[-1]
     return {**out, "pooler.dense.weight": torch.zeros(width, width), "pooler.dense.bias": torch.zeros(width)}
@@ -118,23 +147,32 @@ def _published_vit_keys(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_a_dinov2_model_file_equals_the_official_forward(tmp_path, registers, swiglu):
     weights = release_weights(32, 2, registers=registers, swiglu=swiglu, seed=3)
     save_file(_published_dinov2_keys(weights), tmp_path / "model.safetensors")
-    name = "vit_giant_patch14_dinov2" if swiglu else (
-        "vit_small_patch14_reg4_dinov2" if registers else "vit_small_patch14_dinov2")
+    name = (
+        "vit_giant_patch14_dinov2"
+        if swiglu
+        else ("vit_small_patch14_reg4_dinov2" if registers else "vit_small_patch14_dinov2")
+    )
     extra = dict(mlp_ratio=2 * swiglu_hidden(32) / 32) if swiglu else {}
     model = create_backbone(name, tmp_path / "model.safetensors", **SMALL, **extra).eval()
     images = torch.randn(1, 3, 224, 224)
     cls, patches = dinov2_forward(weights, images, heads=2)
     with torch.no_grad():
         tokens = model.forward_features(images)
-    assert relative_error(tokens[:, 0], cls) < 1e-4 and relative_error(tokens[:, 1 + registers:], patches) < 1e-4
+    assert relative_error(tokens[:, 0], cls) < 1e-4 and relative_error(tokens[:, 1 + registers :], patches) < 1e-4
 
 
 def test_a_task_model_file_gives_its_backbone(tmp_path):
     """Dinov2ForImageClassification: the backbone under ``dinov2.``, a classifier beside it."""
     hf = _published_dinov2_keys(release_weights(32, 2, seed=6))
     save_file(hf, tmp_path / "base.safetensors")
-    save_file({**{f"dinov2.{k}": v for k, v in hf.items()}, "classifier.weight": torch.zeros(10, 64),
-               "classifier.bias": torch.zeros(10)}, tmp_path / "task.safetensors")
+    save_file(
+        {
+            **{f"dinov2.{k}": v for k, v in hf.items()},
+            "classifier.weight": torch.zeros(10, 64),
+            "classifier.bias": torch.zeros(10),
+        },
+        tmp_path / "task.safetensors",
+    )
     base = create_backbone("vit_small_patch14_dinov2", tmp_path / "base.safetensors", **SMALL).state_dict()
     task = create_backbone("vit_small_patch14_dinov2", tmp_path / "task.safetensors", **SMALL).state_dict()
     assert base.keys() == task.keys() and all(torch.equal(base[k], task[k]) for k in base)
@@ -156,21 +194,35 @@ def test_a_vit_model_file_equals_the_dino_v1_forward(tmp_path):
 
 # --- config.json ---------------------------------------------------------------------------------------------
 
-DINOV2_CONFIG = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     patch_size=14, image_size=518, mlp_ratio=4, use_swiglu_ffn=False, layer_norm_eps=1e-6)
+DINOV2_CONFIG = dict(
+    model_type="dinov2",
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    patch_size=14,
+    image_size=518,
+    mlp_ratio=4,
+    use_swiglu_ffn=False,
+    layer_norm_eps=1e-6,
+)
 
 
-@pytest.mark.parametrize("change,says", [
-    ({}, None),
-    ({"hidden_size": 384}, "hidden_size 384 but the weights are 32 wide"),
-    ({"num_hidden_layers": 12}, "num_hidden_layers 12 but the weights have 2 layers"),
-    ({"image_size": 224}, "image_size 224 but the weights' position embeddings are for 518 px"),
-    ({"model_type": "dinov2_with_registers", "num_register_tokens": 4},
-     "num_register_tokens 4 but the weights have 0 register tokens"),
-    ({"use_swiglu_ffn": True}, "use_swiglu_ffn true but the weights' MLP is fc1/fc2"),
-    ({"model_type": "vit"}, "model_type 'vit' but the weights are a Dinov2Model"),
-    ({"num_attention_heads": 6}, "num_attention_heads 6 but the model has 2 heads"),
-])
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        ({}, None),
+        ({"hidden_size": 384}, "hidden_size 384 but the weights are 32 wide"),
+        ({"num_hidden_layers": 12}, "num_hidden_layers 12 but the weights have 2 layers"),
+        ({"image_size": 224}, "image_size 224 but the weights' position embeddings are for 518 px"),
+        (
+            {"model_type": "dinov2_with_registers", "num_register_tokens": 4},
+            "num_register_tokens 4 but the weights have 0 register tokens",
+        ),
+        ({"use_swiglu_ffn": True}, "use_swiglu_ffn true but the weights' MLP is fc1/fc2"),
+        ({"model_type": "vit"}, "model_type 'vit' but the weights are a Dinov2Model"),
+        ({"num_attention_heads": 6}, "num_attention_heads 6 but the model has 2 heads"),
+    ],
+)
 def test_a_config_that_disagrees_with_the_weights_is_refused(tmp_path, change, says):
     save_file(_published_dinov2_keys(release_weights(32, 2, seed=5)), tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({**DINOV2_CONFIG, **change}))
@@ -197,9 +249,12 @@ def test_a_folder_is_recorded_by_its_weights_file(tmp_path):
 
     save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
     record = checkpoint_record(tmp_path)
-    assert record == {"path": str(tmp_path), "file": str(tmp_path / "model.safetensors"),
-                      "bytes": (tmp_path / "model.safetensors").stat().st_size,
-                      "sha256": file_sha256(tmp_path / "model.safetensors")}
+    assert record == {
+        "path": str(tmp_path),
+        "file": str(tmp_path / "model.safetensors"),
+        "bytes": (tmp_path / "model.safetensors").stat().st_size,
+        "sha256": file_sha256(tmp_path / "model.safetensors"),
+    }
 
 
 def test_transformers_is_never_imported_by_the_package():
@@ -210,6 +265,9 @@ def test_transformers_is_never_imported_by_the_package():
 
     for path in Path(locatdino.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             assert not any(n.split(".")[0] == "transformers" for n in names), path

@@ -31,13 +31,22 @@ def test_plain_state_dict(tmp_path, vit_weights):
 
 def test_full_dino_training_checkpoint(tmp_path, vit_weights):
     student = {f"module.backbone.{k}": v + 1 for k, v in vit_weights.items()}
-    student.update({"module.head.last_layer.weight_g": torch.ones(8, 1),
-                    "module.head.last_layer.weight_v": torch.randn(8, 16)})
+    student.update(
+        {"module.head.last_layer.weight_g": torch.ones(8, 1), "module.head.last_layer.weight_v": torch.randn(8, 16)}
+    )
     teacher = {f"backbone.{k}": v for k, v in vit_weights.items()}
     teacher.update({"head.last_layer.parametrizations.weight.original0": torch.ones(8, 1)})
-    torch.save({"student": student, "teacher": teacher, "optimizer": {"state": {}, "param_groups": []},
-                "epoch": 3, "args": argparse.Namespace(arch="vit_tiny"), "dino_loss": {"center": torch.zeros(1, 8)}},
-               tmp_path / "checkpoint.pth")
+    torch.save(
+        {
+            "student": student,
+            "teacher": teacher,
+            "optimizer": {"state": {}, "param_groups": []},
+            "epoch": 3,
+            "args": argparse.Namespace(arch="vit_tiny"),
+            "dino_loss": {"center": torch.zeros(1, 8)},
+        },
+        tmp_path / "checkpoint.pth",
+    )
     _assert_loaded(create_backbone("vit_tiny_patch16_224", tmp_path / "checkpoint.pth", **TINY), vit_weights)
     student_sd = load_backbone_state_dict(tmp_path / "checkpoint.pth", which="student")
     torch.testing.assert_close(student_sd["cls_token"], vit_weights["cls_token"] + 1)
@@ -55,7 +64,9 @@ def test_lightning_checkpoint_with_gaug(tmp_path, tiny_locatvit):
 
 def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
     torch.manual_seed(0)
-    public = timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2)  # 224 px, 1000-class head
+    public = timm.create_model(
+        "locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2
+    )  # 224 px, 1000-class head
     sd = public.state_dict()
     assert {"blocks.1.attn.gaug.log_var.weight", "blocks.1.attn.gaug.log_alpha.bias", "head.weight"} <= set(sd)
     timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2).load_state_dict(sd, strict=True)
@@ -72,8 +83,11 @@ def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     sd = tiny_locatvit.state_dict()
     sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
     torch.save(sd, tmp_path / "bad.pth")
-    with pytest.raises(ValueError, match=r"bad.pth does not fit locatvit_tiny_patch16_224: blocks.0.attn.gaug.log_var.weight: "
-                                         r"checkpoint \[2, 16\] vs model \[2, 32\]$"):
+    with pytest.raises(
+        ValueError,
+        match=r"bad.pth does not fit locatvit_tiny_patch16_224: blocks.0.attn.gaug.log_var.weight: "
+        r"checkpoint \[2, 16\] vs model \[2, 32\]$",
+    ):
         create_backbone("locatvit_tiny_patch16_224", tmp_path / "bad.pth", **TINY)
     torch.save({"epoch": 3, "weights": [1, 2]}, tmp_path / "odd.pth")
     with pytest.raises(ValueError, match="odd.pth: not a known checkpoint layout .*epoch, weights"):
@@ -112,15 +126,32 @@ def _meta_state_dict(name: str) -> dict[str, torch.Tensor]:
         return timm.create_model(name, num_classes=0).state_dict()
 
 
-@pytest.mark.parametrize("checkpoint_arch, model_arch, first, guess", [
-    ("vit_base_patch16_224", "vit_small_patch16_224", "cls_token: checkpoint [1, 1, 768] vs model [1, 1, 384]; "
-     "pos_embed: checkpoint [1, 197, 768] vs model [1, 197, 384]; patch_embed.proj.weight: checkpoint "
-     "[768, 3, 16, 16] vs model [384, 3, 16, 16]; 147 more shapes differ", "a ViT-B/16 checkpoint for a ViT-S/16 model?"),
-    ("vit_small_patch8_224", "vit_small_patch16_224", "pos_embed: checkpoint [1, 785, 384] vs model [1, 197, 384]; "
-     "patch_embed.proj.weight: checkpoint [384, 3, 8, 8] vs model [384, 3, 16, 16]", "a ViT-S/8 checkpoint for a ViT-S/16 model?"),
-    ("locatvit_tiny_patch16_224", "locatvit_small_patch16_224", "cls_token: checkpoint [1, 1, 192] vs model [1, 1, 384]",
-     "a LocAtViT-T/16 checkpoint for a LocAtViT-S/16 model?"),
-])
+@pytest.mark.parametrize(
+    "checkpoint_arch, model_arch, first, guess",
+    [
+        (
+            "vit_base_patch16_224",
+            "vit_small_patch16_224",
+            "cls_token: checkpoint [1, 1, 768] vs model [1, 1, 384]; "
+            "pos_embed: checkpoint [1, 197, 768] vs model [1, 197, 384]; patch_embed.proj.weight: checkpoint "
+            "[768, 3, 16, 16] vs model [384, 3, 16, 16]; 147 more shapes differ",
+            "a ViT-B/16 checkpoint for a ViT-S/16 model?",
+        ),
+        (
+            "vit_small_patch8_224",
+            "vit_small_patch16_224",
+            "pos_embed: checkpoint [1, 785, 384] vs model [1, 197, 384]; "
+            "patch_embed.proj.weight: checkpoint [384, 3, 8, 8] vs model [384, 3, 16, 16]",
+            "a ViT-S/8 checkpoint for a ViT-S/16 model?",
+        ),
+        (
+            "locatvit_tiny_patch16_224",
+            "locatvit_small_patch16_224",
+            "cls_token: checkpoint [1, 1, 192] vs model [1, 1, 384]",
+            "a LocAtViT-T/16 checkpoint for a LocAtViT-S/16 model?",
+        ),
+    ],
+)
 def test_wrong_architecture_names_keys_shapes_and_both_architectures(checkpoint_arch, model_arch, first, guess):
     message = checkpoint_mismatch(_meta_state_dict(checkpoint_arch), _meta_state_dict(model_arch))
     assert message.startswith(first) and message.endswith(f" — {guess}") and "\n" not in message
@@ -134,10 +165,16 @@ def test_wrong_width_through_create_backbone_is_one_line_naming_the_file(tmp_pat
     with pytest.raises(ValueError) as err:
         create_backbone("vit_tiny_patch16_224", tmp_path / "wide.pth", **TINY)
     message = str(err.value)
-    assert message.startswith(f"{tmp_path / 'wide.pth'} does not fit vit_tiny_patch16_224: cls_token: "
-                              "checkpoint [1, 1, 96] vs model [1, 1, 64]; ")
-    assert message.endswith("more shapes differ — a ViT (width 96, 2 blocks, /16) checkpoint for a "
-                            "ViT (width 64, 2 blocks, /16) model?") and "\n" not in message
+    assert message.startswith(
+        f"{tmp_path / 'wide.pth'} does not fit vit_tiny_patch16_224: cls_token: "
+        "checkpoint [1, 1, 96] vs model [1, 1, 64]; "
+    )
+    assert (
+        message.endswith(
+            "more shapes differ — a ViT (width 96, 2 blocks, /16) checkpoint for a ViT (width 64, 2 blocks, /16) model?"
+        )
+        and "\n" not in message
+    )
 
 
 def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
@@ -148,7 +185,8 @@ def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
     torch.save({"path": pathlib.PurePosixPath("runs")}, tmp_path / "objects.pth")
     expected = {
         "empty.pth": "is empty (0 bytes), not a checkpoint",
-        "notes.pth": "is a text file, not a torch checkpoint (it starts with '<html><body>404 Not Found</body></html>')",
+        "notes.pth": "is a text file, not a torch checkpoint "
+        "(it starts with '<html><body>404 Not Found</body></html>')",
         "lfs.pth": "is a Git LFS pointer, not the weights: fetch them with `git lfs pull`",
         "noise.pth": "is not a torch checkpoint (neither torch's zip format nor a pickle; 193 bytes)",
         "objects.pth": "cannot be read with weights_only=True (unsupported global: GLOBAL pathlib.PurePosixPath)",
@@ -164,17 +202,21 @@ def test_unreadable_files_are_named_in_a_plain_sentence(tmp_path):
 
 
 def test_a_pretrained_tag_without_checkpoint_is_refused():
-    with pytest.raises(ValueError, match=r"^vit_small_patch16_224.dino names timm's pretrained weights 'dino', which "
-                                         r"locatdino never downloads: pass the weights file \(dino_deitsmall16_pretrain.pth\) "
-                                         r"as the checkpoint, or use vit_small_patch16_224 for a random init$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^vit_small_patch16_224.dino names timm's pretrained weights 'dino', which "
+        r"locatdino never downloads: pass the weights file \(dino_deitsmall16_pretrain.pth\) "
+        r"as the checkpoint, or use vit_small_patch16_224 for a random init$",
+    ):
         create_backbone("vit_small_patch16_224.dino")
 
 
 def test_patch_size_and_build_size_come_from_the_checkpoint(tmp_path):
     """A patch-8, 64 px run (the tiny recipes) reloads as patch 8 at 64 px: 8 x 8 grid, same weights."""
     torch.manual_seed(0)
-    trained = timm.create_model("locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2, img_size=64, patch_size=8,
-                                num_classes=0)
+    trained = timm.create_model(
+        "locatvit_tiny_patch16_224", depth=2, embed_dim=64, num_heads=2, img_size=64, patch_size=8, num_classes=0
+    )
     torch.save(trained.state_dict(), tmp_path / "teacher.pth")
     model = create_backbone("locatvit_tiny_patch16_224", tmp_path / "teacher.pth", depth=2, embed_dim=64, num_heads=2)
     assert model.patch_embed.patch_size == (8, 8) and model.pos_embed.shape == (1, 65, 64)

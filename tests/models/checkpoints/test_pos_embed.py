@@ -17,8 +17,9 @@ SMALL = dict(depth=2, embed_dim=64, num_heads=2)  # a 224 px (14 × 14) build gr
 def _cubic(t: np.ndarray, a: float = -0.75) -> np.ndarray:
     """Keys' cubic convolution kernel with PyTorch's a = −0.75 (antialias=False)."""
     t = np.abs(t)
-    return np.where(t <= 1, (a + 2) * t**3 - (a + 3) * t**2 + 1,
-                    np.where(t < 2, a * t**3 - 5 * a * t**2 + 8 * a * t - 4 * a, 0.0))
+    return np.where(
+        t <= 1, (a + 2) * t**3 - (a + 3) * t**2 + 1, np.where(t < 2, a * t**3 - 5 * a * t**2 + 8 * a * t - 4 * a, 0.0)
+    )
 
 
 def _bicubic_matrix(n_in: int, n_out: int, scale: float) -> np.ndarray:
@@ -91,17 +92,25 @@ def test_the_rule_each_checkpoint_gets_and_explicit_choice(dino_file, tmp_path):
     assert create_backbone("vit_tiny_patch16_224", **SMALL).pos_embed_rule == "timm"  # random init
     assert create_backbone("vit_tiny_patch16_224", dino_file, pos_embed="timm", **SMALL).pos_embed_rule == "timm"
 
-    full = {"student": {f"module.backbone.{k}": v for k, v in state.items()},
-            "teacher": {f"backbone.{k}": v for k, v in state.items()}, "args": argparse.Namespace(arch="vit_tiny")}
+    full = {
+        "student": {f"module.backbone.{k}": v for k, v in state.items()},
+        "teacher": {f"backbone.{k}": v for k, v in state.items()},
+        "args": argparse.Namespace(arch="vit_tiny"),
+    }
     torch.save(full, tmp_path / "checkpoint.pth")
     assert create_backbone("vit_tiny_patch16_224", tmp_path / "checkpoint.pth", **SMALL).pos_embed_rule == "dino"
 
-    lightning = {"pytorch-lightning_version": "2.6.6", "state_dict": {f"teacher.backbone.{k}": v for k, v in state.items()}}
+    lightning = {
+        "pytorch-lightning_version": "2.6.6",
+        "state_dict": {f"teacher.backbone.{k}": v for k, v in state.items()},
+    }
     torch.save(lightning, tmp_path / "last.ckpt")
     assert create_backbone("vit_tiny_patch16_224", tmp_path / "last.ckpt", **SMALL).pos_embed_rule == "timm"
 
     torch.manual_seed(0)
-    torch.save(timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **SMALL).state_dict(), tmp_path / "locatvit.pth")
+    torch.save(
+        timm.create_model("locatvit_tiny_patch16_224", num_classes=0, **SMALL).state_dict(), tmp_path / "locatvit.pth"
+    )
     assert create_backbone("locatvit_tiny_patch16_224", tmp_path / "locatvit.pth", **SMALL).pos_embed_rule == "timm"
     with pytest.raises(ValueError, match="pos_embed must be 'auto', 'timm' or 'dino', got 'bicubic'"):
         create_backbone("vit_tiny_patch16_224", dino_file, pos_embed="bicubic", **SMALL)
@@ -124,7 +133,8 @@ def test_rebuilt_at_448_px_the_loaded_embedding_follows_the_same_rule(dino_file)
     """``img_size=448`` resamples pos_embed once at load time, by the same rule as at run time."""
     state = torch.load(dino_file, weights_only=True)
     rebuilt = create_backbone("vit_tiny_patch16_224", dino_file, img_size=448, **SMALL).eval()
-    torch.testing.assert_close(rebuilt.pos_embed.detach(), reference_pos_embed(state["pos_embed"], 448, 448, 16),
-                               rtol=0, atol=2e-5)
+    torch.testing.assert_close(
+        rebuilt.pos_embed.detach(), reference_pos_embed(state["pos_embed"], 448, 448, 16), rtol=0, atol=2e-5
+    )
     timm_rule = create_backbone("vit_tiny_patch16_224", dino_file, img_size=448, pos_embed="timm", **SMALL)
     assert (timm_rule.pos_embed - rebuilt.pos_embed).abs().max() > 1e-2

@@ -18,16 +18,17 @@ from tests.models.checkpoints.test_hugging_face import DINOV2_CONFIG, _published
 def _with_header(data: bytes, edit) -> bytes:
     """A safetensors file's bytes with its JSON header changed by ``edit(header)``, the tensor bytes kept."""
     length = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     edit(header)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + data[8 + length:]
+    return struct.pack("<Q", len(text)) + text + data[8 + length :]
 
 
 def _lie_about(key: str, shape: list[int]):
     def edit(header: dict) -> None:
         header[key]["shape"] = shape
+
     return edit
 
 
@@ -50,7 +51,9 @@ def test_a_header_that_lies_about_a_shape_is_named(tmp_path):
     lying.write_bytes(_with_header((tmp_path / "ok.safetensors").read_bytes(), _lie_about("a", [3, 3])))
     with pytest.raises(ValueError) as err:
         load_checkpoint(lying)
-    assert str(err.value).startswith(f"{lying}: its safetensors header does not match its ") and "lies" in str(err.value)
+    assert str(err.value).startswith(f"{lying}: its safetensors header does not match its ") and "lies" in str(
+        err.value
+    )
 
 
 def test_a_safetensors_file_is_told_by_its_content_not_its_name(tmp_path):
@@ -78,22 +81,52 @@ def bad_files(tmp_path_factory) -> dict:
     (folder / "config.json").write_text(json.dumps({**DINOV2_CONFIG, "hidden_size": 384}))
     name = "vit_small_patch14_dinov2"
     return {
-        "ViT-g file for ViT-S": (f"{name}:{giant}", giant,
-                                 f"{giant} does not fit {name}: cls_token: checkpoint [1, 1, 64] vs model [1, 1, 384]"),
-        "lying header": (f"{name}:{tmp / 'lying.safetensors'}", tmp / "lying.safetensors",
-                         f"{tmp / 'lying.safetensors'}: its safetensors header does not match"),
-        "truncated": (f"{name}:{tmp / 'cut.safetensors'}", tmp / "cut.safetensors",
-                      f"{tmp / 'cut.safetensors'}: is truncated ({len(data) // 2} bytes of the {len(data)}"),
-        "config.json": (f"{name}:{folder}", folder,
-                        f"{folder / 'config.json'}: hidden_size 384 but the weights are 32 wide"),
+        "ViT-g file for ViT-S": (
+            f"{name}:{giant}",
+            giant,
+            f"{giant} does not fit {name}: cls_token: checkpoint [1, 1, 64] vs model [1, 1, 384]",
+        ),
+        "lying header": (
+            f"{name}:{tmp / 'lying.safetensors'}",
+            tmp / "lying.safetensors",
+            f"{tmp / 'lying.safetensors'}: its safetensors header does not match",
+        ),
+        "truncated": (
+            f"{name}:{tmp / 'cut.safetensors'}",
+            tmp / "cut.safetensors",
+            f"{tmp / 'cut.safetensors'}: is truncated ({len(data) // 2} bytes of the {len(data)}",
+        ),
+        "config.json": (
+            f"{name}:{folder}",
+            folder,
+            f"{folder / 'config.json'}: hidden_size 384 but the weights are 32 wide",
+        ),
     }
 
 
 @pytest.mark.parametrize("case", ["ViT-g file for ViT-S", "lying header", "truncated", "config.json"])
 def test_bad_release_files_are_refused_in_one_line_before_work(bad_files, tmp_path, capsys, case):
     model, path, says = bad_files[case]
-    argv = ["hbird", "--model", model, "--num-train", "4", "--num-val", "2", "--scene-size", "28", "--input-size", "28",
-            "--workers", "0", "--no-progress", "--batch-size", "2", "--out", str(tmp_path / "out")]
+    argv = [
+        "hbird",
+        "--model",
+        model,
+        "--num-train",
+        "4",
+        "--num-val",
+        "2",
+        "--scene-size",
+        "28",
+        "--input-size",
+        "28",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--batch-size",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert command_line.main(argv) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]

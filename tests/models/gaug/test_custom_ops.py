@@ -11,8 +11,10 @@ from locatdino.models.gaug.locality_bias import build_distance_table
 
 def _profiles(h=3, w=4, dtype=torch.float64):
     g = torch.Generator().manual_seed(0)
-    return (torch.rand(2, 2, h * w, h, dtype=dtype, generator=g, requires_grad=True),
-            torch.rand(2, 2, h * w, w, dtype=dtype, generator=g, requires_grad=True))
+    return (
+        torch.rand(2, 2, h * w, h, dtype=dtype, generator=g, requires_grad=True),
+        torch.rand(2, 2, h * w, w, dtype=dtype, generator=g, requires_grad=True),
+    )
 
 
 def _cases():

@@ -25,8 +25,9 @@ def _inputs(num_prefix, h, w, requires_grad=False, seed=0):
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize(("num_prefix", "h", "w"), [(0, 3, 4), (1, 4, 3), (5, 3, 5)],
-                         ids=["no prefix", "class token", "class + 4 registers"])
+@pytest.mark.parametrize(
+    ("num_prefix", "h", "w"), [(0, 3, 4), (1, 4, 3), (5, 3, 5)], ids=["no prefix", "class token", "class + 4 registers"]
+)
 def test_forward_matches_dense_reference_and_separable_path(num_prefix, h, w):
     q, k, v, rows, cols = _inputs(num_prefix, h, w)
     with torch.no_grad():
@@ -49,7 +50,7 @@ def test_gradients_reach_the_profiles(monkeypatch):
     want = torch.autograd.grad(separable_bias_attention(*inputs, num_prefix), inputs, grad_out)
     for name, a, b in zip(("q", "k", "v", "rows", "cols"), got, want):
         assert b.abs().max() > 1e-3, name
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d{name}: {m}")
 
 
 @pytest.mark.slow
@@ -65,14 +66,21 @@ def test_a_dino_step_compiles_three_variants(monkeypatch):
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch._dynamo.config.patch(recompile_limit=flex_module._MAX_VARIANTS)(
-        torch.compile(flex_module._attend, backend=counter, dynamic=False))
+        torch.compile(flex_module._attend, backend=counter, dynamic=False)
+    )
     monkeypatch.setattr(flex_module, "_kernel", lambda device: compiled)
     flex_module.reset_flex_state()
     monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
     torch._dynamo.reset()
     torch.manual_seed(0)
-    module = DINOModule("locatvit_tiny_patch16_224", dict(img_size=64, depth=1, embed_dim=64, num_heads=2), batch_size=2,
-                        out_dim=32, hidden_dim=32, bottleneck_dim=16)
+    module = DINOModule(
+        "locatvit_tiny_patch16_224",
+        dict(img_size=64, depth=1, embed_dim=64, num_heads=2),
+        batch_size=2,
+        out_dim=32,
+        hidden_dim=32,
+        bottleneck_dim=16,
+    )
     for layer in module.modules():
         if isinstance(layer, GAugAttention):
             layer.gaug_path = "flex"

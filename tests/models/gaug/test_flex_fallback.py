@@ -18,16 +18,19 @@ from tests.models.gaug.test_attention import _layer, _run
 
 _resolve_path = GAugAttention._resolve_path
 # a compile error's detail is on its later lines: the walk must keep them all
-TRITON_ERROR = ("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_4\n"
-                "Required: 376832 Hardware limit: 232448. Reducing block sizes or num_stages may help.")
+TRITON_ERROR = (
+    "No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_4\n"
+    "Required: 376832 Hardware limit: 232448. Reducing block sizes or num_stages may help."
+)
 
 
 @pytest.fixture
 def as_on_cuda(monkeypatch):
     """A fresh flex state, and the automatic path chosen as it would be on CUDA."""
     flex_module.reset_flex_state()
-    monkeypatch.setattr(GAugAttention, "_resolve_path",
-                        lambda self, device, plain: _resolve_path(self, torch.device("cuda"), plain))
+    monkeypatch.setattr(
+        GAugAttention, "_resolve_path", lambda self, device, plain: _resolve_path(self, torch.device("cuda"), plain)
+    )
     yield
     flex_module.reset_flex_state()
 
@@ -59,8 +62,10 @@ def test_every_option_tried_in_order_then_one_warning_with_every_full_error(monk
         got = _run(layer, x)
     assert calls == _as_called(FP32_CANDIDATES)  # fp32 queries: the fp32 list, in its order
     [warning] = [str(w.message) for w in caught]
-    assert warning.startswith("GAug uses SDPA with the bias (chunked at large inputs) from now on: FlexAttention "
-                              "failed on cpu: every kernel option failed for float32, head size 16, cpu:")
+    assert warning.startswith(
+        "GAug uses SDPA with the bias (chunked at large inputs) from now on: FlexAttention "
+        "failed on cpu: every kernel option failed for float32, head size 16, cpu:"
+    )
     assert warning.count("RuntimeError: " + TRITON_ERROR) == len(FP32_CANDIDATES)  # every line of every error
     for options in FP32_CANDIDATES:
         assert f"\n- {options.name}: RuntimeError: No valid triton configs" in warning

@@ -8,13 +8,21 @@ import pytest
 import torch
 
 import locatdino.models.gaug.flex_bias_attention as flex_module
-from locatdino.models.gaug.flex_options import (FP32_CANDIDATES, HALF_CANDIDATES, FlexOptions, candidates, fitting,
-                                                shared_memory_estimate, shared_memory_limit)
+from locatdino.models.gaug.flex_options import (
+    FP32_CANDIDATES,
+    HALF_CANDIDATES,
+    FlexOptions,
+    candidates,
+    fitting,
+    shared_memory_estimate,
+    shared_memory_limit,
+)
 from locatdino.models.gaug.separable_bias_attention import separable_bias_attention
 from tests.models.gaug.test_flex_bias_attention import _inputs
 
-H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, shared_memory_per_block=49152,
-                       shared_memory_per_block_optin=232448)
+H200 = SimpleNamespace(
+    name="NVIDIA H200", major=9, minor=0, shared_memory_per_block=49152, shared_memory_per_block_optin=232448
+)
 
 
 def test_the_estimate_reproduces_the_shared_memory_triton_asked_for_on_the_h200():
@@ -44,11 +52,14 @@ def test_lists_per_dtype_and_what_each_options_passes():
     assert first.name == "BLOCK_M=64 BLOCK_N=32 num_stages=1, fp32 profiles"
 
 
-@pytest.mark.parametrize(("props", "limit"), [
-    (H200, 232448),
-    (SimpleNamespace(major=8, minor=0, shared_memory_per_block=49152), 49152),  # no opt-in attribute
-    (SimpleNamespace(major=8, minor=0), None),  # nothing reported: skip nothing
-])
+@pytest.mark.parametrize(
+    ("props", "limit"),
+    [
+        (H200, 232448),
+        (SimpleNamespace(major=8, minor=0, shared_memory_per_block=49152), 49152),  # no opt-in attribute
+        (SimpleNamespace(major=8, minor=0), None),  # nothing reported: skip nothing
+    ],
+)
 def test_limit_read_from_the_device_properties(props, limit):
     assert shared_memory_limit(props) == limit
 
@@ -74,8 +85,12 @@ def test_the_chooser_skips_options_that_exceed_the_devices_shared_memory(monkeyp
         with caplog.at_level(logging.INFO, logger="locatdino.models.gaug"):
             flex_module.flex_bias_attention(q, k, v, rows, cols, 1)
         assert tried == [(HALF_CANDIDATES[0].kernel, torch.float32), (HALF_CANDIDATES[2].kernel, torch.float32)]
-        assert any("skipping BLOCK_M=64 BLOCK_N=64 num_stages=2, fp32 profiles for torch.bfloat16, head size 16: "
-                   "needs ~" in r.getMessage() and "the device allows 40000 B" in r.getMessage() for r in caplog.records)
+        assert any(
+            "skipping BLOCK_M=64 BLOCK_N=64 num_stages=2, fp32 profiles for torch.bfloat16, head size 16: needs ~"
+            in r.getMessage()
+            and "the device allows 40000 B" in r.getMessage()
+            for r in caplog.records
+        )
         assert flex_module.flex_report()["chosen"] == {"bfloat16, head size 16, sm 9.0": HALF_CANDIDATES[2].name}
 
         # nothing pinned fits 1 000 B: only torch's default tiles are left to try
@@ -95,10 +110,10 @@ def test_each_option_computes_the_same_attention(options):
     q, k, v, rows, cols = _inputs(5, 3, 4)
     want = separable_bias_attention(q, k, v, rows, cols, 5)
     with torch.no_grad():
-        got = flex_module._run(flex_module._attend, (q, k, v, rows, cols), 5, 16 ** -0.5, options)
+        got = flex_module._run(flex_module._attend, (q, k, v, rows, cols), 5, 16**-0.5, options)
         # bf16 queries cast the profiles of an "input" option: the same on fp32 queries, by hand
         cast = options.profile_dtype(torch.bfloat16)
-        half = flex_module._attend(q, k, v, rows.to(cast), cols.to(cast), 5, 16 ** -0.5, options.kernel)
+        half = flex_module._attend(q, k, v, rows.to(cast), cols.to(cast), 5, 16**-0.5, options.kernel)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     tolerance = 1e-5 if options.profiles == "fp32" else 2e-2  # a bias up to 4, rounded to 8 bits
     torch.testing.assert_close(half, want, rtol=tolerance, atol=tolerance)

@@ -32,14 +32,16 @@ class SquareTensors(TorchDispatchMode):
 def cuda_without_flex(monkeypatch):
     """Paths chosen as on CUDA once FlexAttention failed; each kernel's calls and chunk buffers recorded."""
     resolve = GAugAttention._resolve_path
-    monkeypatch.setattr(GAugAttention, "_resolve_path",
-                        lambda self, device, plain: resolve(self, torch.device("cuda"), plain))
+    monkeypatch.setattr(
+        GAugAttention, "_resolve_path", lambda self, device, plain: resolve(self, torch.device("cuda"), plain)
+    )
     monkeypatch.setattr(flex_module, "_failure", "simulated: every kernel option failed")
     taken, buffers = [], []
     for name in ("outer_product_mask", "separable_bias_attention"):
         kernel = getattr(attention_module, name)
-        monkeypatch.setattr(attention_module, name,
-                            lambda *args, _kernel=kernel, _name=name: taken.append(_name) or _kernel(*args))
+        monkeypatch.setattr(
+            attention_module, name, lambda *args, _kernel=kernel, _name=name: taken.append(_name) or _kernel(*args)
+        )
     scratch = sba.scratch
     monkeypatch.setattr(sba, "scratch", lambda slot, shape, *args: buffers.append(shape) or scratch(slot, shape, *args))
     return taken, buffers

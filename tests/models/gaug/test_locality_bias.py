@@ -32,7 +32,9 @@ def naive_bias(q, w_var, b_var, w_alpha, b_alpha, grid, build_grid, num_prefix):
                     it, jt = divmod(t, w)
                     dr = max(-0.5 * (ip - it) ** 2, lo)
                     dc = max(-0.5 * (jp - jt) ** 2, lo)
-                    S[bi, hi, num_prefix + p, num_prefix + t] = alpha * math.exp(dr / (var[0] + eps) + dc / (var[1] + eps))
+                    S[bi, hi, num_prefix + p, num_prefix + t] = alpha * math.exp(
+                        dr / (var[0] + eps) + dc / (var[1] + eps)
+                    )
     return S
 
 
@@ -46,8 +48,9 @@ def test_bias_matches_naive_loops(grid, num_prefix):
             p.normal_(0, 0.7)
     q = torch.randn(1, 2, num_prefix + grid[0] * grid[1], 8)
     got = bias(q, grid)
-    want = naive_bias(q, bias.log_var.weight, bias.log_var.bias, bias.log_alpha.weight, bias.log_alpha.bias,
-                      grid, (6, 6), num_prefix)
+    want = naive_bias(
+        q, bias.log_var.weight, bias.log_var.bias, bias.log_alpha.weight, bias.log_alpha.bias, grid, (6, 6), num_prefix
+    )
     assert got.dtype == torch.float32 and got.shape == want.shape
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     if num_prefix:
@@ -136,8 +139,9 @@ def test_gaussian_parameters_are_the_spec_variance_and_amplitude(grid):
     c = 36.0
     z = q[:, :, 1:].double() @ bias.log_var.weight.double().T + bias.log_var.bias.double()
     expected_var = c * torch.sigmoid(z - math.log(c - 1)) * (min(grid) / 6)
-    expected_alpha = torch.nn.functional.softplus(q[:, :, 1:].double() @ bias.log_alpha.weight.double().T
-                                                  + bias.log_alpha.bias.double())[..., 0]
+    expected_alpha = torch.nn.functional.softplus(
+        q[:, :, 1:].double() @ bias.log_alpha.weight.double().T + bias.log_alpha.bias.double()
+    )[..., 0]
     assert var.shape == (2, 3, grid[0] * grid[1], 2) and alpha.shape == (2, 3, grid[0] * grid[1])
     torch.testing.assert_close(var.double(), expected_var, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(alpha.double(), expected_alpha, rtol=1e-5, atol=1e-6)

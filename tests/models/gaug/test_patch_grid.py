@@ -38,8 +38,10 @@ def test_gradient_checkpointing_recomputes_with_the_right_grid(tiny_locatvit):
     """Two resolutions forward, then one backward: recomputation must find each input's grid."""
     tiny_locatvit.train()
     x_global, x_local = torch.randn(2, 3, 64, 64), torch.randn(3, 3, 32, 48)
+
     def loss():
         return tiny_locatvit(x_global).square().sum() + tiny_locatvit(x_local).square().sum()
+
     loss().backward()
     want = {k: p.grad.clone() for k, p in tiny_locatvit.named_parameters()}
     tiny_locatvit.zero_grad()

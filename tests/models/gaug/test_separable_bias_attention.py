@@ -46,20 +46,28 @@ def test_bf16_inputs_with_fp32_profiles():
     assert rows.grad.dtype == torch.float32 and torch.isfinite(rows.grad).all()
 
 
-@pytest.mark.parametrize(("eval_bytes", "chunks"), [
-    (1 << 30, 2),  # all heads of each image
-    (2 * 43 * 43 * 8, 4),  # 2 heads, then 1, of each image
-    (1, 2 * 3 * 3),  # 16-row chunks of each head
-], ids=["images", "heads", "rows of a head"])
+@pytest.mark.parametrize(
+    ("eval_bytes", "chunks"),
+    [
+        (1 << 30, 2),  # all heads of each image
+        (2 * 43 * 43 * 8, 4),  # 2 heads, then 1, of each image
+        (1, 2 * 3 * 3),  # 16-row chunks of each head
+    ],
+    ids=["images", "heads", "rows of a head"],
+)
 def test_a_forward_without_gradients_chunks_by_image_head_and_rows_with_the_training_output(
-        eval_bytes, chunks, monkeypatch):
+    eval_bytes, chunks, monkeypatch
+):
     """Evaluation (``baddbmm`` onto the bias, softmax, ``P v``) chunks by image, heads and query
     rows (``_EVAL_CHUNK_BYTES``), training (SDPA with the mask) by 16-row chunks over all heads
     here; each query row's attention is the same either way."""
     counted = {"sdpa": 0, "bmm": 0}
     sdpa, bmm = F.scaled_dot_product_attention, torch.bmm
-    monkeypatch.setattr(sba.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: counted.update(sdpa=counted["sdpa"] + 1) or sdpa(*a, **kw))
+    monkeypatch.setattr(
+        sba.F,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: counted.update(sdpa=counted["sdpa"] + 1) or sdpa(*a, **kw),
+    )
     monkeypatch.setattr(sba.torch, "bmm", lambda *a, **kw: counted.update(bmm=counted["bmm"] + 1) or bmm(*a, **kw))
     monkeypatch.setattr(sba, "_CHUNK_BYTES", 1)
     monkeypatch.setattr(sba, "_EVAL_CHUNK_BYTES", eval_bytes)

@@ -3,9 +3,9 @@ import copy
 import lightning.pytorch as pl
 import pytest
 import torch
-from ssl_helpers import LossRecorder, batches_loader, random_batch, resumed_losses, tiny_module, tiny_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
+from ssl_helpers import LossRecorder, batches_loader, random_batch, resumed_losses, tiny_module, tiny_trainer
 
 
 def test_student_teacher_layout_and_frozen_teacher():
@@ -174,8 +174,9 @@ def scene_loader(num_images=64, batch_size=16):
     from locatdino.data import MultiCropTransform, ScenesSegmentation, collate_multicrop
 
     scenes = ScenesSegmentation(num_images, size=64)
-    crops = MultiCropTransform(global_crop_size=32, local_crop_size=16, num_local_crops=2, color_jitter_prob=0.3,
-                               grayscale_prob=0.0)
+    crops = MultiCropTransform(
+        global_crop_size=32, local_crop_size=16, num_local_crops=2, color_jitter_prob=0.3, grayscale_prob=0.0
+    )
     dataset = [crops(scenes[i][0]) for i in range(num_images)]
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_multicrop)
 
@@ -189,8 +190,15 @@ def test_twenty_steps_on_scenes_lower_the_loss(backbone):
     up: configs/dino_tiny_cpu.yaml shows those dynamics.)"""
     pl.seed_everything(0)
     rec = LossRecorder()
-    m = tiny_module(backbone=backbone, batch_size=16, lr=5e-3, warmup_epochs=0.25, freeze_last_layer=0.0,
-                    momentum_teacher=1.0, center_momentum=1.0)
+    m = tiny_module(
+        backbone=backbone,
+        batch_size=16,
+        lr=5e-3,
+        warmup_epochs=0.25,
+        freeze_last_layer=0.0,
+        momentum_teacher=1.0,
+        center_momentum=1.0,
+    )
     teacher0 = copy.deepcopy(m.teacher.state_dict())
     tiny_trainer(max_steps=20, callbacks=[rec]).fit(m, scene_loader())
     first, last = sum(rec.losses[:5]) / 5, sum(rec.losses[-5:]) / 5
@@ -207,9 +215,17 @@ def test_resume_continues_exactly(tmp_path):
     teacher temperature all change within them), teacher, center and step counter. Drop-path is
     off: RNG streams are not part of a checkpoint.
     """
-    kwargs = dict(drop_path_rate=0.0, warmup_epochs=1.0, freeze_last_layer=1.0, warmup_teacher_temp_epochs=2.0,
-                  teacher_temp=0.07, lr=5e-2)
-    whole, first, second, trainer = resumed_losses(tmp_path, lambda: tiny_module(**kwargs), random_batch(batch=4, seed=3))
+    kwargs = dict(
+        drop_path_rate=0.0,
+        warmup_epochs=1.0,
+        freeze_last_layer=1.0,
+        warmup_teacher_temp_epochs=2.0,
+        teacher_temp=0.07,
+        lr=5e-2,
+    )
+    whole, first, second, trainer = resumed_losses(
+        tmp_path, lambda: tiny_module(**kwargs), random_batch(batch=4, seed=3)
+    )
     assert first == whole[:3]
     assert second == pytest.approx(whole[3:], rel=1e-6, abs=0)
     assert trainer.global_step == 6
@@ -219,8 +235,8 @@ def test_resume_continues_exactly(tmp_path):
 def test_no_weight_decay_on_1d_params_of_checkpoint_wrapped_blocks():
     """Lightning's ``activation_checkpointing`` inserts ``_checkpoint_wrapped_module.`` into the
     parameter names of every block: biases and norms there must still get no weight decay."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
     from timm.models.vision_transformer import Block
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
     torch.manual_seed(0)
     m = tiny_module(warmup_epochs=0.0)

@@ -29,8 +29,9 @@ def test_the_input_checkpoint_is_never_the_output(dino_checkpoint, capsys):
     before = dino_checkpoint.read_bytes()
     for overwrite in ([], ["--overwrite"]):
         assert export.main([str(dino_checkpoint), str(dino_checkpoint), *overwrite]) == 1
-        assert _one_line(capsys) == (f"locatdino export: the output {dino_checkpoint} is the input checkpoint: "
-                                     "write the export to another file")
+        assert _one_line(capsys) == (
+            f"locatdino export: the output {dino_checkpoint} is the input checkpoint: write the export to another file"
+        )
     link, hard = dino_checkpoint.with_name("link.pth"), dino_checkpoint.with_name("hard.pth")
     link.symlink_to(dino_checkpoint)
     hard.hardlink_to(dino_checkpoint)
@@ -47,17 +48,21 @@ def test_a_link_to_nothing_is_named(dino_checkpoint, tmp_path, capsys):
     link = tmp_path / "teacher.pth"
     link.symlink_to(tmp_path / "gone.pth")
     assert export.main([str(dino_checkpoint), str(link)]) == 1
-    assert _one_line(capsys) == (f"locatdino export: the output {link} is a link to a missing file "
-                                 f"{tmp_path / 'gone.pth'}: pass --overwrite to replace the link by the export, or "
-                                 "choose another file")
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {link} is a link to a missing file "
+        f"{tmp_path / 'gone.pth'}: pass --overwrite to replace the link by the export, or "
+        "choose another file"
+    )
     assert export.main([str(dino_checkpoint), str(link), "--overwrite"]) == 0
     assert not link.is_symlink() and "blocks.1.mlp.fc2.weight" in torch.load(link, weights_only=True)
 
 
 def test_truncated_and_empty_checkpoints_are_named(dino_checkpoint, tmp_path, capsys):
     data = dino_checkpoint.read_bytes()
-    for name, content, sentence in (("half.pth", data[:len(data) // 2], f"is truncated ({len(data) // 2} bytes"),
-                                    ("empty.pth", b"", "is empty (0 bytes)")):
+    for name, content, sentence in (
+        ("half.pth", data[: len(data) // 2], f"is truncated ({len(data) // 2} bytes"),
+        ("empty.pth", b"", "is empty (0 bytes)"),
+    ):
         (tmp_path / name).write_bytes(content)
         assert export.main([str(tmp_path / name), str(tmp_path / "out.pth")]) == 1
         assert _one_line(capsys).startswith(f"locatdino export: {tmp_path / name}: {sentence}")
@@ -74,13 +79,17 @@ def test_an_existing_output_is_replaced_only_with_overwrite(dino_checkpoint, tmp
     kept = {path: path.read_bytes() for path in (notes, released)}
     for path in kept:
         assert export.main([str(dino_checkpoint), str(path)]) == 1
-        assert _one_line(capsys) == (f"locatdino export: the output {path} exists and was not written by export: "
-                                     "pass --overwrite to replace it, or choose another file")
+        assert _one_line(capsys) == (
+            f"locatdino export: the output {path} exists and was not written by export: "
+            "pass --overwrite to replace it, or choose another file"
+        )
         assert path.read_bytes() == kept[path]
     assert export.main([str(dino_checkpoint), str(released), "--overwrite"]) == 0
     assert export.main([str(dino_checkpoint), str(released), "--which", "student"]) == 1
-    assert _one_line(capsys) == (f"locatdino export: the output {released} is an earlier export (the teacher of "
-                                 f"{dino_checkpoint}): pass --overwrite to replace it, or choose another file")
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {released} is an earlier export (the teacher of "
+        f"{dino_checkpoint}): pass --overwrite to replace it, or choose another file"
+    )
     assert export.main([str(dino_checkpoint), str(notes), "--overwrite"]) == 0
     assert "blocks.1.mlp.fc2.weight" in torch.load(notes, weights_only=True)
 
@@ -90,6 +99,8 @@ def test_a_checkpoint_with_non_finite_weights_is_refused(dino_checkpoint, tmp_pa
     ckpt["teacher"]["backbone.blocks.0.attn.qkv.weight"][0, :3] = torch.tensor([float("nan"), float("inf"), 1.0])
     torch.save(ckpt, dino_checkpoint)
     assert export.main([str(dino_checkpoint), str(tmp_path / "out.pth")]) == 1
-    assert _one_line(capsys) == (f"locatdino export: {dino_checkpoint}: 2 NaN/inf weight value(s) "
-                                 "in blocks.0.attn.qkv.weight (a diverged run? use a checkpoint from before it)")
+    assert _one_line(capsys) == (
+        f"locatdino export: {dino_checkpoint}: 2 NaN/inf weight value(s) "
+        "in blocks.0.attn.qkv.weight (a diverged run? use a checkpoint from before it)"
+    )
     assert not (tmp_path / "out.pth").exists()

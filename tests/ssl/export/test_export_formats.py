@@ -32,13 +32,26 @@ def fit_checkpoint(folder, name: str, step: int = 7, kwargs: dict = TINY_MODEL["
     state.update({f"student.backbone.{k}": torch.zeros_like(v) for k, v in teacher.state_dict().items()})
     path = folder / "checkpoints" / "last.ckpt"
     path.parent.mkdir(parents=True)
-    torch.save({"pytorch-lightning_version": "2.5.0", "state_dict": state, "global_step": step, "epoch": 1,
-                "evaluated_network": "teacher",
-                "hyper_parameters": {"backbone": name, "backbone_kwargs": kwargs, "out_dim": 128,
-                                     "_class_path": "locatdino.ssl.DINOModule"}}, path)
+    torch.save(
+        {
+            "pytorch-lightning_version": "2.5.0",
+            "state_dict": state,
+            "global_step": step,
+            "epoch": 1,
+            "evaluated_network": "teacher",
+            "hyper_parameters": {
+                "backbone": name,
+                "backbone_kwargs": kwargs,
+                "out_dim": 128,
+                "_class_path": "locatdino.ssl.DINOModule",
+            },
+        },
+        path,
+    )
     (folder / "logs" / "version_0").mkdir(parents=True)
     (folder / "logs" / "version_0" / "metrics.csv").write_text(
-        "epoch,step,hbird/mIoU,train/loss\n0,3,21.5,\n0,5,,4.2\n1,6,30.25,\n1,9,44.0,\n")
+        "epoch,step,hbird/mIoU,train/loss\n0,3,21.5,\n0,5,,4.2\n1,6,30.25,\n1,9,44.0,\n"
+    )
     return path, teacher
 
 
@@ -48,7 +61,10 @@ def _one_line(capsys) -> str:
     return err.strip()
 
 
-ARCHITECTURES = {"vit_tiny_patch16_224": "vit_tiny_patch16_224", "locatvit_tiny_patch16_224": "locatvit_tiny_patch16_224"}
+ARCHITECTURES = {
+    "vit_tiny_patch16_224": "vit_tiny_patch16_224",
+    "locatvit_tiny_patch16_224": "locatvit_tiny_patch16_224",
+}
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
@@ -61,8 +77,9 @@ def test_safetensors_and_hf_hub_exports_give_the_run_s_tokens_in_timm(tmp_path, 
     assert export.main([str(ckpt), str(hub), "--format", "hf-hub"]) == 0, capsys.readouterr().err
 
     config = json.loads((tmp_path / "teacher.config.json").read_text())
-    arch = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
-                             **config["model_args"]).eval()
+    arch = timm.create_model(
+        config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)), **config["model_args"]
+    ).eval()
     local = timm.create_model(f"local-dir:{hub}", pretrained=True).eval()
     for model in (arch, local):
         assert model.num_classes == 0 and torch.equal(model.forward_features(IMAGES), tokens)
@@ -71,8 +88,12 @@ def test_safetensors_and_hf_hub_exports_give_the_run_s_tokens_in_timm(tmp_path, 
         header = f.metadata()
     assert {k: header[k] for k in ("model", "img_size", "patch_size", "objective", "network", "step")} == {
         "model": ARCHITECTURES[name],
-        "img_size": "32", "patch_size": "16", "objective": "locatdino.ssl.DINOModule", "network": "teacher",
-        "step": "7"}
+        "img_size": "32",
+        "patch_size": "16",
+        "objective": "locatdino.ssl.DINOModule",
+        "network": "teacher",
+        "step": "7",
+    }
     assert config["model_args"]["img_size"] == [32, 32] and config["pretrained_cfg"]["input_size"] == [3, 32, 32]
     written = {k: v for k, v in header.items() if k != "format"}  # safetensors' own key
     assert export_metadata(hub / "config.json") == export_metadata(hub / "model.safetensors") == written
@@ -95,8 +116,9 @@ def test_a_run_recorded_under_an_earlier_model_name_still_exports_and_loads(tmp_
         assert export.main([str(ckpt), str(out)]) == 0
     config = json.loads((tmp_path / "teacher.config.json").read_text())
     assert config["architecture"] == "locatvit_tiny_patch16_224"
-    exported = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
-                                 **config["model_args"]).eval()
+    exported = timm.create_model(
+        config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)), **config["model_args"]
+    ).eval()
     with pytest.warns(UserWarning, match=deprecated):
         by_old_name = create_backbone("locatvit_tiny", str(ckpt), **TINY_MODEL["backbone_kwargs"]).eval()
     tokens = teacher.forward_features(IMAGES)
@@ -118,11 +140,18 @@ def test_a_vanilla_export_loads_in_timm_without_this_package(tmp_path):
         "b = timm.create_model('local-dir:' + d + '/hub', pretrained=True).eval()\n"
         "x, tokens = torch.load(d + '/images.pt'), torch.load(d + '/tokens.pt')\n"
         "assert not [m for m in sys.modules if m.startswith('locatdino')]\n"
-        "print(all(torch.equal(m.forward_features(x), tokens) for m in (a, b)))\n")
+        "print(all(torch.equal(m.forward_features(x), tokens) for m in (a, b)))\n"
+    )
     torch.save(IMAGES, tmp_path / "images.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
@@ -134,36 +163,56 @@ def test_a_hub_folder_keeps_other_files_and_is_replaced_only_with_overwrite(tmp_
     args = [str(ckpt), str(hub), "--format", "hf-hub"]
     assert export.main(args) == 0
     assert export.main(args) == 1
-    assert _one_line(capsys) == (f"locatdino export: the output {hub / 'model.safetensors'} is an earlier export (the "
-                                 f"vit_tiny_patch16_224 teacher of {ckpt}, step 7): pass --overwrite to replace it, "
-                                 "or choose another folder")
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {hub / 'model.safetensors'} is an earlier export (the "
+        f"vit_tiny_patch16_224 teacher of {ckpt}, step 7): pass --overwrite to replace it, "
+        "or choose another folder"
+    )
     assert export.main([*args, "--which", "student", "--overwrite"]) == 0
     assert export_metadata(hub / "config.json")["network"] == "student"
-    assert sorted(p.name for p in hub.iterdir()) == [".git", "README.md", "config.json", "model.safetensors",
-                                                     "notes.txt"]
+    assert sorted(p.name for p in hub.iterdir()) == [
+        ".git",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "notes.txt",
+    ]
 
 
 REFUSALS = {
-    "safetensors format, .pth name": (["{ckpt}", "{tmp}/t.pth", "--format", "safetensors"],
-                                      "the output {tmp}/t.pth: --format safetensors writes a .safetensors file (timm "
-                                      "picks its reader by the suffix): name it {tmp}/t.safetensors"),
-    "pth format, .safetensors name": (["{ckpt}", "{tmp}/t.safetensors", "--format", "pth"],
-                                      "the output {tmp}/t.safetensors is named .safetensors but --format pth writes a "
-                                      "torch file: choose another name"),
-    "hub onto a file": (["{ckpt}", "{tmp}/file.txt", "--format", "hf-hub"],
-                        "the output {tmp}/file.txt is a file: --format hf-hub writes a folder, give a folder name"),
-    "no model for a plain file": (["{plain}", "{tmp}/t.safetensors"],
-                                  "{plain}: --format safetensors writes the model's config, so name the model the "
-                                  "weights are for: NAME:{plain} (e.g. vit_small_patch16_224:{plain})"),
-    "another model than the run's": (["locatvit_tiny_patch16_224:{ckpt}", "{tmp}/t.safetensors"],
-                                     "{ckpt} holds a vit_tiny_patch16_224 backbone, not locatvit_tiny_patch16_224: leave the name "
-                                     "out for a fit checkpoint"),
-    "a folder for a file format": (["{ckpt}", "{tmp}/run"],
-                                   "the output {tmp}/run is a folder: give a file name, or --format hf-hub to write a "
-                                   "Hub folder"),
-    "a sidecar that is not ours": (["{ckpt}", "{tmp}/side.safetensors"],
-                                   "the output {tmp}/side.config.json exists and was not written by export: pass "
-                                   "--overwrite to replace it, or choose another file"),
+    "safetensors format, .pth name": (
+        ["{ckpt}", "{tmp}/t.pth", "--format", "safetensors"],
+        "the output {tmp}/t.pth: --format safetensors writes a .safetensors file (timm "
+        "picks its reader by the suffix): name it {tmp}/t.safetensors",
+    ),
+    "pth format, .safetensors name": (
+        ["{ckpt}", "{tmp}/t.safetensors", "--format", "pth"],
+        "the output {tmp}/t.safetensors is named .safetensors but --format pth writes a "
+        "torch file: choose another name",
+    ),
+    "hub onto a file": (
+        ["{ckpt}", "{tmp}/file.txt", "--format", "hf-hub"],
+        "the output {tmp}/file.txt is a file: --format hf-hub writes a folder, give a folder name",
+    ),
+    "no model for a plain file": (
+        ["{plain}", "{tmp}/t.safetensors"],
+        "{plain}: --format safetensors writes the model's config, so name the model the "
+        "weights are for: NAME:{plain} (e.g. vit_small_patch16_224:{plain})",
+    ),
+    "another model than the run's": (
+        ["locatvit_tiny_patch16_224:{ckpt}", "{tmp}/t.safetensors"],
+        "{ckpt} holds a vit_tiny_patch16_224 backbone, not locatvit_tiny_patch16_224: leave the name "
+        "out for a fit checkpoint",
+    ),
+    "a folder for a file format": (
+        ["{ckpt}", "{tmp}/run"],
+        "the output {tmp}/run is a folder: give a file name, or --format hf-hub to write a Hub folder",
+    ),
+    "a sidecar that is not ours": (
+        ["{ckpt}", "{tmp}/side.safetensors"],
+        "the output {tmp}/side.config.json exists and was not written by export: pass "
+        "--overwrite to replace it, or choose another file",
+    ),
 }
 
 
@@ -194,8 +243,9 @@ def test_a_named_release_file_exports_through_the_loader(tmp_path, capsys):
     assert header["model"] == "vit_tiny_patch16_224" and header["img_size"] == "32" and "objective" not in header
     assert header["pos_embed_rule"] == "dino"  # the released DINO format's rule, recorded
     config = json.loads(out.with_suffix(".config.json").read_text())
-    again = timm.create_model(config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)),
-                              **config["model_args"]).eval()
+    again = timm.create_model(
+        config["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(out)), **config["model_args"]
+    ).eval()
     assert torch.equal(again.forward_features(IMAGES), vit.forward_features(IMAGES))
 
 
@@ -207,8 +257,9 @@ def test_the_docs_round_trip_runs_as_written(tmp_path, monkeypatch):
     (commands,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
     monkeypatch.chdir(tmp_path)
-    _, teacher = fit_checkpoint(tmp_path / "runs" / "dino_tiny_cpu", "vit_tiny_patch16_224",
-                                kwargs={"img_size": 64, "patch_size": 8})
+    _, teacher = fit_checkpoint(
+        tmp_path / "runs" / "dino_tiny_cpu", "vit_tiny_patch16_224", kwargs={"img_size": 64, "patch_size": 8}
+    )
     lines = commands.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("locatdino export ") for line in lines)
     for line in lines:

@@ -40,10 +40,24 @@ def test_fit_resume_and_export_of_the_tiny_recipe(tmp_path):
 
 def _two_ranks(tmp_path, strategy: str) -> dict:
     dump = tmp_path / "ranks"
-    locatdino_in_subprocess(tmp_path, "fit", *ibot_overrides(tmp_path), "--trainer.accelerator", "cpu",
-                            "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_steps", "3",
-                            "--model.clip_grad", "0.05", "--trainer.callbacks+=ddp_helpers.SaveRankState",
-                            "--trainer.callbacks.out_dir", str(dump))
+    locatdino_in_subprocess(
+        tmp_path,
+        "fit",
+        *ibot_overrides(tmp_path),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        strategy,
+        "--trainer.max_steps",
+        "3",
+        "--model.clip_grad",
+        "0.05",
+        "--trainer.callbacks+=ddp_helpers.SaveRankState",
+        "--trainer.callbacks.out_dir",
+        str(dump),
+    )
     return {r: torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)}
 
 
@@ -69,4 +83,6 @@ def test_fsdp_matches_ddp(ddp_run, tmp_path):
     root unit) ends where DDP ends."""
     ddp_dir, _ = ddp_run
     _two_ranks(tmp_path, "dino_fsdp")
-    assert_same_checkpoint(ddp_dir / "run" / "checkpoints" / "last.ckpt", tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert_same_checkpoint(
+        ddp_dir / "run" / "checkpoints" / "last.ckpt", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    )

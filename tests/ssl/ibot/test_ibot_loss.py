@@ -27,7 +27,10 @@ def test_loss_matches_naive_per_crop_formula(seed):
     masks = torch.rand(crops, n, generator=g) < 0.4
     masks[0] = False  # an unmasked crop counts in the denominator only
     m = int(masks.sum())
-    student, teacher = torch.randn(m, k, generator=g, dtype=torch.float64) * 3, torch.randn(m, k, generator=g, dtype=torch.float64)
+    student, teacher = (
+        torch.randn(m, k, generator=g, dtype=torch.float64) * 3,
+        torch.randn(m, k, generator=g, dtype=torch.float64),
+    )
     loss_fn = IBOTPatchLoss(k).double()
     loss_fn.center.copy_(torch.randn(k, generator=g) * 0.3)
     got = loss_fn(student, loss_fn.teacher_targets(teacher, 0.05), masks)

@@ -7,8 +7,15 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from ssl_helpers import (TINY_IBOT, LossRecorder, batches_loader, naive_dino_loss, random_batch, resumed_losses,
-                         tiny_trainer)
+from ssl_helpers import (
+    TINY_IBOT,
+    LossRecorder,
+    batches_loader,
+    naive_dino_loss,
+    random_batch,
+    resumed_losses,
+    tiny_trainer,
+)
 from test_koleo_loss import naive_koleo
 
 from locatdino.ssl import IBOTModule
@@ -45,7 +52,7 @@ def reference_step(m, batch, masks, t_temp, tp_temp):
     crops = batch["global"].flatten(0, 1)
     s_cls, s_emb, patch_terms = [], [], 0.0
     t_cls = []
-    for c, (image, mask) in enumerate(zip(crops, masks)):
+    for _c, (image, mask) in enumerate(zip(crops, masks)):
         t_e, t_p = reference_forward(m.teacher["backbone"], image)
         s_e, s_p = reference_forward(m.student["backbone"], image, mask, m.mask_token.token)
         t_cls.append(m.teacher["head"](t_e[None])[0])
@@ -67,14 +74,28 @@ def reference_step(m, batch, masks, t_temp, tp_temp):
     return total, dino, ibot, koleo
 
 
-@pytest.mark.parametrize("backbone,separate,koleo", [
-    ("vit_tiny_patch16_224", True, 0.1), ("vit_tiny_patch16_224", False, 0.0), ("locatvit_tiny_patch16_224", True, 0.1),
-], ids=["vit-separate-koleo", "vit-shared", "locatvit-separate-koleo"])
+@pytest.mark.parametrize(
+    "backbone,separate,koleo",
+    [
+        ("vit_tiny_patch16_224", True, 0.1),
+        ("vit_tiny_patch16_224", False, 0.0),
+        ("locatvit_tiny_patch16_224", True, 0.1),
+    ],
+    ids=["vit-separate-koleo", "vit-shared", "locatvit-separate-koleo"],
+)
 def test_step_equals_the_crop_by_crop_reference_in_fp64(backbone, separate, koleo):
     torch.manual_seed(0)
     kwargs = dict(patch_out_dim=None) if not separate else {}
-    m = tiny_ibot(backbone=backbone, separate_patch_head=separate, koleo_loss_weight=koleo, drop_path_rate=0.0,
-                  ibot_loss_weight=0.7, dino_loss_weight=1.3, mask_probability=0.75, **kwargs).double()
+    m = tiny_ibot(
+        backbone=backbone,
+        separate_patch_head=separate,
+        koleo_loss_weight=koleo,
+        drop_path_rate=0.0,
+        ibot_loss_weight=0.7,
+        dino_loss_weight=1.3,
+        mask_probability=0.75,
+        **kwargs,
+    ).double()
     with torch.no_grad():  # a teacher, centres and mask token that differ from the defaults
         for p in m.teacher.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -130,8 +151,7 @@ def test_one_step_trains_mask_token_and_patch_head_and_moves_both_centres():
     tiny_trainer(max_steps=1).fit(m, batches_loader([random_batch(), random_batch(seed=1)]))
     after = m.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
-    assert {"mask_token.token", "student.patch_head.mlp.0.weight", "dino_loss.center",
-            "ibot_loss.center"} <= changed
+    assert {"mask_token.token", "student.patch_head.mlp.0.weight", "dino_loss.center", "ibot_loss.center"} <= changed
     # both heads' last layers are frozen during the first epoch; the token has no teacher copy
     assert not {k for k in changed if k.startswith("student.") and ".last_layer." in k}
     assert not [k for k in after if "mask_token" in k and k != "mask_token.token"]
@@ -158,8 +178,16 @@ def test_steps_on_a_fixed_batch_lower_the_loss():
     teacher's class and patch targets of one batch, so the loss (DINO + iBOT) falls."""
     pl.seed_everything(0)
     rec = LossRecorder()
-    m = tiny_ibot(batch_size=8, lr=5e-3, warmup_epochs=0.0, freeze_last_layer=0.0, momentum_teacher=1.0,
-                  center_momentum=1.0, patch_center_momentum=1.0, drop_path_rate=0.0)
+    m = tiny_ibot(
+        batch_size=8,
+        lr=5e-3,
+        warmup_epochs=0.0,
+        freeze_last_layer=0.0,
+        momentum_teacher=1.0,
+        center_momentum=1.0,
+        patch_center_momentum=1.0,
+        drop_path_rate=0.0,
+    )
     batch = random_batch(batch=8, seed=4)
     tiny_trainer(max_steps=12, callbacks=[rec]).fit(m, batches_loader([batch] * 12))
     assert len(rec.losses) == 12
@@ -170,8 +198,15 @@ def test_resume_replays_masks_and_schedules_exactly(tmp_path):
     """Stop after step 3, resume from last.ckpt with another seed: steps 4-6 give the losses of an
     uninterrupted run. They depend on the masks (drawn from the step, not from state), the mask
     seed (restored from the checkpoint), the patch-temperature warm-up and both centres."""
-    kwargs = dict(drop_path_rate=0.0, warmup_epochs=1.0, freeze_last_layer=1.0, warmup_teacher_temp_epochs=2.0,
-                  teacher_temp=0.07, warmup_teacher_patch_temp=0.03, lr=5e-2)
+    kwargs = dict(
+        drop_path_rate=0.0,
+        warmup_epochs=1.0,
+        freeze_last_layer=1.0,
+        warmup_teacher_temp_epochs=2.0,
+        teacher_temp=0.07,
+        warmup_teacher_patch_temp=0.03,
+        lr=5e-2,
+    )
     # the module's default mask seed is the torch seed at its construction (0, then 1 on resume)
     whole, first, second, trainer = resumed_losses(tmp_path, lambda: tiny_ibot(**kwargs), random_batch(batch=4, seed=3))
     assert first == whole[:3]

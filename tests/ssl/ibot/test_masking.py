@@ -58,10 +58,15 @@ def test_probability_zero_masks_nothing():
     assert not BlockMasking(probability=0.0)(8, (8, 8), mask_rng(0, 0, 0, 0)).any()
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(ratio=(0.6, 0.2)), "mask_ratio"), (dict(probability=1.5), "mask_probability"),
-    (dict(min_patches=0), "mask_min_patches"), (dict(aspect=2.0), "mask_aspect_ratio"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(ratio=(0.6, 0.2)), "mask_ratio"),
+        (dict(probability=1.5), "mask_probability"),
+        (dict(min_patches=0), "mask_min_patches"),
+        (dict(aspect=2.0), "mask_aspect_ratio"),
+    ],
+)
 def test_bad_settings_name_the_option(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BlockMasking(**kwargs)

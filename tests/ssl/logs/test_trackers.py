@@ -47,7 +47,9 @@ def _mlflow_metrics(store: Path) -> dict[str, dict[int, float]]:
             key = path.relative_to(run / "metrics").as_posix()
             if key == "epoch":  # a column of metrics.csv, not a metric
                 continue
-            series[key] = {int(step): float(value) for _, value, step in (line.split() for line in path.read_text().splitlines())}
+            series[key] = {
+                int(step): float(value) for _, value, step in (line.split() for line in path.read_text().splitlines())
+            }
     return series
 
 
@@ -58,10 +60,17 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
     monkeypatch.setenv("WANDB_SILENT", "true")
     logged: list[dict] = []
     run_log = wandb.sdk.wandb_run.Run.log
-    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", lambda self, data, *a, **kw: logged.append(dict(data)) or
-                        run_log(self, data, *a, **kw))
-    loggers = [{"class_path": "lightning.pytorch.loggers.WandbLogger",
-                "init_args": {"offline": True, "project": "locatdino", "save_dir": str(tmp_path / "wandb")}}]
+    monkeypatch.setattr(
+        wandb.sdk.wandb_run.Run,
+        "log",
+        lambda self, data, *a, **kw: logged.append(dict(data)) or run_log(self, data, *a, **kw),
+    )
+    loggers = [
+        {
+            "class_path": "lightning.pytorch.loggers.WandbLogger",
+            "init_args": {"offline": True, "project": "locatdino", "save_dir": str(tmp_path / "wandb")},
+        }
+    ]
     mlflow = None
     try:
         import mlflow
@@ -69,18 +78,49 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
         pass
     if mlflow is not None:
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-        loggers.append({"class_path": "lightning.pytorch.loggers.MLFlowLogger",
-                        "init_args": {"experiment_name": "locatdino", "tracking_uri": f"file:{tmp_path / 'mlruns'}"}})
+        loggers.append(
+            {
+                "class_path": "lightning.pytorch.loggers.MLFlowLogger",
+                "init_args": {"experiment_name": "locatdino", "tracking_uri": f"file:{tmp_path / 'mlruns'}"},
+            }
+        )
     config = tmp_path / "trackers.yaml"
-    config.write_text(yaml.safe_dump({"trainer": {"logger": loggers, "callbacks": [
-        {"class_path": "locatdino.retrieval.HummingbirdMonitor",
-         "init_args": {"every_n_steps": 2, "num_train": 4, "num_val": 2, "input_size": 32, "k": 10, "batch_size": 4}}]}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "logger": loggers,
+                    "callbacks": [
+                        {
+                            "class_path": "locatdino.retrieval.HummingbirdMonitor",
+                            "init_args": {
+                                "every_n_steps": 2,
+                                "num_train": 4,
+                                "num_val": 2,
+                                "input_size": 32,
+                                "k": 10,
+                                "batch_size": 4,
+                            },
+                        }
+                    ],
+                }
+            }
+        )
+    )
     assert cli.main([*tiny_overrides(tmp_path), "--config", str(config), "--trainer.max_steps", "4"]) == 0
 
     run = tmp_path / "run"
     want = _csv_metrics(run)
-    for key in ("train/loss", "train/lr", "train/wd", "train/teacher_momentum", "train/teacher_temp",
-                "teacher/entropy", "teacher/batch_entropy", "hbird/mIoU"):
+    for key in (
+        "train/loss",
+        "train/lr",
+        "train/wd",
+        "train/teacher_momentum",
+        "train/teacher_temp",
+        "teacher/entropy",
+        "teacher/batch_entropy",
+        "hbird/mIoU",
+    ):
         assert key in want, key
     got_wandb: dict[str, dict[int, float]] = {}
     for data in logged:
@@ -98,7 +138,9 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
     assert (run / "curves.png").is_file()
     assert [d for d in logged if "curves" in d]
     (offline,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
-    assert [p for p in (offline / "files" / "media" / "images").glob("curves_*.png") if p.read_bytes()[:4] == b"\x89PNG"]
+    assert [
+        p for p in (offline / "files" / "media" / "images").glob("curves_*.png") if p.read_bytes()[:4] == b"\x89PNG"
+    ]
     assert next(offline.glob("run-*.wandb")).stat().st_size > 0
     if mlflow:
         assert len(list((tmp_path / "mlruns").glob("*/*/artifacts/curves.png"))) == 1

@@ -33,8 +33,10 @@ class _Module:
 def _run_monitor(entropy: float, batch_entropy: float, log_every: int) -> list[str]:
     """Checks at steps 1-5 (patience 3); the module logs fresh values every ``log_every`` steps."""
     monitor, trainer, module = CollapseMonitor(patience=3, check_every_n_steps=1), _Trainer(), _Module()
-    trainer.callback_metrics = {"teacher/entropy": torch.tensor(entropy),
-                                "teacher/batch_entropy": torch.tensor(batch_entropy)}
+    trainer.callback_metrics = {
+        "teacher/entropy": torch.tensor(entropy),
+        "teacher/batch_entropy": torch.tensor(batch_entropy),
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(1, 6):
@@ -45,8 +47,10 @@ def _run_monitor(entropy: float, batch_entropy: float, log_every: int) -> list[s
     return [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("entropy,batch_entropy,warns", [
-    (math.log(100), math.log(100), "uniform"), (0.0, 0.0, "one prototype"), (0.5, 3.0, None)])
+@pytest.mark.parametrize(
+    "entropy,batch_entropy,warns",
+    [(math.log(100), math.log(100), "uniform"), (0.0, 0.0, "one prototype"), (0.5, 3.0, None)],
+)
 def test_warns_after_patience_checks(entropy, batch_entropy, warns):
     messages = _run_monitor(entropy, batch_entropy, log_every=1)
     if warns:

@@ -10,8 +10,12 @@ from locatdino.ssl import DINOFSDPStrategy, DINOModule, IBOTModule, SupervisedMo
 from locatdino.ssl.objective.fsdp import BLOCK_CHECKPOINTING
 
 HEAD = {k: TINY_MODEL[k] for k in ("out_dim", "hidden_dim", "bottleneck_dim")}
-COMMON = {"backbone": "locatvit_tiny_patch16_224", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "batch_size": 4,
-          "drop_path_rate": 0.2}  # stochastic depth: the recomputation must replay its draws
+COMMON = {
+    "backbone": "locatvit_tiny_patch16_224",
+    "backbone_kwargs": TINY_MODEL["backbone_kwargs"],
+    "batch_size": 4,
+    "drop_path_rate": 0.2,
+}  # stochastic depth: the recomputation must replay its draws
 VALUES = {"teacher_temp": 0.04, "teacher_patch_temp": 0.07}
 
 
@@ -27,8 +31,11 @@ def _supervised_loss(module, batch):
 OBJECTIVES = {
     "dino": (lambda **kw: DINOModule(**COMMON, **HEAD, **kw), _dino_loss, "student"),
     "ibot": (lambda **kw: IBOTModule(**COMMON, **HEAD, patch_out_dim=96, **kw), _dino_loss, "student"),
-    "supervised": (lambda **kw: SupervisedModule(**COMMON, num_classes=10, mixup_alpha=0.0, cutmix_alpha=0.0, **kw),
-                   _supervised_loss, "classifier"),
+    "supervised": (
+        lambda **kw: SupervisedModule(**COMMON, num_classes=10, mixup_alpha=0.0, cutmix_alpha=0.0, **kw),
+        _supervised_loss,
+        "classifier",
+    ),
 }
 
 

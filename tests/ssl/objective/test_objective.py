@@ -9,7 +9,8 @@ def test_another_world_size_names_batch_lr_schedules_and_data_order():
     assert resumed_run_change(then, now) == (
         "resumed on 2 ranks, the checkpoint was trained on 4: global batch 8 -> 4 images, so the peak lr x 0.5 (it "
         "scales with the global batch); 4 -> 8 steps per epoch, schedules rebuilt for 6 steps (were 8); the shards are "
-        "split over the ranks anew, so the data order differs from an uninterrupted run")
+        "split over the ranks anew, so the data order differs from an uninterrupted run"
+    )
 
 
 def test_same_world_size_other_length():

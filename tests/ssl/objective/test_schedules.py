@@ -28,9 +28,19 @@ def test_teacher_temperature_warmup_then_constant():
 
 def test_dino_schedules_at_chosen_steps():
     s = DINOSchedules.build(
-        total_steps=1000, steps_per_epoch=100, global_batch=512, base_lr=5e-4, min_lr=1e-6, warmup_epochs=2,
-        weight_decay=0.04, weight_decay_end=0.4, momentum_teacher=0.996, momentum_teacher_end=1.0,
-        teacher_temp=0.07, warmup_teacher_temp=0.04, warmup_teacher_temp_epochs=3,
+        total_steps=1000,
+        steps_per_epoch=100,
+        global_batch=512,
+        base_lr=5e-4,
+        min_lr=1e-6,
+        warmup_epochs=2,
+        weight_decay=0.04,
+        weight_decay_end=0.4,
+        momentum_teacher=0.996,
+        momentum_teacher_end=1.0,
+        teacher_temp=0.07,
+        warmup_teacher_temp=0.04,
+        warmup_teacher_temp_epochs=3,
     )
     peak = 5e-4 * 512 / 256
     assert scaled_lr(5e-4, 512) == peak
@@ -47,6 +57,18 @@ def test_dino_schedules_at_chosen_steps():
 
 def test_bad_lengths_are_refused():
     with pytest.raises(ValueError, match="total_steps"):
-        DINOSchedules.build(total_steps=0, steps_per_epoch=1, global_batch=1, base_lr=1, min_lr=0, warmup_epochs=0,
-                            weight_decay=0, weight_decay_end=0, momentum_teacher=0, momentum_teacher_end=0,
-                            teacher_temp=0, warmup_teacher_temp=0, warmup_teacher_temp_epochs=0)
+        DINOSchedules.build(
+            total_steps=0,
+            steps_per_epoch=1,
+            global_batch=1,
+            base_lr=1,
+            min_lr=0,
+            warmup_epochs=0,
+            weight_decay=0,
+            weight_decay_end=0,
+            momentum_teacher=0,
+            momentum_teacher_end=0,
+            teacher_temp=0,
+            warmup_teacher_temp=0,
+            warmup_teacher_temp_epochs=0,
+        )

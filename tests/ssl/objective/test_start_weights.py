@@ -40,8 +40,16 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def test_a_full_dino_checkpoint_gives_both_networks_heads_and_the_centre(trained, tmp_path):
     module, center = trained
     path = tmp_path / "checkpoint.pth"
-    torch.save({"student": dino_layout(module.student, "module."), "teacher": dino_layout(module.teacher, ""),
-                "dino_loss": {"center": center}, "epoch": 12, "optimizer": {}}, path)
+    torch.save(
+        {
+            "student": dino_layout(module.student, "module."),
+            "teacher": dino_layout(module.teacher, ""),
+            "dino_loss": {"center": center},
+            "epoch": 12,
+            "optimizer": {},
+        },
+        path,
+    )
     torch.manual_seed(1)
     started = tiny_module(backbone_checkpoint=str(path))
     assert _same(started.student, module.student) and _same(started.teacher, module.teacher)
@@ -49,7 +57,8 @@ def test_a_full_dino_checkpoint_gives_both_networks_heads_and_the_centre(trained
     assert torch.equal(started.dino_loss.center, center[0])
     assert start_line(started, started._start_weights) == (
         f"model.backbone_checkpoint {path} (a DINO training checkpoint): took the backbone and head of the student "
-        "and the teacher, the dino_loss centre; initialised nothing")
+        "and the teacher, the dino_loss centre; initialised nothing"
+    )
 
 
 def test_a_backbone_release_starts_both_networks_with_fresh_heads(trained, tmp_path):
@@ -66,7 +75,8 @@ def test_a_backbone_release_starts_both_networks_with_fresh_heads(trained, tmp_p
     assert not started.dino_loss.center.any()
     assert start_line(started, started._start_weights) == (
         f"model.backbone_checkpoint {path} (a backbone): took the backbone for the student and the teacher; "
-        "initialised the heads, the dino_loss centre")
+        "initialised the heads, the dino_loss centre"
+    )
 
 
 def test_ibot_from_a_dino_checkpoint_initialises_what_dino_has_not(trained, tmp_path):
@@ -74,24 +84,39 @@ def test_ibot_from_a_dino_checkpoint_initialises_what_dino_has_not(trained, tmp_
 
     module, center = trained
     path = tmp_path / "checkpoint.pth"
-    torch.save({"student": dino_layout(module.student, "module."), "teacher": dino_layout(module.teacher, ""),
-                "dino_loss": {"center": center}}, path)
+    torch.save(
+        {
+            "student": dino_layout(module.student, "module."),
+            "teacher": dino_layout(module.teacher, ""),
+            "dino_loss": {"center": center},
+        },
+        path,
+    )
     ibot = IBOTModule(**TINY_MODEL, backbone="vit_tiny_patch16_224", batch_size=4, backbone_checkpoint=str(path))
     assert _same(ibot.teacher["head"], module.teacher["head"]) and torch.equal(ibot.dino_loss.center, center[0])
     assert start_line(ibot, ibot._start_weights) == (
         f"model.backbone_checkpoint {path} (a DINO training checkpoint): took the backbone and head of the student "
-        "and the teacher, the dino_loss centre; initialised the patch_heads, the ibot_loss centre, the mask_token")
+        "and the teacher, the dino_loss centre; initialised the patch_heads, the ibot_loss centre, the mask_token"
+    )
 
 
 def test_a_head_of_another_shape_is_refused_in_one_line(trained, tmp_path):
     module, center = trained
     path = tmp_path / "checkpoint.pth"
-    torch.save({"student": dino_layout(module.student, "module."), "teacher": dino_layout(module.teacher, ""),
-                "dino_loss": {"center": center}}, path)
+    torch.save(
+        {
+            "student": dino_layout(module.student, "module."),
+            "teacher": dino_layout(module.teacher, ""),
+            "dino_loss": {"center": center},
+        },
+        path,
+    )
     with pytest.raises(ValueError) as err:
         tiny_module(backbone_checkpoint=str(path), out_dim=64)
-    assert str(err.value).startswith(f"{path}: the student's head does not fit the run's (last_layer.parametrizations."
-                                     "weight.original0: checkpoint [128, 1] vs model [64, 1]")
+    assert str(err.value).startswith(
+        f"{path}: the student's head does not fit the run's (last_layer.parametrizations."
+        "weight.original0: checkpoint [128, 1] vs model [64, 1]"
+    )
     assert "\n" not in str(err.value)
 
 
@@ -104,12 +129,21 @@ def test_fit_continues_from_a_locatified_release_and_says_what_it_took(tmp_path,
     release = locatify(create_backbone("vit_tiny_patch16_224", **TINY_MODEL["backbone_kwargs"]))
     path = tmp_path / "locat_release.pth"
     torch.save(release.state_dict(), path)
-    args = [*tiny_overrides(tmp_path), "--model.backbone", "locatvit_tiny_patch16_224", "--model.backbone_checkpoint", str(path),
-            "--trainer.max_steps", "2"]
+    args = [
+        *tiny_overrides(tmp_path),
+        "--model.backbone",
+        "locatvit_tiny_patch16_224",
+        "--model.backbone_checkpoint",
+        str(path),
+        "--trainer.max_steps",
+        "2",
+    ]
     assert cli.main(args) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "backbone_checkpoint" in line]
-    assert lines == [f"locatdino fit: model.backbone_checkpoint {path} (a backbone): took the backbone for the student "
-                     "and the teacher; initialised the heads, the dino_loss centre"]
+    assert lines == [
+        f"locatdino fit: model.backbone_checkpoint {path} (a backbone): took the backbone for the student "
+        "and the teacher; initialised the heads, the dino_loss centre"
+    ]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     # two EMA steps (momentum 0.99, lr warming up from 0) from the release: the teacher is still it,
     # where another init would differ by about the weights' scale (0.02)

@@ -15,6 +15,7 @@ from ssl_helpers import tiny_overrides
 
 from locatdino.common.errors import UserError
 from locatdino.ssl import DINOFSDPStrategy
+from locatdino.ssl.run.cli import build_cli
 from locatdino.ssl.run.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     MAX_COLLECTIVE_TIMEOUT_S,
@@ -25,14 +26,17 @@ from locatdino.ssl.run.collective_timeout import (
     strategy_with_timeout,
     takes_timeout,
 )
-from locatdino.ssl.run.cli import build_cli
 
 # what gloo raised in this project's runs: a frozen peer (timeout 5 s), a killed one
-GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
-                "waiting 5000ms for send operation to complete")
-GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:15550: "
-              "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
-              "application.")
+GLOO_TIMEOUT = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
+    "waiting 5000ms for send operation to complete"
+)
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:15550: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
+    "application."
+)
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "5"])
@@ -43,12 +47,18 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused_naming_the_option(ba
 
 
 def test_a_timeout_below_the_floor_or_above_the_ceiling_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"^collective_timeout: 0.001 s is below 5 s, shorter than the ranks of a "
-                       r"healthy run wait for each other \(start-up, checkpoint writes\): it would stop the run as if "
-                       r"a rank hung \(docs/multinode.md\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^collective_timeout: 0.001 s is below 5 s, shorter than the ranks of a "
+        r"healthy run wait for each other \(start-up, checkpoint writes\): it would stop the run as if "
+        r"a rank hung \(docs/multinode.md\)$",
+    ):
         check_collective_timeout(0.001)
-    with pytest.raises(UserError, match=r"^collective_timeout: 1e\+15 s is above 2147483.647 s \(24.8 days, the "
-                       r"largest timeout the process group takes: a 32-bit count of milliseconds\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^collective_timeout: 1e\+15 s is above 2147483.647 s \(24.8 days, the "
+        r"largest timeout the process group takes: a 32-bit count of milliseconds\)$",
+    ):
         check_collective_timeout(1e15)
     assert MIN_COLLECTIVE_TIMEOUT_S == 5.0 < DEFAULT_COLLECTIVE_TIMEOUT_S
     assert check_collective_timeout(MIN_COLLECTIVE_TIMEOUT_S) == 5.0
@@ -75,9 +85,11 @@ except (RuntimeError, OverflowError) as err:
 def test_the_ceiling_is_a_timeout_the_process_group_takes_and_far_above_it_one_fails():
     """A one-rank gloo group (a subprocess: no process group in the test process) at the ceiling
     works; at 1e13 s gloo refuses it, at 1e14 s Python's timedelta cannot hold it."""
+
     def run(seconds: float) -> str:
-        return subprocess.run([sys.executable, "-c", PROCESS_GROUP, str(seconds)], capture_output=True, text=True,
-                              timeout=120).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", PROCESS_GROUP, str(seconds)], capture_output=True, text=True, timeout=120
+        ).stdout.strip()
 
     assert run(MAX_COLLECTIVE_TIMEOUT_S) == "ok 1.0"
     assert run(1e13) == "RuntimeError"
@@ -90,17 +102,34 @@ def process_group_timeout(strategy) -> timedelta:
     return strategy._timeout
 
 
-@pytest.mark.parametrize("name, kind", [("ddp", DDPStrategy), ("ddp_find_unused_parameters_true", DDPStrategy),
-                                        ("fsdp", FSDPStrategy), ("dino_fsdp", DINOFSDPStrategy)])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("ddp", DDPStrategy),
+        ("ddp_find_unused_parameters_true", DDPStrategy),
+        ("fsdp", FSDPStrategy),
+        ("dino_fsdp", DINOFSDPStrategy),
+    ],
+)
 def test_a_named_strategy_with_a_process_group_is_built_with_the_timeout(name, kind):
     assert process_group_timeout(kind()) == timedelta(minutes=30)  # torch's default, what a frozen node used to cost
     strategy = strategy_with_timeout(name, 7.5)
     assert type(strategy) is kind and process_group_timeout(strategy) == timedelta(seconds=7.5)
 
 
-@pytest.mark.parametrize("devices, num_nodes, accelerator, several", [
-    (2, 1, "cpu", True), ("3", 1, "cpu", True), ([0, 1], 1, "cpu", True), (1, 2, "cpu", True),
-    (1, 1, "cpu", False), ("1", 1, "auto", False), ("auto", 1, "cpu", False), (-1, 1, "cpu", False)])
+@pytest.mark.parametrize(
+    "devices, num_nodes, accelerator, several",
+    [
+        (2, 1, "cpu", True),
+        ("3", 1, "cpu", True),
+        ([0, 1], 1, "cpu", True),
+        (1, 2, "cpu", True),
+        (1, 1, "cpu", False),
+        ("1", 1, "auto", False),
+        ("auto", 1, "cpu", False),
+        (-1, 1, "cpu", False),
+    ],
+)
 def test_auto_gets_the_timeout_where_it_means_several_processes(devices, num_nodes, accelerator, several):
     strategy = strategy_with_timeout("auto", 9, devices=devices, num_nodes=num_nodes, accelerator=accelerator)
     if several:
@@ -128,8 +157,18 @@ def test_one_device_has_no_timeout_to_set():
 
 @pytest.mark.parametrize("strategy", ["ddp", '{"class_path": "locatdino.ssl.objective.fsdp.DINOFSDPStrategy"}'])
 def test_fit_builds_its_trainer_s_strategy_with_the_timeout(tmp_path, strategy):
-    built = build_cli([*tiny_overrides(tmp_path), "--trainer.strategy", strategy, "--trainer.devices", "2",
-                       "--collective_timeout", "7.5"], run=False)
+    built = build_cli(
+        [
+            *tiny_overrides(tmp_path),
+            "--trainer.strategy",
+            strategy,
+            "--trainer.devices",
+            "2",
+            "--collective_timeout",
+            "7.5",
+        ],
+        run=False,
+    )
     assert takes_timeout(type(built.trainer.strategy))
     assert process_group_timeout(built.trainer.strategy) == timedelta(seconds=7.5)
 
@@ -149,22 +188,37 @@ def test_a_frozen_peer_is_named_with_the_timeout():
     assert message(RuntimeError(GLOO_TIMEOUT)) == (
         "rank 2 stopped at step 7: no answer from another rank for collective_timeout = 5 s: it hangs (a frozen node, "
         "a stuck file system or data loader) or died without closing its connections; last checkpoint: "
-        "run/checkpoints/last.ckpt (resume with --ckpt_path last)")
+        "run/checkpoints/last.ckpt (resume with --ckpt_path last)"
+    )
 
 
-@pytest.mark.parametrize("error", [RuntimeError(GLOO_RESET), dist.DistBackendError(
-    "NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error"),
-    dist.DistNetworkError("failed to recv, got 0 bytes")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(GLOO_RESET),
+        dist.DistBackendError(
+            "NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error"
+        ),
+        dist.DistNetworkError("failed to recv, got 0 bytes"),
+    ],
+)
 def test_a_dead_peer_is_named(error):
     assert message(error).startswith("rank 2 stopped at step 7: another rank closed its connection: it died")
 
 
-@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), ValueError("timed out reading shard"),
-                                   RuntimeError("Connection reset by peer")])  # not from the process group
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("CUDA out of memory"),
+        ValueError("timed out reading shard"),
+        RuntimeError("Connection reset by peer"),
+    ],
+)  # not from the process group
 def test_other_errors_are_left_alone(error):
     assert message(error) is None
 
 
 def test_no_checkpoint_yet_is_said():
-    assert lost_rank_message(RuntimeError(GLOO_TIMEOUT), rank=0, step=0, collective_timeout=240, checkpoint=None).endswith(
-        "last checkpoint: none saved yet (resume with --ckpt_path last)")
+    assert lost_rank_message(
+        RuntimeError(GLOO_TIMEOUT), rank=0, step=0, collective_timeout=240, checkpoint=None
+    ).endswith("last checkpoint: none saved yet (resume with --ckpt_path last)")

@@ -18,6 +18,7 @@ def _builder(compiled_calls: tuple[bool, ...]):
         torch._dynamo.reset()  # each run compiles its own backbones
         # drop path off: RNG streams are not part of a checkpoint (test_resume_continues_exactly)
         return tiny_module(backbone="locatvit_tiny_patch16_224", drop_path_rate=0.0, lr=5e-2, compile=next(calls))
+
     return build
 
 

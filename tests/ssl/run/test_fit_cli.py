@@ -30,11 +30,25 @@ def test_every_recipe_parses_on_top_of_the_defaults(recipe, capsys):
 def test_batch_size_is_linked_and_default_keys_survive():
     """The instantiated run: model.batch_size follows data.batch_size, and keys only
     configs/default.yaml sets (the classes' defaults differ) reach the objects."""
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_small_ddp.yaml"), "--data.init_args.batch_size", "12",
-                           "--data.init_args.synthetic", "8",  # no ImageNet shards here: checked before building
-                           "--trainer.devices", "1", "--trainer.accelerator", "cpu",
-                           "--model.backbone_kwargs", json.dumps(TINY_MODEL["backbone_kwargs"]),
-                           "--model.out_dim", "128"], run=False)
+    built = cli.build_cli(
+        [
+            "--config",
+            str(ROOT / "configs" / "dino_small_ddp.yaml"),
+            "--data.init_args.batch_size",
+            "12",
+            "--data.init_args.synthetic",
+            "8",  # no ImageNet shards here: checked before building
+            "--trainer.devices",
+            "1",
+            "--trainer.accelerator",
+            "cpu",
+            "--model.backbone_kwargs",
+            json.dumps(TINY_MODEL["backbone_kwargs"]),
+            "--model.out_dim",
+            "128",
+        ],
+        run=False,
+    )
     assert built.datamodule.batch_size == built.model.hparams.batch_size == 12
     assert built.datamodule.resampled is True and built.datamodule.num_workers == 10  # class: False, 8
     assert built.trainer.log_every_n_steps == 10  # Lightning: 50
@@ -54,20 +68,30 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
     a checkout; an existing file wins; anything else is left for the parser to report."""
     from locatdino.configs import CONFIG_DIR, recipes, resolve_recipe
 
-    assert recipes() == ["dino_large_fsdp", "dino_small_ddp", "dino_tiny_cpu", "ibot_small_ddp", "ibot_tiny_cpu",
-                         "sup_small_ddp", "sup_tiny_cpu"]
+    assert recipes() == [
+        "dino_large_fsdp",
+        "dino_small_ddp",
+        "dino_tiny_cpu",
+        "ibot_small_ddp",
+        "ibot_tiny_cpu",
+        "sup_small_ddp",
+        "sup_tiny_cpu",
+    ]
     assert (ROOT / "configs").resolve() == CONFIG_DIR  # the checkout's configs/ is the package's
     monkeypatch.chdir(tmp_path)
     shipped = str(CONFIG_DIR / "dino_tiny_cpu.yaml")
     assert [resolve_recipe(v) for v in ("dino_tiny_cpu", "dino_tiny_cpu.yaml", "configs/dino_tiny_cpu.yaml")] == [
-        shipped] * 3
+        shipped
+    ] * 3
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "dino_tiny_cpu.yaml").write_text("model: {lr: 0.1}\n")  # a user's own file wins
     assert resolve_recipe("configs/dino_tiny_cpu.yaml") == "configs/dino_tiny_cpu.yaml"
     assert resolve_recipe("other/dino_tiny_cpu.yaml") == "other/dino_tiny_cpu.yaml"
     assert resolve_recipe("no_such_recipe") == "no_such_recipe"
-    built = cli.build_cli(["--config=dino_tiny_cpu", "--model.backbone", "locatvit_tiny_patch8_224",
-                           "--data.init_args.batch_size", "3"], run=False)
+    built = cli.build_cli(
+        ["--config=dino_tiny_cpu", "--model.backbone", "locatvit_tiny_patch8_224", "--data.init_args.batch_size", "3"],
+        run=False,
+    )
     assert built.model.hparams.backbone == "locatvit_tiny_patch8_224" and built.datamodule.batch_size == 3
 
 
@@ -83,17 +107,38 @@ def test_configs_ship_in_a_non_editable_install(tmp_path):
     shutil.copytree(ROOT / "locatdino", src / "locatdino", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("locatdino-*.whl")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
     shipped = sorted(p.name for p in (tmp_path / "site" / "locatdino" / "configs").glob("*.yaml"))
     assert shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) and "default.yaml" in shipped
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "locatdino", "fit", "--config", "configs/dino_tiny_cpu.yaml",
-                           "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**env, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "locatdino", "fit", "--config", "configs/dino_tiny_cpu.yaml", "--print_config"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "backbone: vit_tiny_patch16_224" in proc.stdout and "step_checkpoint:" in proc.stdout
 
@@ -110,8 +155,15 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 4
     rows = _metrics(run, 0)
-    for key in ("train/loss", "train/lr", "train/wd", "train/teacher_momentum", "train/teacher_temp",
-                "teacher/entropy", "teacher/batch_entropy"):
+    for key in (
+        "train/loss",
+        "train/lr",
+        "train/wd",
+        "train/teacher_momentum",
+        "train/teacher_temp",
+        "teacher/entropy",
+        "teacher/batch_entropy",
+    ):
         assert sum(bool(r.get(key)) for r in rows) == 4, key
     assert (run / "logs" / "version_0" / "config.yaml").is_file()
 
@@ -133,8 +185,13 @@ def test_fit_resume_export_and_nonfinite_stop(tmp_path, capsys):
     # a non-finite loss at step 7 stops with exit status 1; last.ckpt stays a finite state from before it
     # (Lightning replays the end of epoch 0, saved at step 6, after one more batch: step 7)
     capsys.readouterr()
-    poison = ["--trainer.callbacks+=ddp_helpers.NaNBatch", "--trainer.callbacks.rank", "0",
-              "--trainer.callbacks.step", "7"]
+    poison = [
+        "--trainer.callbacks+=ddp_helpers.NaNBatch",
+        "--trainer.callbacks.rank",
+        "0",
+        "--trainer.callbacks.step",
+        "7",
+    ]
     assert cli.main([*args, "--trainer.max_steps", "9", "--ckpt_path", "last", *poison]) == 1
     err = capsys.readouterr().err
     assert "not finite at step 7" in err and "here nan" in err and str(last) in err
@@ -152,12 +209,18 @@ def test_sigterm_saves_last_checkpoint_and_exits_non_zero(tmp_path, capsys, name
     ``--ckpt_path last`` continues from it. (Through the dispatcher, which holds every command's
     stop signals.)"""
     args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "10"]
-    stop = ["--trainer.callbacks+=ddp_helpers.SigtermAt", "--trainer.callbacks.step", "2",
-            "--trainer.callbacks.signal", name]
+    stop = [
+        "--trainer.callbacks+=ddp_helpers.SigtermAt",
+        "--trainer.callbacks.step",
+        "2",
+        "--trainer.callbacks.signal",
+        name,
+    ]
     assert command_line.main(["fit", *args, *stop]) == status
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"locatdino fit: stopped by {name} at step 3: saved {last} (resume with --ckpt_path last)")
+        f"locatdino fit: stopped by {name} at step 3: saved {last} (resume with --ckpt_path last)"
+    )
     assert torch.load(last, weights_only=True)["global_step"] == 3
     assert cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
     assert [int(r["step"]) for r in _metrics(tmp_path / "run", 1) if r.get("train/loss")] == [3]
@@ -168,18 +231,37 @@ def test_slurm_requeue_signal_without_scontrol_saves_and_says_the_requeue_failed
     """One SLURM task whose node has no ``scontrol`` on PATH: the requeue signal at step 2 saves
     last.ckpt, then the documented failure line (it was ``[Errno 2] No such file or directory:
     'scontrol'``); training goes on to its end."""
-    slurm = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NAME": "locatdino-fit", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
-             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-             "SLURM_NODELIST": "127.0.0.1", "SLURM_STEP_ID": "0", "PATH": str(tmp_path / "empty")}
+    slurm = {
+        "SLURM_JOB_ID": "4711",
+        "SLURM_JOB_NAME": "locatdino-fit",
+        "SLURM_NTASKS": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_STEP_ID": "0",
+        "PATH": str(tmp_path / "empty"),
+    }
     for name, value in slurm.items():
         monkeypatch.setenv(name, value)
-    args = [*tiny_overrides(tmp_path), "--trainer.max_steps", "4", "--trainer.callbacks+=ddp_helpers.SigtermAt",
-            "--trainer.callbacks.step", "2", "--trainer.callbacks.signal", "SIGUSR1"]
+    args = [
+        *tiny_overrides(tmp_path),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.callbacks+=ddp_helpers.SigtermAt",
+        "--trainer.callbacks.step",
+        "2",
+        "--trainer.callbacks.signal",
+        "SIGUSR1",
+    ]
     assert command_line.main(["fit", *args]) == 0
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("locatdino fit:")] == [
         f"locatdino fit: requeue signal at step 3: saved {last}; `scontrol requeue 4711` failed (scontrol: No such "
-        "file or directory): the job will not start again by itself"]
+        "file or directory): the job will not start again by itself"
+    ]
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
 
@@ -191,15 +273,20 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
 
     disk = tmp_path / "disk"
     args = [*tiny_overrides(tmp_path), "--trainer.default_root_dir", str(disk / "run"), "--trainer.max_steps", "4"]
-    check = ("import os, sys, torch; c = sys.argv[1] + '/run/checkpoints'; "
-             "print(sorted(os.listdir(c)), torch.load(c + '/last.ckpt', weights_only=True)['global_step'])")
+    check = (
+        "import os, sys, torch; c = sys.argv[1] + '/run/checkpoints'; "
+        "print(sorted(os.listdir(c)), torch.load(c + '/last.ckpt', weights_only=True)['global_step'])"
+    )
     script = 'd=$1; shift; "$@"; rc=$?; ' + " ".join(python()) + ' -c "$0" "$d"; exit $rc'
-    proc = run_on_tiny_disk(disk, "4m", ["sh", "-c", script, check, str(disk), *python("-m", "locatdino", "fit"),
-                                         *args])
+    proc = run_on_tiny_disk(
+        disk, "4m", ["sh", "-c", script, check, str(disk), *python("-m", "locatdino", "fit"), *args]
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "inline_container" not in proc.stderr
     last = disk / "run" / "checkpoints" / "last.ckpt"
-    assert proc.stderr.strip().splitlines()[-1] == f"locatdino fit: {last}: No space left on device (nothing was replaced)"
+    assert (
+        proc.stderr.strip().splitlines()[-1] == f"locatdino fit: {last}: No space left on device (nothing was replaced)"
+    )
     assert proc.stdout.strip().splitlines()[-1] == "['last.ckpt'] 2"
 
 
@@ -210,8 +297,10 @@ def test_stale_checkpoint_temporaries_are_removed_at_start(tmp_path):
     ckpts.mkdir(parents=True)
     stale = ckpts / f".last.ckpt.999999999@{_HOST}.0123abcd.tmp"  # beyond pid_max: a dead writer
     stale.write_bytes(b"half a checkpoint")
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--trainer.default_root_dir",
-                           str(tmp_path / "run")], run=False)
+    built = cli.build_cli(
+        ["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")],
+        run=False,
+    )
     assert stale.exists()  # parsing alone touches nothing
     built.config = Namespace(fit=built.config)
     built.before_fit()
@@ -267,31 +356,72 @@ def _fit_error(capsys, args: list[str]) -> tuple[int, str]:
 
 
 FIT_ERRORS = {
-    "batch size 0": (["--data.init_args.batch_size", "0"], 1,
-                     "locatdino fit: data.init_args.batch_size: must be at least 1, got 0"),
-    "negative batch size": (["--data.init_args.batch_size", "-3"], 1,
-                            "locatdino fit: data.init_args.batch_size: must be at least 1, got -3"),
-    "not a number": (["--data.init_args.batch_size", "abc"], 2, "locatdino fit: data.init_args.batch_size: "
-                     "Expected a <class 'int'>. Got value: abc (locatdino fit --help lists the options)"),
-    "unknown option": (["--trainer.max_stepz", "3"], 2,
-                       "locatdino fit: unrecognized arguments: --trainer.max_stepz 3 (locatdino fit --help lists the options)"),
-    "crop size": (["--data.init_args.multicrop.local_crop_size", "40"], 1,
-                  "locatdino fit: data.init_args.multicrop.local_crop_size: 40 px is not a multiple of the patch "
-                  "size 16 of vit_tiny_patch16_224 (use 32 or 48)"),
-    "unknown model": (["--model.backbone", "vit_tiny_patch16_22"], 1,
-                      "locatdino fit: model.backbone: unknown model 'vit_tiny_patch16_22' (did you mean vit_tiny_patch16_224"),
-    "pretrained tag": (["--model.backbone", "vit_small_patch16_224.dino"], 1,
-                       "locatdino fit: model.backbone: vit_small_patch16_224.dino names timm's pretrained weights 'dino'"),
-    "wrong kwarg": (["--model.backbone_kwargs", '{"depht": 2}'], 1, "locatdino fit: model.backbone_kwargs "
-                    "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() got an unexpected keyword argument 'depht'"),
-    "missing checkpoint": (["--model.backbone_checkpoint", "teacher.pht"], 1,
-                           "locatdino fit: model.backbone_checkpoint: no such file or folder 'teacher.pht'"),
-    "missing resume file": (["--ckpt_path", "runs/x/last.ckpt"], 1,
-                            "locatdino fit: ckpt_path: no such file 'runs/x/last.ckpt'"),
-    "negative lr": (["--model.lr", "-1"], 1, "locatdino fit: model.lr: must be a positive number, got -1.0 "
-                    "(a negative lr trains by gradient ascent, 0 trains nothing)"),
+    "batch size 0": (
+        ["--data.init_args.batch_size", "0"],
+        1,
+        "locatdino fit: data.init_args.batch_size: must be at least 1, got 0",
+    ),
+    "negative batch size": (
+        ["--data.init_args.batch_size", "-3"],
+        1,
+        "locatdino fit: data.init_args.batch_size: must be at least 1, got -3",
+    ),
+    "not a number": (
+        ["--data.init_args.batch_size", "abc"],
+        2,
+        "locatdino fit: data.init_args.batch_size: "
+        "Expected a <class 'int'>. Got value: abc (locatdino fit --help lists the options)",
+    ),
+    "unknown option": (
+        ["--trainer.max_stepz", "3"],
+        2,
+        "locatdino fit: unrecognized arguments: --trainer.max_stepz 3 (locatdino fit --help lists the options)",
+    ),
+    "crop size": (
+        ["--data.init_args.multicrop.local_crop_size", "40"],
+        1,
+        "locatdino fit: data.init_args.multicrop.local_crop_size: 40 px is not a multiple of the patch "
+        "size 16 of vit_tiny_patch16_224 (use 32 or 48)",
+    ),
+    "unknown model": (
+        ["--model.backbone", "vit_tiny_patch16_22"],
+        1,
+        "locatdino fit: model.backbone: unknown model 'vit_tiny_patch16_22' (did you mean vit_tiny_patch16_224",
+    ),
+    "pretrained tag": (
+        ["--model.backbone", "vit_small_patch16_224.dino"],
+        1,
+        "locatdino fit: model.backbone: vit_small_patch16_224.dino names timm's pretrained weights 'dino'",
+    ),
+    "wrong kwarg": (
+        ["--model.backbone_kwargs", '{"depht": 2}'],
+        1,
+        "locatdino fit: model.backbone_kwargs "
+        "{'depht': 2} for vit_tiny_patch16_224: VisionTransformer.__init__() "
+        "got an unexpected keyword argument 'depht'",
+    ),
+    "missing checkpoint": (
+        ["--model.backbone_checkpoint", "teacher.pht"],
+        1,
+        "locatdino fit: model.backbone_checkpoint: no such file or folder 'teacher.pht'",
+    ),
+    "missing resume file": (
+        ["--ckpt_path", "runs/x/last.ckpt"],
+        1,
+        "locatdino fit: ckpt_path: no such file 'runs/x/last.ckpt'",
+    ),
+    "negative lr": (
+        ["--model.lr", "-1"],
+        1,
+        "locatdino fit: model.lr: must be a positive number, got -1.0 "
+        "(a negative lr trains by gradient ascent, 0 trains nothing)",
+    ),
     "zero lr": (["--model.lr", "0"], 1, "locatdino fit: model.lr: must be a positive number, got 0.0"),
-    "nan lr": (["--model.lr", "nan"], 2, "locatdino fit: model.init_args.lr: Expected a <class 'float'>. Got value: nan"),
+    "nan lr": (
+        ["--model.lr", "nan"],
+        2,
+        "locatdino fit: model.init_args.lr: Expected a <class 'float'>. Got value: nan",
+    ),
 }
 
 
@@ -306,8 +436,10 @@ def test_fit_errors_are_one_line_before_anything_is_built(tmp_path, capsys, case
 def test_fit_missing_shards_and_unreadable_checkpoint(tmp_path, capsys):
     args = [*tiny_overrides(tmp_path), "--data.init_args.synthetic", "0"]
     status, err = _fit_error(capsys, [*args, "--data.init_args.train_urls", str(tmp_path / "in1k")])
-    assert status == 1 and err == (f"locatdino fit: data.init_args.train_urls: no shards match '{tmp_path / 'in1k'}' "
-                                   f"(write shards there with `locatdino shards SOURCE {tmp_path / 'in1k'}`)")
+    assert status == 1 and err == (
+        f"locatdino fit: data.init_args.train_urls: no shards match '{tmp_path / 'in1k'}' "
+        f"(write shards there with `locatdino shards SOURCE {tmp_path / 'in1k'}`)"
+    )
     (tmp_path / "teacher.pth").write_bytes(b"")
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "shard-000000.tar").write_bytes(b"")
@@ -322,24 +454,36 @@ def test_resume_checkpoints_are_checked_before_anything_is_built(tmp_path, capsy
     args = tiny_overrides(tmp_path)
     root, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     status, err = _fit_error(capsys, [*args, "--ckpt_path", "last"])
-    assert status == 1 and err == (f"locatdino fit: ckpt_path last: no last.ckpt in {ckpts} to resume "
-                                   f"(trainer.default_root_dir '{root}'): leave --ckpt_path out to start a new run")
+    assert status == 1 and err == (
+        f"locatdino fit: ckpt_path last: no last.ckpt in {ckpts} to resume "
+        f"(trainer.default_root_dir '{root}'): leave --ckpt_path out to start a new run"
+    )
     plain = tmp_path / "teacher.pth"
     torch.save({"cls_token": torch.zeros(1, 1, 64)}, plain)
     status, err = _fit_error(capsys, [*args, "--ckpt_path", str(plain)])
-    assert status == 1 and err == (f"locatdino fit: ckpt_path {plain}: not a locatdino fit checkpoint (no Lightning "
-                                   "training state; a plain state dict or an export?): start from its weights with "
-                                   "--model.backbone_checkpoint")
+    assert status == 1 and err == (
+        f"locatdino fit: ckpt_path {plain}: not a locatdino fit checkpoint (no Lightning "
+        "training state; a plain state dict or an export?): start from its weights with "
+        "--model.backbone_checkpoint"
+    )
     ckpts.mkdir(parents=True)
-    hparams = {"backbone": "locatvit_tiny_patch8_224", "backbone_kwargs": TINY_MODEL["backbone_kwargs"], "out_dim": 128,
-               "lr": 0.5, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
-    torch.save({"pytorch-lightning_version": "2.6.6", "hyper_parameters": hparams, "state_dict": {}},
-               ckpts / "last.ckpt")
+    hparams = {
+        "backbone": "locatvit_tiny_patch8_224",
+        "backbone_kwargs": TINY_MODEL["backbone_kwargs"],
+        "out_dim": 128,
+        "lr": 0.5,
+        "_instantiator": "lightning.pytorch.cli.instantiate_module",
+    }
+    torch.save(
+        {"pytorch-lightning_version": "2.6.6", "hyper_parameters": hparams, "state_dict": {}}, ckpts / "last.ckpt"
+    )
     status, err = _fit_error(capsys, [*args, "--ckpt_path", "last"])
-    assert status == 1 and err == (f"locatdino fit: ckpt_path {ckpts / 'last.ckpt'} was trained with other settings "
-                                   "(model.backbone: 'locatvit_tiny_patch8_224' in the checkpoint, 'vit_tiny_patch16_224' in the "
-                                   "config; model.lr: 0.5 in the checkpoint, 0.002 in the config): resume with the "
-                                   "run's config, or start a new run from its weights with --model.backbone_checkpoint")
+    assert status == 1 and err == (
+        f"locatdino fit: ckpt_path {ckpts / 'last.ckpt'} was trained with other settings "
+        "(model.backbone: 'locatvit_tiny_patch8_224' in the checkpoint, 'vit_tiny_patch16_224' in the "
+        "config; model.lr: 0.5 in the checkpoint, 0.002 in the config): resume with the "
+        "run's config, or start a new run from its weights with --model.backbone_checkpoint"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "teacher.pth"]  # no shards, no logs
     assert [p.name for p in root.iterdir()] == ["checkpoints"]
 
@@ -351,8 +495,9 @@ def test_a_second_fit_into_one_run_folder_is_refused(tmp_path, capsys):
         status = cli.main([*tiny_overrides(tmp_path), "--trainer.max_steps", "1"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
-    assert status == 1 and err.startswith(f"locatdino fit: trainer.default_root_dir {tmp_path / 'run'} is in use by "
-                                          f"another run (pid {os.getpid()} on ")
+    assert status == 1 and err.startswith(
+        f"locatdino fit: trainer.default_root_dir {tmp_path / 'run'} is in use by another run (pid {os.getpid()} on "
+    )
 
 
 @pytest.mark.slow
@@ -368,10 +513,12 @@ def test_a_fresh_fit_never_replaces_another_runs_checkpoints(tmp_path, capsys):
         (ckpts / name).write_bytes(data)
     (tmp_path / "run" / "logs" / "version_0").mkdir(parents=True)
     status, err = _fit_error(capsys, [*args, "--trainer.max_steps", "1"])
-    assert status == 1 and err == (f"locatdino fit: trainer.default_root_dir '{tmp_path / 'run'}' already holds another "
-                                   "run's checkpoints (epoch0007.ckpt, last.ckpt): resume that run with --ckpt_path "
-                                   "last, give this one another --trainer.default_root_dir, or pass --overwrite to "
-                                   "replace it")
+    assert status == 1 and err == (
+        f"locatdino fit: trainer.default_root_dir '{tmp_path / 'run'}' already holds another "
+        "run's checkpoints (epoch0007.ckpt, last.ckpt): resume that run with --ckpt_path "
+        "last, give this one another --trainer.default_root_dir, or pass --overwrite to "
+        "replace it"
+    )
     assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == earlier and not (tmp_path / "shards").exists()
 
     assert cli.main([*args, "--trainer.max_steps", "1", "--overwrite"]) == 0
@@ -440,7 +587,12 @@ def test_commands_in_config_comments_run(argv, monkeypatch, capsys):
     assert command == "shards"
     calls = []
     monkeypatch.setattr(shards_cli, "build_source", lambda source, *rest: calls.append(source) or source)
-    monkeypatch.setattr(shards_cli, "write_shards", lambda src, out, **kw: calls.append(out) or
-                        {"num_samples": 0, "num_shards": 0, "total_bytes": 0, "seconds": 0, "urls": "x"})
+    monkeypatch.setattr(
+        shards_cli,
+        "write_shards",
+        lambda src, out, **kw: (
+            calls.append(out) or {"num_samples": 0, "num_shards": 0, "total_bytes": 0, "seconds": 0, "urls": "x"}
+        ),
+    )
     assert shards_cli.main(args) == 0, capsys.readouterr().err
     assert calls == [a for a in args if not a.startswith("-") and not a.isdigit()]

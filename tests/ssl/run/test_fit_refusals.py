@@ -35,18 +35,34 @@ def test_a_checkpoint_of_another_objective_is_refused(runs, tmp_path, capsys):
     """An iBOT config resumed a DINO checkpoint with rc 0 and trained DINO (the checkpoint's class
     won); a DINO config with ``--ckpt_path last`` in an iBOT run failed inside Lightning."""
     dino_last, ibot_last = (runs[name] / "checkpoints" / "last.ckpt" for name in ("dino", "ibot"))
-    tail = ("resume with the run's config, or start a new run from its weights with --model.backbone_checkpoint")
+    tail = "resume with the run's config, or start a new run from its weights with --model.backbone_checkpoint"
     status, err = _fit_error(capsys, [*ibot_overrides(tmp_path), "--ckpt_path", str(dino_last)])
-    assert status == 1 and err == (f"locatdino fit: ckpt_path {dino_last} holds a locatdino.ssl.DINOModule run, the "
-                                   f"config trains locatdino.ssl.IBOTModule (model.class_path): {tail}")
-    status, err = _fit_error(capsys, [*dino_overrides(tmp_path), "--trainer.default_root_dir", str(runs["ibot"]),
-                                      "--ckpt_path", "last"])
-    assert status == 1 and err == (f"locatdino fit: ckpt_path {ibot_last} holds a locatdino.ssl.IBOTModule run, the "
-                                   f"config trains locatdino.ssl.DINOModule (model.class_path): {tail}")
-    status, err = _fit_error(capsys, ["--config", "sup_tiny_cpu", "--trainer.default_root_dir", str(tmp_path / "sup"),
-                                      "--ckpt_path", str(dino_last)])
-    assert status == 1 and err.startswith(f"locatdino fit: ckpt_path {dino_last} holds a locatdino.ssl.DINOModule "
-                                          "run, the config trains locatdino.ssl.SupervisedModule")
+    assert status == 1 and err == (
+        f"locatdino fit: ckpt_path {dino_last} holds a locatdino.ssl.DINOModule run, the "
+        f"config trains locatdino.ssl.IBOTModule (model.class_path): {tail}"
+    )
+    status, err = _fit_error(
+        capsys, [*dino_overrides(tmp_path), "--trainer.default_root_dir", str(runs["ibot"]), "--ckpt_path", "last"]
+    )
+    assert status == 1 and err == (
+        f"locatdino fit: ckpt_path {ibot_last} holds a locatdino.ssl.IBOTModule run, the "
+        f"config trains locatdino.ssl.DINOModule (model.class_path): {tail}"
+    )
+    status, err = _fit_error(
+        capsys,
+        [
+            "--config",
+            "sup_tiny_cpu",
+            "--trainer.default_root_dir",
+            str(tmp_path / "sup"),
+            "--ckpt_path",
+            str(dino_last),
+        ],
+    )
+    assert status == 1 and err.startswith(
+        f"locatdino fit: ckpt_path {dino_last} holds a locatdino.ssl.DINOModule "
+        "run, the config trains locatdino.ssl.SupervisedModule"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no shards, no run folder
 
 
@@ -68,26 +84,40 @@ def test_16_mixed_on_the_cpu_trains_in_fp16(runs, tmp_path):
 
 OPTION_ERRORS = {  # on the tiny iBOT run: 4 x 4 tokens per 32 px global crop, 8 global crops per step
     "patch_out_dim 0": (["--model.patch_out_dim", "0"], "model.patch_out_dim: must be at least 1, got 0"),
-    "negative teacher_patch_temp": (["--model.teacher_patch_temp", "-0.07"],
-                                    "model.teacher_patch_temp: must be a positive number, got -0.07"),
-    "teacher_patch_temp 0": (["--model.teacher_patch_temp", "0"],
-                             "model.teacher_patch_temp: must be a positive number, got 0.0"),
-    "negative ibot_loss_weight": (["--model.ibot_loss_weight", "-1"],
-                                  "model.ibot_loss_weight: must be a number >= 0, got -1.0"),
-    "both weights 0": (["--model.ibot_loss_weight", "0", "--model.dino_loss_weight", "0"],
-                       "model.dino_loss_weight and model.ibot_loss_weight: both 0, nothing would be learned"),
-    "sinkhorn_iterations 0": (["--model.patch_centering", "sinkhorn_knopp", "--model.sinkhorn_iterations", "0"],
-                              "model.sinkhorn_iterations: must be at least 1 with model.patch_centering "
-                              "sinkhorn_knopp, got 0"),
-    "mask_min_patches": (["--model.mask_min_patches", "9"],
-                         "model.mask_min_patches: 9 patches do not fit one block on the 4 x 4 token grid of the "
-                         "32 px global crops (at most 8: blocks are smaller than the grid and than mask_ratio's "
-                         "high 0.5 of its 16 tokens); use at most 8"),
-    "mask_ratio reversed": (["--model.mask_ratio", "[0.6, 0.2]"],
-                            "model.mask_ratio: must be [low, high] with 0 <= low <= high <= 1, got [0.6, 0.2]"),
-    "no crop masked": (["--model.mask_probability", "0.1"],
-                       "model.mask_probability: 0.1 of the 8 global crops of a step (per rank) masks none of them; "
-                       "use at least 0.125"),
+    "negative teacher_patch_temp": (
+        ["--model.teacher_patch_temp", "-0.07"],
+        "model.teacher_patch_temp: must be a positive number, got -0.07",
+    ),
+    "teacher_patch_temp 0": (
+        ["--model.teacher_patch_temp", "0"],
+        "model.teacher_patch_temp: must be a positive number, got 0.0",
+    ),
+    "negative ibot_loss_weight": (
+        ["--model.ibot_loss_weight", "-1"],
+        "model.ibot_loss_weight: must be a number >= 0, got -1.0",
+    ),
+    "both weights 0": (
+        ["--model.ibot_loss_weight", "0", "--model.dino_loss_weight", "0"],
+        "model.dino_loss_weight and model.ibot_loss_weight: both 0, nothing would be learned",
+    ),
+    "sinkhorn_iterations 0": (
+        ["--model.patch_centering", "sinkhorn_knopp", "--model.sinkhorn_iterations", "0"],
+        "model.sinkhorn_iterations: must be at least 1 with model.patch_centering sinkhorn_knopp, got 0",
+    ),
+    "mask_min_patches": (
+        ["--model.mask_min_patches", "9"],
+        "model.mask_min_patches: 9 patches do not fit one block on the 4 x 4 token grid of the "
+        "32 px global crops (at most 8: blocks are smaller than the grid and than mask_ratio's "
+        "high 0.5 of its 16 tokens); use at most 8",
+    ),
+    "mask_ratio reversed": (
+        ["--model.mask_ratio", "[0.6, 0.2]"],
+        "model.mask_ratio: must be [low, high] with 0 <= low <= high <= 1, got [0.6, 0.2]",
+    ),
+    "no crop masked": (
+        ["--model.mask_probability", "0.1"],
+        "model.mask_probability: 0.1 of the 8 global crops of a step (per rank) masks none of them; use at least 0.125",
+    ),
     "mask_probability 2": (["--model.mask_probability", "2"], "model.mask_probability: must be in [0, 1], got 2.0"),
     "teacher_temp 0": (["--model.teacher_temp", "0"], "model.teacher_temp: must be a positive number, got 0.0"),
     "momentum above 1": (["--model.momentum_teacher", "1.5"], "model.momentum_teacher: must be in [0, 1], got 1.5"),
@@ -110,10 +140,13 @@ def test_the_largest_block_that_fits_is_accepted(tmp_path):
 def test_a_run_folder_that_cannot_be_written_is_named(tmp_path, capsys):
     """The folder's path runs through a file: a raw ``[Errno 20]`` once the Trainer was built."""
     (tmp_path / "notes").write_text("mine")
-    status, err = _fit_error(capsys, [*tiny_overrides(tmp_path), "--trainer.default_root_dir",
-                                      str(tmp_path / "notes" / "run")])
-    assert status == 1 and err == (f"locatdino fit: trainer.default_root_dir '{tmp_path / 'notes' / 'run'}': folder "
-                                   f"{tmp_path / 'notes'} is a file, not a folder")
+    status, err = _fit_error(
+        capsys, [*tiny_overrides(tmp_path), "--trainer.default_root_dir", str(tmp_path / "notes" / "run")]
+    )
+    assert status == 1 and err == (
+        f"locatdino fit: trainer.default_root_dir '{tmp_path / 'notes' / 'run'}': folder "
+        f"{tmp_path / 'notes'} is a file, not a folder"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
 
 
@@ -123,26 +156,43 @@ def test_a_read_only_run_folder_is_named_before_any_work(tmp_path):
     from tests.tiny_disk import python, run_on_tiny_disk
 
     disk = tmp_path / "disk"
-    proc = run_on_tiny_disk(disk, "64k", python("-m", "locatdino", "fit", *tiny_overrides(tmp_path),
-                                                "--trainer.default_root_dir", str(disk / "run")), read_only=True)
+    proc = run_on_tiny_disk(
+        disk,
+        "64k",
+        python("-m", "locatdino", "fit", *tiny_overrides(tmp_path), "--trainer.default_root_dir", str(disk / "run")),
+        read_only=True,
+    )
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
         f"locatdino fit: trainer.default_root_dir '{disk / 'run'}': folder {disk} is not writable: "
-        "Read-only file system")
+        "Read-only file system"
+    )
     assert not (tmp_path / "shards").exists()
 
 
 CONFIG_ERRORS = {
-    "not YAML": ("model: [1\n", 1, "{path}: not valid YAML (expected ',' or ']', but got '<stream end>' at line 2, "
-                 "column 1)"),
-    "a list": ("- model\n- data\n", 1, "{path} holds a list, not a mapping: a config is a mapping of keys "
-               "(model:, data:, trainer:, ...)"),
+    "not YAML": (
+        "model: [1\n",
+        1,
+        "{path}: not valid YAML (expected ',' or ']', but got '<stream end>' at line 2, column 1)",
+    ),
+    "a list": (
+        "- model\n- data\n",
+        1,
+        "{path} holds a list, not a mapping: a config is a mapping of keys (model:, data:, trainer:, ...)",
+    ),
     "empty": ("", 1, "{path} is empty: a config is a mapping of keys (model:, data:, trainer:, ...)"),
     "typo in model": ("model:\n  lrr: 0.1\n", 2, "{path}: model.lrr: not an option of locatdino.ssl.DINOModule"),
-    "typo in iBOT": ("model:\n  class_path: locatdino.ssl.IBOTModule\n  init_args:\n    mask_ratioo: [0.1, 0.2]\n", 2,
-                     "{path}: model.init_args.mask_ratioo: not an option of locatdino.ssl.IBOTModule"),
+    "typo in iBOT": (
+        "model:\n  class_path: locatdino.ssl.IBOTModule\n  init_args:\n    mask_ratioo: [0.1, 0.2]\n",
+        2,
+        "{path}: model.init_args.mask_ratioo: not an option of locatdino.ssl.IBOTModule",
+    ),
     "typo in trainer": ("trainer:\n  max_stepz: 3\n", 2, "{path}: trainer.max_stepz: no such option"),
-    "string for a number": ("data:\n  init_args:\n    batch_size: many\n", 2,
-                            "{path}: data.init_args.batch_size: Expected a <class 'int'>. Got value: many"),
+    "string for a number": (
+        "data:\n  init_args:\n    batch_size: many\n",
+        2,
+        "{path}: data.init_args.batch_size: Expected a <class 'int'>. Got value: many",
+    ),
 }
 
 
@@ -159,8 +209,10 @@ def test_config_file_errors_name_the_file_and_the_key(tmp_path, capsys, case):
 
 def test_a_misspelt_flag_names_the_option(tmp_path, capsys):
     status, err = _fit_error(capsys, [*tiny_overrides(tmp_path), "--model.lrr", "0.1"])
-    assert status == 2 and err == ("locatdino fit: model.init_args.lrr: not an option of locatdino.ssl.DINOModule "
-                                   "(locatdino fit --help lists the options)")
+    assert status == 2 and err == (
+        "locatdino fit: model.init_args.lrr: not an option of locatdino.ssl.DINOModule "
+        "(locatdino fit --help lists the options)"
+    )
 
 
 @pytest.mark.parametrize(("value", "expected"), [("0.001", "0.001 s is below 5 s"), ("1e15", "1e+15 s is above")])

@@ -7,15 +7,21 @@ from locatdino.ssl.run.rank_agreement import config_digest, first_difference, fl
 
 
 def config(lr: float, config_file: str = "configs/a.yaml") -> Namespace:
-    return Namespace(config=[config_file], model=Namespace(class_path="locatdino.ssl.DINOModule",
-                                                           init_args=Namespace(lr=lr, mask_ratio=(0.1, 0.5))),
-                     trainer=Namespace(max_steps=10))
+    return Namespace(
+        config=[config_file],
+        model=Namespace(class_path="locatdino.ssl.DINOModule", init_args=Namespace(lr=lr, mask_ratio=(0.1, 0.5))),
+        trainer=Namespace(max_steps=10),
+    )
 
 
 def test_the_digest_follows_the_settings_not_the_config_file_names():
     flat = flat_config(config(0.002))
-    assert flat == {"model.class_path": '"locatdino.ssl.DINOModule"', "model.init_args.lr": "0.002",
-                    "model.init_args.mask_ratio": "[0.1, 0.5]", "trainer.max_steps": "10"}
+    assert flat == {
+        "model.class_path": '"locatdino.ssl.DINOModule"',
+        "model.init_args.lr": "0.002",
+        "model.init_args.mask_ratio": "[0.1, 0.5]",
+        "trainer.max_steps": "10",
+    }
     assert config_digest(flat) == config_digest(flat_config(config(0.002, "/elsewhere/copy.yaml")))
     assert config_digest(flat) != config_digest(flat_config(config(0.5)))
     assert len(config_digest(flat)) == 64

@@ -7,11 +7,18 @@ from jsonargparse import Namespace
 from locatdino.ssl.run.restarts import record_elastic_job, restart_of, resume_after_restart
 
 
-@pytest.mark.parametrize(("environ", "expected"), [
-    ({}, None), ({"TORCHELASTIC_RESTART_COUNT": "0"}, None), ({"SLURM_RESTART_COUNT": "0"}, None),
-    ({"TORCHELASTIC_RESTART_COUNT": "2"}, "restart 2 of this job by torchrun"),
-    ({"SLURM_RESTART_COUNT": "1"}, "restart 1 of this job by SLURM"),
-    ({"SLURM_RESTART_COUNT": ""}, None), ({"TORCHELASTIC_RUN_ID": "job-7"}, None)])
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, None),
+        ({"TORCHELASTIC_RESTART_COUNT": "0"}, None),
+        ({"SLURM_RESTART_COUNT": "0"}, None),
+        ({"TORCHELASTIC_RESTART_COUNT": "2"}, "restart 2 of this job by torchrun"),
+        ({"SLURM_RESTART_COUNT": "1"}, "restart 1 of this job by SLURM"),
+        ({"SLURM_RESTART_COUNT": ""}, None),
+        ({"TORCHELASTIC_RUN_ID": "job-7"}, None),
+    ],
+)
 def test_restart_of(environ, expected):
     assert restart_of(environ) == expected
 
@@ -27,13 +34,18 @@ def test_a_restart_resumes_last_and_says_so(tmp_path, capsys):
     resume_after_restart(resumed, {"TORCHELASTIC_RESTART_COUNT": "1"})
     assert resumed.ckpt_path == "last"
     assert capsys.readouterr().err == (
-        f"locatdino fit: restart 1 of this job by torchrun: resuming {tmp_path}/checkpoints/last.ckpt\n")
+        f"locatdino fit: restart 1 of this job by torchrun: resuming {tmp_path}/checkpoints/last.ckpt\n"
+    )
 
 
-@pytest.mark.parametrize(("environ", "ckpt_path", "has_last"), [
-    ({}, None, True),  # a first start: the folder check refuses it, as before
-    ({"SLURM_RESTART_COUNT": "1"}, "other.ckpt", True),  # what the command says wins
-    ({"SLURM_RESTART_COUNT": "1"}, None, False)])  # failed before its first checkpoint: starts again
+@pytest.mark.parametrize(
+    ("environ", "ckpt_path", "has_last"),
+    [
+        ({}, None, True),  # a first start: the folder check refuses it, as before
+        ({"SLURM_RESTART_COUNT": "1"}, "other.ckpt", True),  # what the command says wins
+        ({"SLURM_RESTART_COUNT": "1"}, None, False),
+    ],
+)  # failed before its first checkpoint: starts again
 def test_no_resume_otherwise(tmp_path, environ, ckpt_path, has_last):
     if has_last:
         (tmp_path / "checkpoints").mkdir()

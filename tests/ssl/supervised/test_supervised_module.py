@@ -5,18 +5,23 @@ import json
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from ssl_helpers import ROOT, TINY_MODEL, batches_loader, tiny_trainer
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from locatdino.ssl import SupervisedModule
 from locatdino.ssl.run import cli
-from ssl_helpers import ROOT, TINY_MODEL, batches_loader, tiny_trainer
 
 NUM_CLASSES = 10
 
 
 def tiny_supervised(**overrides) -> SupervisedModule:
-    kwargs = dict(backbone="vit_tiny_patch16_224", backbone_kwargs=TINY_MODEL["backbone_kwargs"],
-                  num_classes=NUM_CLASSES, batch_size=8, warmup_epochs=0.0)
+    kwargs = dict(
+        backbone="vit_tiny_patch16_224",
+        backbone_kwargs=TINY_MODEL["backbone_kwargs"],
+        num_classes=NUM_CLASSES,
+        batch_size=8,
+        warmup_epochs=0.0,
+    )
     return SupervisedModule(**{**kwargs, **overrides})
 
 
@@ -30,10 +35,21 @@ def fixed_batches(n: int, batch: int = 8, seed: int = 0) -> list[dict]:
 def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
     """The class_path picks the objective and the data module; the supervised defaults (DeiT: wd
     0.05, min lr 1e-5) are not overwritten by DINO's values of the same names."""
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "sup_tiny_cpu.yaml"),
-                           "--model.backbone", "locatvit_tiny_patch8_224",
-                           "--data.init_args.train_urls", str(tmp_path / "t"), "--data.init_args.val_urls",
-                           str(tmp_path / "v"), "--data.init_args.batch_size", "12"], run=False)
+    built = cli.build_cli(
+        [
+            "--config",
+            str(ROOT / "configs" / "sup_tiny_cpu.yaml"),
+            "--model.backbone",
+            "locatvit_tiny_patch8_224",
+            "--data.init_args.train_urls",
+            str(tmp_path / "t"),
+            "--data.init_args.val_urls",
+            str(tmp_path / "v"),
+            "--data.init_args.batch_size",
+            "12",
+        ],
+        run=False,
+    )
     model, data = built.model, built.datamodule
     assert type(model).__name__ == "SupervisedModule" and type(data).__name__ == "LabelledShardDataModule"
     assert model.hparams.batch_size == data.batch_size == 12
@@ -46,8 +62,17 @@ def test_recipe_builds_from_yaml_with_the_supervised_defaults(tmp_path):
 
 
 def test_a_dino_recipe_still_builds_dino():
-    built = cli.build_cli(["--config", str(ROOT / "configs" / "dino_tiny_cpu.yaml"), "--model.lr", "0.003",
-                           "--data.init_args.synthetic", "8"], run=False)
+    built = cli.build_cli(
+        [
+            "--config",
+            str(ROOT / "configs" / "dino_tiny_cpu.yaml"),
+            "--model.lr",
+            "0.003",
+            "--data.init_args.synthetic",
+            "8",
+        ],
+        run=False,
+    )
     assert type(built.model).__name__ == "DINOModule" and built.model.hparams.lr == 0.003
 
 
@@ -123,12 +148,14 @@ class _StopAt(Callback):
 def test_resume_continues_the_schedule(tmp_path):
     """Interrupted at step 3 of 8 and resumed: the lr of every later step equals the uninterrupted
     run's (timm's warm-up + cosine, stepped by the optimizer-step count)."""
+
     def run(max_steps: int, *callbacks, ckpt_path=None, root=tmp_path):
         torch.manual_seed(0)
         m = tiny_supervised(warmup_epochs=1.0, mixup_alpha=0, cutmix_alpha=0, lr=0.5)  # peak 7.8e-3 at batch 8
         log = _LrLog()
-        trainer = tiny_trainer(root, max_steps=max_steps, max_epochs=-1, callbacks=[log, *callbacks],
-                               enable_checkpointing=True)
+        trainer = tiny_trainer(
+            root, max_steps=max_steps, max_epochs=-1, callbacks=[log, *callbacks], enable_checkpointing=True
+        )
         trainer.fit(m, batches_loader(fixed_batches(4)), ckpt_path=ckpt_path)
         return log.lrs
 
@@ -160,9 +187,30 @@ def test_export_of_a_supervised_checkpoint_loads_into_hbird(tmp_path, capsys):
     assert not any(k.startswith("head") for k in state)
     assert torch.equal(state["blocks.1.mlp.fc2.weight"], m.classifier.backbone.blocks[1].mlp.fc2.weight)
     capsys.readouterr()
-    assert locatdino_cli.main(["hbird", "--model", f"vit_tiny_patch16_224:{out}",
-                               "--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--k", "5",
-                               "--precision", "fp32", "--out", str(tmp_path / "hb")]) == 0
+    assert (
+        locatdino_cli.main(
+            [
+                "hbird",
+                "--model",
+                f"vit_tiny_patch16_224:{out}",
+                "--num-train",
+                "4",
+                "--num-val",
+                "2",
+                "--scene-size",
+                "32",
+                "--input-size",
+                "32",
+                "--k",
+                "5",
+                "--precision",
+                "fp32",
+                "--out",
+                str(tmp_path / "hb"),
+            ]
+        )
+        == 0
+    )
     result = json.loads(next((tmp_path / "hb").rglob("results.json")).read_text())
     assert 0 <= result["miou"] <= 100
 
@@ -184,9 +232,18 @@ def test_labels_the_classifier_or_loss_cannot_take_are_one_line():
 
 
 def test_an_input_size_the_patch_does_not_divide_is_one_line(tmp_path, capsys):
-    status = cli.main(["--config", str(ROOT / "configs" / "sup_tiny_cpu.yaml"), "--data.init_args.transform.input_size",
-                       "60", "--trainer.default_root_dir", str(tmp_path / "run")])
+    status = cli.main(
+        [
+            "--config",
+            str(ROOT / "configs" / "sup_tiny_cpu.yaml"),
+            "--data.init_args.transform.input_size",
+            "60",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert status == 1 and capsys.readouterr().err.strip() == (
         "locatdino fit: data.init_args.transform.input_size: 60 px is not a multiple of the patch size 8 of "
-        "vit_tiny_patch16_224 (use 56 or 64)")
+        "vit_tiny_patch16_224 (use 56 or 64)"
+    )
     assert not (tmp_path / "run").exists()
