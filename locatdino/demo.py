@@ -58,7 +58,7 @@ RECIPES = {
 LABELS = ("vit", "locatvit")  # model names in the report: vit-dino, locatvit-dino, vit-random, locatvit-random
 # the two --model.backbone values of the comparison (the tiny recipes' vanilla ViT and its LocAtViT)
 BACKBONES = ("vit_tiny_patch16_224", "locatvit_tiny_patch8_224")
-# --quick: one epoch of the recipes' 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
+# --quick: one epoch of the recipe's 512 scenes (16 steps), so that a cold run stays under 3 min on 2 cores
 _QUICK = {
     "max_steps": 16,
     "num_train": 48,
@@ -104,12 +104,12 @@ def _parser() -> ArgumentParser:
         help="the --model.backbone of the vanilla and of the LocAtViT run of the recipe (timm names)",
     )
     model.add_argument(
-        "--max-steps", type=at_least(1), default=None, help="training steps (default: the recipes' budget)"
+        "--max-steps", type=at_least(1), default=None, help="training steps (default: the recipe's budget)"
     )
     add_shared_option(
         model,
         "--seed",
-        note="the recipes'; it seeds the pretraining and random inits of both "
+        note="the recipe's; it seeds the pretraining and random inits of both "
         "backbones, the held-out scenes and memory views stay the same",
     )
     protocol.add_argument(
@@ -333,7 +333,7 @@ def _pretrain_and_compare(
         ]
     )
     report = json.loads((report_dir / "report.json").read_text())
-    steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipes' budget"
+    steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipe's budget"
     print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir, tag)))
     minutes = (time.perf_counter() - started) / 60
     print(
