@@ -233,7 +233,7 @@ def test_help_shows_each_default_once(command):
 def test_demo_help_keeps_real_defaults_and_the_words_for_unset_ones():
     text = " ".join(importlib.import_module("locatdino.demo")._parser().format_help().split())
     assert "--out DIR output folder: everything the command writes goes here" in text and "(default: runs/demo)" in text
-    assert "training steps (default: the recipes' budget) --seed" in text
+    assert "training steps (default: the recipe's budget) --seed" in text
 
 
 @pytest.mark.parametrize(
