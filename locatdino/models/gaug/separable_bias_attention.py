@@ -18,7 +18,8 @@ cache-sized; they live in reused per-thread :func:`~locatdino.models.gaug.scratc
 no fresh page faults) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
 and at most a few percent of a ViT-S evaluation's peak memory at 1024 px). A CPU forward without
 gradients in fp32/fp64 (evaluation) takes its own path instead, :func:`_evaluate`: chunks of heads
-of one image within ``_EVAL_CHUNK_BYTES``, the bias added by the ``q kᵀ`` product itself. On CUDA this is the
+of one image within ``_EVAL_CHUNK_BYTES`` (16 MiB), the bias added by the ``q kᵀ`` product itself and the
+softmax normalised after ``P v``. On CUDA this is the
 fallback where FlexAttention is unavailable and the whole mask would not fit one chunk
 (:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at one chunk per block instead
 of a ``[B, H, N, N]`` mask per block (3 GiB for ViT-S's 6 heads and 16 images at 1024 px, in bf16).
@@ -39,8 +40,10 @@ from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
 from locatdino.models.gaug.scratch import scratch
 
 _CHUNK_BYTES = 8 << 20  # CPU, with gradients
-_EVAL_CHUNK_BYTES = 8 << 20  # CPU, without gradients: the scores of one head or a few
+_EVAL_CHUNK_BYTES = 16 << 20  # CPU, without gradients: the scores of a few heads
 _CUDA_CHUNK_BYTES = 64 << 20
+# row sums of exp(logits) for which the evaluation path skips the row max: e^-40 … e^60
+_SUM_RANGE = (4.2e-18, 1.1e26)
 
 
 def _budget(device_type: str) -> int:
@@ -110,23 +113,48 @@ def _probabilities(
 
 def _evaluate(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float) -> Tensor:
     """The CPU forward without gradients, in fp32/fp64: per chunk of heads of one image (or of query
-    rows of one head, :func:`_head_chunks`), probabilities from one ``baddbmm`` onto the bias rows
-    and ``P v``, the chunk's scores held in cache.
+    rows of one head, :func:`_head_chunks`), ``exp`` of the logits (:func:`_exp_logits`) and
+    ``(exp · v) / rowsum``, the chunk's scores held in cache.
 
     Why not SDPA with the mask chunk, as in training: a float mask costs SDPA's fused kernel an
     extra pass over every tile, where ``baddbmm`` adds the bias for free; and a chunk of rows over
     all heads (the backward's layout) is larger than any cache at large inputs (59 MB for 4 images
-    at 448 px), so the bias went through memory twice. LocAtViT-S against ViT-S, both paths in one
-    run on the CPU: eval 448 px 1.17× instead of 1.21×, 1024 px 1.31× instead of 1.59×. Reduced
+    at 448 px), so the bias went through memory twice. Why not ``torch.softmax``: its row max,
+    ``exp`` and scaling passes cost 3× the ``exp`` alone; normalising the ``[n, d]`` output instead
+    of the ``[n, N]`` probabilities leaves one ``exp`` and one sum over the scores. Reduced
     precision keeps SDPA, which accumulates in fp32.
     """
     B, H, N, _ = q.shape
     out = _output_like(q)
     for image, heads, queries in _head_chunks(B, H, N, q.element_size(), _EVAL_CHUNK_BYTES):
         qc, kc, vc, rc, cc = (t[image, heads] for t in (q, k, v, rows, cols))
-        probs, _ = _probabilities(qc[:, queries], kc, rc, cc, num_prefix, scale, queries.start)
-        out[image, heads, queries] = torch.bmm(probs, vc)
+        args = (qc[:, queries], kc, rc, cc, num_prefix, scale, queries.start)
+        weights, sums = _exp_logits(*args, subtract_max=False)
+        if not bool(((sums >= _SUM_RANGE[0]) & (sums <= _SUM_RANGE[1])).all()):
+            weights, sums = _exp_logits(*args, subtract_max=True)
+        torch.div(torch.bmm(weights, vc), sums, out=out[image, heads, queries])
     return out
+
+
+def _exp_logits(
+    q: Tensor, k: Tensor, rows: Tensor, cols: Tensor, num_prefix: int, scale: float, start: int, subtract_max: bool
+) -> tuple[Tensor, Tensor]:
+    """``exp`` of the logits ``[G, n, N]`` of the ``n`` queries ``q [G, n, d]`` from ``start`` on, in
+    a scratch buffer, and their row sums ``[G, n, 1]``.
+
+    Softmax is shift-invariant: the row max is subtracted only to keep ``exp`` in range, and
+    :func:`_evaluate` asks for it (a second pass over the chunk) only where a row sum left
+    ``_SUM_RANGE``: a logit above ~60 (``exp`` near overflow, or ``inf``), or a row whose every
+    logit is below ~-40 (the weights near fp32's subnormals, losing digits). Within the range every
+    weight that counts is a normal float and the result is softmax's to fp32 rounding.
+    """
+    scores = scratch("scores", (q.shape[0], q.shape[1], k.shape[1]), q.dtype, q.device)
+    write_bias_rows(scores, rows, cols, num_prefix, start)
+    scores.baddbmm_(q, k.transpose(1, 2), alpha=scale)
+    if subtract_max:
+        scores.sub_(scores.amax(-1, keepdim=True))
+    weights = scores.exp_()
+    return weights, weights.sum(-1, keepdim=True)
 
 
 def _output_like(q: Tensor) -> Tensor:

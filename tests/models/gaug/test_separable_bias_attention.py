@@ -58,7 +58,7 @@ def test_bf16_inputs_with_fp32_profiles():
 def test_a_forward_without_gradients_chunks_by_image_head_and_rows_with_the_training_output(
     eval_bytes, chunks, monkeypatch
 ):
-    """Evaluation (``baddbmm`` onto the bias, softmax, ``P v``) chunks by image, heads and query
+    """Evaluation (``baddbmm`` onto the bias, ``exp``, ``(exp · v) / rowsum``) chunks by image, heads and query
     rows (``_EVAL_CHUNK_BYTES``), training (SDPA with the mask) by 16-row chunks over all heads
     here; each query row's attention is the same either way."""
     counted = {"sdpa": 0, "bmm": 0}
@@ -100,7 +100,8 @@ def test_the_evaluation_chunks_cover_every_image_head_and_row_once_within_the_bu
 
 
 def test_evaluation_in_float32_matches_the_training_path():
-    """The float32 evaluation path (its own softmax) against SDPA's, on a ViT-S-like head size."""
+    """The float32 evaluation path (``exp`` without the row max, normalised after ``P v``) against
+    SDPA's, on a ViT-S-like head size."""
     torch.manual_seed(0)
     h = w = 6
     x = torch.randn(2, 1 + h * w, 3, 3, 64)  # q, k, v as timm's Attention slices them: strided views
@@ -111,3 +112,34 @@ def test_evaluation_in_float32_matches_the_training_path():
     trained = sba.separable_bias_attention(q.requires_grad_(), k, v, rows, cols, 1).detach()
     torch.testing.assert_close(evaluated, trained, rtol=1e-5, atol=1e-5)
     assert evaluated.stride() == trained.stride()
+
+
+@pytest.mark.parametrize(
+    ("q_sign", "magnitude", "max_passes"),
+    [(1.0, 1.0, 0), (1.0, 30.0, 2), (-1.0, 10.0, 2)],
+    ids=["ordinary logits", "logits past exp's range", "every logit below -40"],
+)
+def test_the_evaluation_subtracts_the_row_max_only_where_exp_leaves_its_range(
+    q_sign, magnitude, max_passes, monkeypatch
+):
+    """Logits of ±hundreds overflow ``exp`` (inf) or underflow it (0/0) without the row max: those
+    chunks (one per image here) are redone with it and still equal softmax; ordinary ones never are."""
+    passes = []
+    exp_logits = sba._exp_logits
+    monkeypatch.setattr(
+        sba,
+        "_exp_logits",
+        lambda *a, subtract_max: passes.append(subtract_max) or exp_logits(*a, subtract_max=subtract_max),
+    )
+    torch.manual_seed(0)
+    h = w = 4
+    q, k, v = (torch.randn(2, 3, 1 + h * w, 8) for _ in range(3))
+    if q_sign < 0:  # every q·k negative
+        q, k = q.abs(), -k.abs()
+    q, k = q * magnitude, k * magnitude
+    rows, cols = torch.rand(2, 3, h * w, h), torch.rand(2, 3, h * w, w)
+    with torch.no_grad():
+        got = sba.separable_bias_attention(q, k, v, rows, cols, 1)
+    assert passes.count(True) == max_passes and passes.count(False) == 2
+    want = reference(*(t.double() for t in (q, k, v, rows, cols)), 1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
