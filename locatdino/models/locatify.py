@@ -7,6 +7,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from locatdino.models.gaug.attention import GAugAttention
 from locatdino.models.gaug.patch_grid import install_patch_grid
+from locatdino.models.prr import PrrPool
 
 
 def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> VisionTransformer:
@@ -15,8 +16,9 @@ def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> V
     Every existing weight is kept (e.g. a ViT loaded from DINO weights, with or without register
     tokens); the new GAug parameters get their default initialisation (var ≈ 1, alpha ≈ ln 2),
     so the model is not the same function afterwards. PRR is parameter-free: timm's
-    ``global_pool='prr'`` (``AttentionPoolPrr``) after the final norm, pooling the class token
-    (or the average when the model has none). Blocks that already hold ``GAugAttention`` (e.g.
+    ``global_pool='prr'`` after the final norm, pooling the class token (or the average when the
+    model has none), as :class:`~locatdino.models.prr.PrrPool` (which attends from the class token
+    alone; a timm ``AttentionPoolPrr`` already there is converted). Blocks that already hold ``GAugAttention`` (e.g.
     a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to the patch grid; the
     GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
     """
@@ -44,13 +46,14 @@ def _add_gaug(model: VisionTransformer) -> None:
 
 def _add_prr(model: VisionTransformer) -> None:
     if isinstance(model.attn_pool, AttentionPoolPrr):
+        PrrPool.from_timm(model.attn_pool)
         return
     if model.attn_pool is not None:
         raise ValueError(
             f"model already pools with {type(model.attn_pool).__name__} (global_pool='{model.global_pool}')"
         )
     weight = model.blocks[0].attn.qkv.weight
-    model.attn_pool = AttentionPoolPrr(
+    model.attn_pool = PrrPool(
         model.embed_dim,
         num_heads=model.blocks[0].attn.num_heads,
         pool_type="token" if model.has_class_token else "avg",

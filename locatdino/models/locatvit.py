@@ -14,6 +14,7 @@ and 96 px crops to the same model. No pretrained weights are hosted: load checkp
 from __future__ import annotations
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import AttentionPoolPrr
 from timm.models import (
     build_model_with_cfg,
     generate_default_cfgs,
@@ -38,10 +39,10 @@ def _create_locatvit(variant: str, pretrained: bool = False, **kwargs) -> Vision
         attn_layer=GAugAttention,
         **kwargs,
     )
-    # wire GAug to the input's patch grid (a features_only model wraps the ViT)
+    # wire GAug to the input's patch grid (a features_only model wraps the ViT), PRR to PrrPool
     for module in model.modules():
         if isinstance(module, VisionTransformer):
-            locatify(module, gaug=True, prr=False)
+            locatify(module, gaug=True, prr=isinstance(module.attn_pool, AttentionPoolPrr))
     return model
 
 

@@ -18,7 +18,7 @@ cache-sized; they live in reused per-thread :func:`~locatdino.models.gaug.scratc
 no fresh page faults) and ``_CUDA_CHUNK_BYTES`` on CUDA (64 MiB: few enough SDPA launches per block,
 and at most a few percent of a ViT-S evaluation's peak memory at 1024 px). A CPU forward without
 gradients in fp32/fp64 (evaluation) takes its own path instead, :func:`_evaluate`: chunks of heads
-of one image within ``_EVAL_CHUNK_BYTES`` (16 MiB), the bias added by the ``q kᵀ`` product itself and the
+of one image within ``_EVAL_CHUNK_BYTES`` (32 MiB), the bias added by the ``q kᵀ`` product itself and the
 softmax normalised after ``P v``. On CUDA this is the
 fallback where FlexAttention is unavailable and the whole mask would not fit one chunk
 (:func:`mask_fits_one_chunk`): it keeps the memory of large inputs at one chunk per block instead
@@ -40,7 +40,7 @@ from locatdino.models.gaug.bias_mask import profile_grads, write_bias_rows
 from locatdino.models.gaug.scratch import scratch
 
 _CHUNK_BYTES = 8 << 20  # CPU, with gradients
-_EVAL_CHUNK_BYTES = 16 << 20  # CPU, without gradients: the scores of a few heads
+_EVAL_CHUNK_BYTES = 32 << 20  # CPU, without gradients: the scores of an image's heads, or of a head's rows
 _CUDA_CHUNK_BYTES = 64 << 20
 # row sums of exp(logits) for which the evaluation path skips the row max: e^-40 … e^60
 _SUM_RANGE = (4.2e-18, 1.1e26)
@@ -126,6 +126,7 @@ def _evaluate(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_p
     """
     B, H, N, _ = q.shape
     out = _output_like(q)
+    v = v.contiguous()  # a view into timm's qkv output: P v reads each head's rows 3·H·d apart, 7 % slower
     for image, heads, queries in _head_chunks(B, H, N, q.element_size(), _EVAL_CHUNK_BYTES):
         qc, kc, vc, rc, cc = (t[image, heads] for t in (q, k, v, rows, cols))
         args = (qc[:, queries], kc, rc, cc, num_prefix, scale, queries.start)
