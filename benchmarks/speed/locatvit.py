@@ -11,7 +11,10 @@
   runs at most 3 reps.
 - Timings alternate the models rep by rep (ABCABC…) so load from other processes hits all alike.
   Each time is the process CPU time (``time.process_time``) of one call, minimum over the reps;
-  ratios are over ViT-S. CPU time and 1 intra-op thread by default because the development
+  ratios are over ViT-S: the ratio of the minima, and the median over reps of each rep's ratio
+  (the three calls of a rep run back to back, so the host's slow and fast spells cancel; the ratio
+  of minima rests on each model's single luckiest call and moved by ±4 % between runs of the same
+  code on the development machine). CPU time and 1 intra-op thread by default because the development
   machine is shared: with 2 OpenMP threads one preempted thread stalls the other at every
   barrier and wall-clock ratios swing by ±50 %. ``--threads 2 --clock wall`` for an idle machine.
 - Peak memory (ViT-S and LocAtViT-S): each model runs in a fresh subprocess with glibc's mmap
@@ -69,7 +72,7 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor) -> None:
         model.eval()(x)
 
 
-def bench_time(reps: int, clock) -> dict[str, dict[str, float]]:
+def bench_time(reps: int, clock) -> dict[str, dict[str, list[float]]]:
     models = {label: build(label) for label in MODELS}
     opts = {label: torch.optim.AdamW(m.parameters(), lr=1e-4) for label, m in models.items()}
     crops = dino_batch()
@@ -80,7 +83,7 @@ def bench_time(reps: int, clock) -> dict[str, dict[str, float]]:
         "eval 448 px (4 images)": lambda m, o: evaluate(m, x448),
         "eval 1024 px (1 image)": lambda m, o: evaluate(m, x1024),
     }
-    times: dict[str, dict[str, float]] = {}
+    times: dict[str, dict[str, list[float]]] = {}
     for case, fn in cases.items():
         for label in MODELS:  # warm-up
             fn(models[label], opts[label])
@@ -90,8 +93,13 @@ def bench_time(reps: int, clock) -> dict[str, dict[str, float]]:
                 start = clock()
                 fn(models[label], opts[label])
                 runs[label].append(clock() - start)
-        times[case] = {label: min(r) for label, r in runs.items()}
+        times[case] = runs
     return times
+
+
+def paired_ratio(runs: dict[str, list[float]], label: str) -> float:
+    """Median over reps of ``label``'s time over ViT-S's in the same rep."""
+    return statistics.median(t / base for t, base in zip(runs[label], runs["ViT-S"]))
 
 
 def _status_kib(field: str) -> int:
@@ -162,23 +170,27 @@ def main() -> None:
         return profile(top=15)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, min of {args.reps}")
-    print(f"{'':24s} {'ViT-S':>10s} {'+PRR ratio':>11s} {'LocAtViT-S':>11s} {'ratio':>7s}")
-    times = bench_time(args.reps, CLOCKS[args.clock])
+    print("ratios over ViT-S: of the minima / median of the per-rep ratios")
+    print(f"{'':24s} {'ViT-S':>10s} {'+PRR ratio':>13s} {'LocAtViT-S':>11s} {'ratio':>13s}")
+    runs = bench_time(args.reps, CLOCKS[args.clock])
+    times = {case: {label: min(r) for label, r in by_label.items()} for case, by_label in runs.items()}
+    paired = {case: {label: paired_ratio(by_label, label) for label in MODELS[1:]} for case, by_label in runs.items()}
     for case, t in times.items():
-        base = t["ViT-S"]
+        base, p = t["ViT-S"], paired[case]
         print(
-            f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:11.3f} "
-            f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:7.3f}"
+            f"{case:24s} {base * 1e3:7.1f} ms {t['ViT-S + PRR'] / base:6.3f} {p['ViT-S + PRR']:6.3f} "
+            f"{t['LocAtViT-S'] * 1e3:8.1f} ms {t['LocAtViT-S'] / base:6.3f} {p['LocAtViT-S']:6.3f}"
         )
+    numbers = {"seconds": times, "median_paired_ratio": paired}
     if not args.memory_reps:
-        return write_results(args.results, "locatvit.json", {"seconds": times})
+        return write_results(args.results, "locatvit.json", numbers)
     memory = bench_memory(args.memory_reps, args.threads, ("ViT-S", "LocAtViT-S"))
     for key, label in (("peak_mib", "peak RSS, train step"), ("step_mib", "RSS rise during step")):
         m = memory[key]
         print(
             f"{label:24s} {m['ViT-S']:6.0f} MiB {'':11s} {m['LocAtViT-S']:7.0f} MiB {m['LocAtViT-S'] / m['ViT-S']:7.3f}"
         )
-    write_results(args.results, "locatvit.json", {"seconds": times, "memory": memory})
+    write_results(args.results, "locatvit.json", {**numbers, "memory": memory})
 
 
 if __name__ == "__main__":
