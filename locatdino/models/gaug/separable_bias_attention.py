@@ -121,8 +121,9 @@ def _evaluate(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, num_p
     all heads (the backward's layout) is larger than any cache at large inputs (59 MB for 4 images
     at 448 px), so the bias went through memory twice. Why not ``torch.softmax``: its row max,
     ``exp`` and scaling passes cost 3× the ``exp`` alone; normalising the ``[n, d]`` output instead
-    of the ``[n, N]`` probabilities leaves one ``exp`` and one sum over the scores. Reduced
-    precision keeps SDPA, which accumulates in fp32.
+    of the ``[n, N]`` probabilities leaves one ``exp`` and one sum over the scores (LocAtViT-S over
+    ViT-S at 448 px on the CPU, both paths in one run: 1.13× instead of 1.21×). Reduced precision
+    keeps SDPA, which accumulates in fp32.
     """
     B, H, N, _ = q.shape
     out = _output_like(q)
@@ -144,7 +145,7 @@ def _exp_logits(
     a scratch buffer, and their row sums ``[G, n, 1]``.
 
     Softmax is shift-invariant: the row max is subtracted only to keep ``exp`` in range, and
-    :func:`_evaluate` asks for it (a second pass over the chunk) only where a row sum left
+    :func:`_evaluate` asks for it (the chunk computed again, with one more pass) only where a row sum left
     ``_SUM_RANGE``: a logit above ~60 (``exp`` near overflow, or ``inf``), or a row whose every
     logit is below ~-40 (the weights near fp32's subnormals, losing digits). Within the range every
     weight that counts is a normal float and the result is softmax's to fp32 rounding.
