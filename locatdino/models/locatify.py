@@ -18,9 +18,9 @@ def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> V
     so the model is not the same function afterwards. PRR is parameter-free: timm's
     ``global_pool='prr'`` after the final norm, pooling the class token (or the average when the
     model has none), as :class:`~locatdino.models.prr.PrrPool` (which attends from the class token
-    alone; a timm ``AttentionPoolPrr`` already there is converted). Blocks that already hold ``GAugAttention`` (e.g.
-    a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to the patch grid; the
-    GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
+    alone; a timm ``AttentionPoolPrr`` already there is converted). Blocks that already hold
+    ``GAugAttention`` (e.g. a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to
+    the patch grid; the GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
     """
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"locatify needs a timm VisionTransformer, got {type(model).__name__}")
