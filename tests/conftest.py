@@ -2,6 +2,7 @@ import pytest
 
 from locatdino.data import ScenesSegmentation
 from locatdino.evaluation.splits import CachedSplit
+from tests.process_state import restore_module_state, restore_process_state  # noqa: F401 - autouse, every test
 from tests.retrieval.hbird_fixtures import tiny_vit_model
 
 

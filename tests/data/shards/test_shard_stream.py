@@ -2,6 +2,7 @@ import json
 import os
 import signal
 from collections import Counter
+from unittest import mock
 
 import lightning as L
 import pytest
@@ -131,13 +132,14 @@ def test_workers_ignore_stop_signals_and_keep_lightnings_per_rank_seeding(id_sha
     draw different augmentations."""
     draws = []
     for rank in range(2):
-        L.seed_everything(0, workers=True)
-        loader = ShardLoader(
-            ShardStream(id_shards, SignalAndDraw(), batch_size=5, rank=rank, world_size=2), num_workers=1
-        )
-        assert loader.worker_init_fn is None
-        _auto_add_worker_init_fn(loader, rank)
-        values = torch.cat([b["global"][0][:, :2, 0, 0] for b in loader])
+        with mock.patch.dict(os.environ):  # seed_everything's PL_* variables stay in this test
+            L.seed_everything(0, workers=True)
+            loader = ShardLoader(
+                ShardStream(id_shards, SignalAndDraw(), batch_size=5, rank=rank, world_size=2), num_workers=1
+            )
+            assert loader.worker_init_fn is None
+            _auto_add_worker_init_fn(loader, rank)
+            values = torch.cat([b["global"][0][:, :2, 0, 0] for b in loader])
         assert values[:, 0].eq(1).all()  # SIGTERM ignored in the worker
         draws.append(values[:, 1])
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # the test process keeps its own

@@ -1,4 +1,6 @@
 import copy
+import os
+from unittest import mock
 
 import lightning.pytorch as pl
 import pytest
@@ -182,6 +184,7 @@ def scene_loader(num_images=64, batch_size=16):
 
 
 @pytest.mark.slow
+@mock.patch.dict(os.environ)  # seed_everything writes PL_GLOBAL_SEED: kept inside this test
 @pytest.mark.parametrize("backbone", ["vit_tiny_patch16_224", "locatvit_tiny_patch16_224"])
 def test_twenty_steps_on_scenes_lower_the_loss(backbone):
     """Teacher and centre held fixed (momentum 1): a plain optimisation problem, the student must

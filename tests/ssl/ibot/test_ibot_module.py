@@ -2,6 +2,8 @@
 token, learning on a fixed batch, resume."""
 
 import copy
+import os
+from unittest import mock
 
 import lightning.pytorch as pl
 import pytest
@@ -173,6 +175,7 @@ def test_bad_settings_are_one_line_errors():
         tiny_ibot(separate_patch_head=False)
 
 
+@mock.patch.dict(os.environ)  # seed_everything writes PL_GLOBAL_SEED: kept inside this test
 def test_steps_on_a_fixed_batch_lower_the_loss():
     """Teacher and both centres held fixed (momentum 1): the student must learn to predict the
     teacher's class and patch targets of one batch, so the loss (DINO + iBOT) falls."""
