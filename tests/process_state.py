@@ -6,11 +6,12 @@ before it: an in-process ``fit`` wrote ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
 ``os.environ``, and a later test's child process then ran with other thread settings than the
 parent it compared with. The fixture captures the state before each test and restores it after.
 
-A change a test did not undo fails that test, naming what changed, with one exception: the
+A change a test did not undo fails that test, naming what changed, with two exceptions. The
 state the command line owns (the thread variables and torch's thread count that ``locatdino``
 sets before a command runs, and Lightning's seed variables that ``fit``'s ``seed_everything``
 writes) is undone silently when the test ran that command in this process — that is what a
-command does, not a defect of the test.
+command does, not a defect of the test — and so are the variables a library writes for itself
+while it is used (torch.compile's kernel loader, wandb's service).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from locatdino.common.threads import THREAD_ENV_VARS
 COMMAND_ENV = frozenset(THREAD_ENV_VARS) | {"PL_GLOBAL_SEED", "PL_SEED_WORKERS"}
 LOGGER_PREFIX = "locatdino"
 PYTEST_ENV = "PYTEST_CURRENT_TEST"  # pytest's own, rewritten at every phase of every test
+# what libraries write for themselves while a test uses them: restored, never a defect of the test
+LIBRARY_ENV = frozenset(
+    {
+        "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",  # torch.compile, whenever it loads a compiled kernel
+        "WANDB_SERVICE",  # the wandb service process that a wandb run of this process started
+    }
+)
 
 
 def _package_loggers() -> dict[str, logging.Logger]:
@@ -117,6 +125,11 @@ def owned_by_command(what: str) -> bool:
     return what == "torch threads" or any(what == f"os.environ[{key!r}]" for key in COMMAND_ENV)
 
 
+def owned_by_library(what: str) -> bool:
+    """Whether a change is one a library makes for itself while it is used (see ``LIBRARY_ENV``)."""
+    return any(what == f"os.environ[{key!r}]" for key in LIBRARY_ENV)
+
+
 class CommandRuns:
     """Counts the commands a test runs in this process, by wrapping the two places that set the
     command-owned state: the dispatcher's ``set_threads`` and LightningCLI's ``seed_everything``."""
@@ -155,6 +168,10 @@ def restore_process_state(request: pytest.FixtureRequest):
         yield
     changed = before.changes(ProcessState.capture())
     before.restore()
-    leaked = [f"{what}: {diff}" for what, diff in changed if not (commands.count and owned_by_command(what))]
+    leaked = [
+        f"{what}: {diff}"
+        for what, diff in changed
+        if not owned_by_library(what) and not (commands.count and owned_by_command(what))
+    ]
     if leaked:
         pytest.fail(f"{request.node.nodeid} left process state changed: {'; '.join(leaked)}", pytrace=False)

@@ -5,7 +5,7 @@ import re
 
 import torch
 
-from tests.process_state import ProcessState, owned_by_command
+from tests.process_state import ProcessState, owned_by_command, owned_by_library
 
 LEAKY = """
 import os
@@ -53,3 +53,8 @@ def test_only_the_command_line_state_is_excused_after_a_command():
     assert owned_by_command("os.environ['OMP_NUM_THREADS']") and owned_by_command("torch threads")
     assert owned_by_command("os.environ['PL_GLOBAL_SEED']")
     assert not owned_by_command("os.environ['HOME']") and not owned_by_command("default dtype")
+
+
+def test_what_a_library_writes_for_itself_is_excused_and_nothing_else():
+    assert owned_by_library("os.environ['WANDB_SERVICE']")
+    assert not owned_by_library("os.environ['OMP_NUM_THREADS']") and not owned_by_library("torch threads")
