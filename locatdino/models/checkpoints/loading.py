@@ -38,6 +38,8 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from locatdino.models.checkpoints.dinov2 import from_dinov2, is_dinov2_release, release_pos_embed_rule
+from locatdino.models.checkpoints.dinov3 import from_dinov3, is_dinov3_name, is_dinov3_release
+from locatdino.models.checkpoints.families import family_refusal
 from locatdino.models.checkpoints.hugging_face import (
     config_disagreement,
     from_transformers,
@@ -45,6 +47,11 @@ from locatdino.models.checkpoints.hugging_face import (
     is_transformers_layout,
     transformers_config,
     weights_in_folder,
+)
+from locatdino.models.checkpoints.hugging_face_dinov3 import (
+    dinov3_config_disagreement,
+    from_transformers_dinov3,
+    is_transformers_dinov3,
 )
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
@@ -151,7 +158,13 @@ def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint")
 
 def to_timm_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A released layout's weights in timm's keys: a transformers ``Dinov2Model`` / ``ViTModel``
-    (``hugging_face.py``) or a DINOv2 release (``dinov2.py``); timm-key weights as they are."""
+    (``hugging_face.py``) or a DINOv2 release (``dinov2.py``); timm-key weights as they are. DINOv3
+    weights (a release, or a transformers ``DINOv3ViTModel`` renamed to one) stay in the release's
+    layout: timm's conversion of it needs the model (``dinov3.py``, in :func:`create_backbone`)."""
+    if is_transformers_dinov3(state_dict):
+        return from_transformers_dinov3(state_dict)
+    if is_dinov3_release(state_dict):  # before DINOv2's test: both hold iBOT's mask_token
+        return state_dict
     if is_transformers_layout(state_dict):
         state_dict = from_transformers(state_dict)
     return from_dinov2(state_dict) if is_dinov2_release(state_dict) else state_dict
@@ -283,7 +296,8 @@ def _check_registers(state_dict: Mapping[str, torch.Tensor], model: VisionTransf
     """A DINOv2 file with registers for a model without (or the other way round) fails later on a
     ``pos_embed`` that is no square grid: say which model the file is for instead."""
     file_regs = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
-    model_regs = getattr(model, "num_reg_tokens", 0)
+    reg_token = getattr(model, "reg_token", None)  # timm's Eva (DINOv3) has no num_reg_tokens
+    model_regs = 0 if reg_token is None else int(reg_token.shape[1])
     if file_regs != model_regs and "patch_embed.proj.weight" in state_dict:
         other = re.sub(r"_(reg\d+_)?dinov2", f"_reg{file_regs}_dinov2" if file_regs else "_dinov2", name)
         hint = f": use {other}" if other != name and timm.is_model(other) else ""
@@ -383,6 +397,8 @@ def create_backbone(
         _refuse_pretrained_tag(name)
     timm_kwargs.setdefault("num_classes", 0)
     timm_kwargs.setdefault("dynamic_img_size", True)
+    if is_dinov3_name(name):  # timm pools the average by default; DINOv3's class feature is its class token
+        timm_kwargs.setdefault("global_pool", "token")
     timm_kwargs["pretrained"] = False
     model = timm.create_model(name, **timm_kwargs)
     if checkpoint is None:
@@ -395,9 +411,13 @@ def create_backbone(
         loaded = load_checkpoint(source)
         entries = _backbone_entries(loaded, which, source)
         config = transformers_config(source)
-        if config is not None and (disagreement := config_disagreement(config[1], entries)):
+        if config is not None and (
+            disagreement := config_disagreement(config[1], entries) or dinov3_config_disagreement(config[1], entries)
+        ):
             raise ValueError(f"{config[0]}: {disagreement} (does this config.json belong to these weights?)")
         raw = _finite(to_timm_keys(entries), source)
+        if refusal := family_refusal(raw, model, name):
+            raise ValueError(refusal)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if (
             "patch_size" not in timm_kwargs
@@ -410,10 +430,14 @@ def create_backbone(
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        _check_registers(raw, model, name)
         if config is not None and (disagreement := heads_disagreement(config[1], model)):
             raise ValueError(f"{config[0]}: {disagreement}")
-        if pos_embed == "auto":
+        if is_dinov3_release(raw):
+            raw = from_dinov3(raw, model, name)
+        _check_registers(raw, model, name)
+        if getattr(model, "pos_embed", None) is None:  # RoPE: nothing to resample
+            rule = "timm"
+        elif pos_embed == "auto":
             rule = exported_pos_embed_rule(source, loaded) or _default_pos_embed_rule(loaded, raw, model)
         else:
             rule = pos_embed
