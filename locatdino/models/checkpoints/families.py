@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 
 import torch
+from timm.models.eva import Eva
 from torch import nn
 
 from locatdino.models.checkpoints.dinov3 import is_dinov3_model, is_dinov3_release, read_dinov3
@@ -57,7 +58,7 @@ def family_refusal(state_dict: Mapping[str, torch.Tensor], model: nn.Module, nam
             f"holds {weights.describe()} weights (RoPE, no position embedding) but {name} is a "
             f"{type(model).__name__}{hint}"
         )
-    if _is_timm_dinov3(state_dict) and not is_dinov3_model(model):
+    if _is_timm_dinov3(state_dict) and not isinstance(model, Eva):  # other RoPE ViTs are Evas too
         found = describe_architecture(state_dict) or "ViT"
         return f"holds DINOv3 {found} weights in timm's keys (RoPE, no position embedding) but {name} is not DINOv3's"
     if is_dinov3_model(model) and "pos_embed" in state_dict:

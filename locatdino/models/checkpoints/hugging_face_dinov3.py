@@ -61,9 +61,11 @@ def from_transformers_dinov3(state_dict: Mapping[str, torch.Tensor]) -> dict[str
     for i in blocks:
         part = f"layer.{i}.attention."
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([flat[f"{part}{n}_proj.weight"] for n in "qkv"])
-        if f"{part}q_proj.bias" in flat or f"{part}v_proj.bias" in flat:
-            zero = torch.zeros(flat[f"{part}q_proj.weight"].shape[0])
-            out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([flat.get(f"{part}{n}_proj.bias", zero) for n in "qkv"])
+        biases = {n: flat.get(f"{part}{n}_proj.bias") for n in "qkv"}
+        present = [b for b in biases.values() if b is not None]
+        if present:
+            zero = torch.zeros_like(present[0])
+            out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([zero if b is None else b for b in biases.values()])
     return out
 
 
