@@ -194,3 +194,23 @@ def test_an_unmasked_k_bias_and_other_rope_periods_are_refused(tmp_path):
         r"vit_small_patch16_dinov3_qkvb.s RoPE \[1.0, 3.1623, 10.0\]",
     ):
         create_backbone("vit_small_patch16_dinov3_qkvb", tmp_path / "periods.pth", **one)
+
+
+def test_fit_starts_student_and_teacher_from_a_release(tmp_path):
+    """``fit --model.backbone_checkpoint dinov3_….pth``: both backbones hold the release's weights."""
+    from locatdino.ssl import DINOModule
+
+    weights = release_weights(32, 2, HEADS, seed=5)
+    torch.save(weights, tmp_path / "dinov3_vits16.pth")
+    module = DINOModule(
+        backbone="vit_small_patch16_dinov3_qkvb",
+        backbone_kwargs=TINY,
+        backbone_checkpoint=str(tmp_path / "dinov3_vits16.pth"),
+        out_dim=16,
+        hidden_dim=16,
+        bottleneck_dim=8,
+    )
+    for branch in (module.student, module.teacher):
+        backbone = branch["backbone"].eval()
+        assert backbone.global_pool == "token"
+        _assert_official_tokens(backbone, weights, sizes=(224,))
