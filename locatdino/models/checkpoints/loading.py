@@ -14,10 +14,12 @@ from parameter names:
   ``weight_g``/``weight_v`` or ``parametrizations.weight.original0/1``, is not backbone and dropped).
 - timm / DeiT training checkpoint: a ``state_dict`` or ``model`` dict of plain model keys.
 - Plain state dict (released DINO backbones, timm weights, public LocAtViT checkpoints with GAug
-  keys): every value a tensor. A DINOv2 release (``dinov2.py``) or a Hugging Face transformers
-  file (``hugging_face.py``) is a plain state dict in its own layout, renamed to timm's keys by
-  :func:`to_timm_keys`. A ``.safetensors`` file (``safetensors_file.py``) and a Hugging Face model
-  folder (its ``model.safetensors`` / ``pytorch_model.bin``) read as plain state dicts.
+  keys): every value a tensor. A DINOv2 or DINOv3 release (``dinov2.py``, ``dinov3.py``) or a
+  Hugging Face transformers file (``hugging_face.py``, ``hugging_face_dinov3.py``) is a plain state
+  dict in its own layout, renamed by :func:`to_timm_keys` and, for the releases, converted by timm's
+  ``checkpoint_filter_fn`` once the model is built. A ``.safetensors`` file (``safetensors_file.py``)
+  and a Hugging Face model folder (its ``model.safetensors`` / ``pytorch_model.bin``) read as plain
+  state dicts.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from timm.models import get_pretrained_cfg, split_model_name_tag
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from locatdino.models.checkpoints.dinov2 import from_dinov2, is_dinov2_release, release_pos_embed_rule
+from locatdino.models.checkpoints.dinov2 import from_dinov2, is_dinov2_release, release_pos_embed_rule, unchunked
+from locatdino.models.checkpoints.dinov3 import from_dinov3, is_dinov3_name, is_dinov3_release
+from locatdino.models.checkpoints.families import family_refusal
 from locatdino.models.checkpoints.hugging_face import (
     config_disagreement,
     from_transformers,
@@ -45,6 +49,11 @@ from locatdino.models.checkpoints.hugging_face import (
     is_transformers_layout,
     transformers_config,
     weights_in_folder,
+)
+from locatdino.models.checkpoints.hugging_face_dinov3 import (
+    dinov3_config_disagreement,
+    from_transformers_dinov3,
+    is_transformers_dinov3,
 )
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
@@ -66,7 +75,8 @@ EVALUATED_NETWORK_KEY = "evaluated_network"
 
 
 def load_backbone_state_dict(path: str | os.PathLike, which: str = "teacher") -> dict[str, torch.Tensor]:
-    """Backbone weights from a checkpoint file of any supported container, timm key names.
+    """Backbone weights from a checkpoint file of any supported container, timm key names (a DINOv2
+    or DINOv3 release in its own layout, see :func:`extract_backbone`).
 
     ``which`` (``"teacher"`` or ``"student"``) picks the network in DINO and Lightning
     checkpoints; plain files hold one network and ignore it. Loaded with ``weights_only=True``
@@ -144,17 +154,25 @@ def network_name(checkpoint: Mapping, which: str) -> str:
 
 def extract_backbone(checkpoint: object, which: str, source: str = "checkpoint") -> dict[str, torch.Tensor]:
     """The backbone state dict inside a loaded checkpoint object (see module docstring) in timm's
-    keys, refused when a weight is NaN or infinite (a diverged run's file has the right shapes but
-    scores noise)."""
+    keys (a DINOv2 or DINOv3 release in its own layout: timm's conversion of those needs the model,
+    :func:`create_backbone`), refused when a weight is NaN or infinite (a diverged run's file has the
+    right shapes but scores noise)."""
     return _finite(to_timm_keys(_backbone_entries(checkpoint, which, source)), source)
 
 
 def to_timm_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A released layout's weights in timm's keys: a transformers ``Dinov2Model`` / ``ViTModel``
-    (``hugging_face.py``) or a DINOv2 release (``dinov2.py``); timm-key weights as they are."""
+    """A released layout's weights in timm's keys (a transformers ``ViTModel``, ``hugging_face.py``), or
+    in a release's layout that timm converts: a DINOv2 or DINOv3 release, a transformers
+    ``Dinov2Model`` or ``DINOv3ViTModel`` renamed to one. timm's conversion of a release needs the
+    model (``dinov2.py``, ``dinov3.py``): :func:`create_backbone` makes it after the build. timm-key
+    weights as they are."""
+    if is_transformers_dinov3(state_dict):
+        return from_transformers_dinov3(state_dict)
+    if is_dinov3_release(state_dict):  # before DINOv2's test: both hold iBOT's mask_token
+        return state_dict
     if is_transformers_layout(state_dict):
         state_dict = from_transformers(state_dict)
-    return from_dinov2(state_dict) if is_dinov2_release(state_dict) else state_dict
+    return unchunked(state_dict) if is_dinov2_release(state_dict) else state_dict
 
 
 def _finite(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
@@ -253,7 +271,7 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     pos_embed = state_dict.get("pos_embed")
     if pos_embed is None or getattr(model, "pos_embed", None) is None or pos_embed.shape == model.pos_embed.shape:
         return None
-    num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    num_prefix = _file_prefix(state_dict, model)
     side = math.isqrt(max(pos_embed.shape[1] - num_prefix, 0))
     if side == 0 or side * side != pos_embed.shape[1] - num_prefix:
         return None
@@ -261,10 +279,36 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     return side * patch_h, side * patch_w
 
 
-def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer, rule: str) -> torch.Tensor:
-    num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-    if pos_embed.shape == model.pos_embed.shape:
-        return pos_embed
+def _file_prefix(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer) -> int:
+    """The tokens before the patch grid in the file's ``pos_embed``: a DINOv2 release's class token,
+    else as in ``model``."""
+    if is_dinov2_release(state_dict):
+        return 1
+    return 0 if model.no_embed_class else model.num_prefix_tokens
+
+
+def _release_at_model_grid(
+    state_dict: dict[str, torch.Tensor], model: VisionTransformer, rule: str
+) -> dict[str, torch.Tensor]:
+    """A DINOv2 release with its ``pos_embed`` resampled by ``rule`` to ``model``'s grid (a build at
+    another ``img_size`` than the release's), so that timm's conversion has nothing to resample by
+    its own rule: for the register models the patch part alone moves, as after conversion."""
+    pos_embed = state_dict.get("pos_embed")
+    if pos_embed is None or model.pos_embed is None:
+        return state_dict
+    side = math.isqrt(pos_embed.shape[1] - 1)
+    if (side, side) == tuple(model.patch_embed.grid_size):
+        return state_dict
+    return {**state_dict, "pos_embed": _resample_pos_embed(pos_embed, model, rule, num_prefix=1)}
+
+
+def _resample_pos_embed(
+    pos_embed: torch.Tensor, model: VisionTransformer, rule: str, num_prefix: int | None = None
+) -> torch.Tensor:
+    if num_prefix is None:
+        num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        if pos_embed.shape == model.pos_embed.shape:
+            return pos_embed
     num_patches = pos_embed.shape[1] - num_prefix
     side = math.isqrt(num_patches)
     if side * side != num_patches:
@@ -282,8 +326,10 @@ def _resample_pos_embed(pos_embed: torch.Tensor, model: VisionTransformer, rule:
 def _check_registers(state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, name: str) -> None:
     """A DINOv2 file with registers for a model without (or the other way round) fails later on a
     ``pos_embed`` that is no square grid: say which model the file is for instead."""
-    file_regs = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
-    model_regs = getattr(model, "num_reg_tokens", 0)
+    regs = state_dict.get("reg_token", state_dict.get("register_tokens"))  # timm's name, DINOv2's
+    file_regs = 0 if regs is None else int(regs.shape[1])
+    reg_token = getattr(model, "reg_token", None)  # timm's Eva (DINOv3) has no num_reg_tokens
+    model_regs = 0 if reg_token is None else int(reg_token.shape[1])
     if file_regs != model_regs and "patch_embed.proj.weight" in state_dict:
         other = re.sub(r"_(reg\d+_)?dinov2", f"_reg{file_regs}_dinov2" if file_regs else "_dinov2", name)
         hint = f": use {other}" if other != name and timm.is_model(other) else ""
@@ -328,7 +374,7 @@ def _default_pos_embed_rule(checkpoint: object, state_dict: Mapping[str, torch.T
     """``auto``: the release's own rule for the formats released DINO models come in — a full DINO
     training checkpoint (the reference DINO rule), or a plain state dict (a release file, a
     ``.safetensors`` or Hugging Face file) loaded into a vanilla ViT: the reference DINO rule, or
-    timm's for DINOv2 with registers (``state_dict``, in timm's keys, has their ``reg_token``) — and
+    timm's for DINOv2 with registers (``state_dict`` has their ``register_tokens`` / ``reg_token``) — and
     timm's rule for this project's Lightning checkpoints, LocAtViT and timm/DeiT training checkpoints."""
     if not isinstance(checkpoint, Mapping) or "pytorch-lightning_version" in checkpoint:
         return "timm"
@@ -383,6 +429,8 @@ def create_backbone(
         _refuse_pretrained_tag(name)
     timm_kwargs.setdefault("num_classes", 0)
     timm_kwargs.setdefault("dynamic_img_size", True)
+    if is_dinov3_name(name):  # timm pools the average by default; DINOv3's class feature is its class token
+        timm_kwargs.setdefault("global_pool", "token")
     timm_kwargs["pretrained"] = False
     model = timm.create_model(name, **timm_kwargs)
     if checkpoint is None:
@@ -395,9 +443,13 @@ def create_backbone(
         loaded = load_checkpoint(source)
         entries = _backbone_entries(loaded, which, source)
         config = transformers_config(source)
-        if config is not None and (disagreement := config_disagreement(config[1], entries)):
+        if config is not None and (
+            disagreement := config_disagreement(config[1], entries) or dinov3_config_disagreement(config[1], entries)
+        ):
             raise ValueError(f"{config[0]}: {disagreement} (does this config.json belong to these weights?)")
         raw = _finite(to_timm_keys(entries), source)
+        if refusal := family_refusal(raw, model, name):
+            raise ValueError(refusal)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if (
             "patch_size" not in timm_kwargs
@@ -410,13 +462,20 @@ def create_backbone(
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        _check_registers(raw, model, name)
         if config is not None and (disagreement := heads_disagreement(config[1], model)):
             raise ValueError(f"{config[0]}: {disagreement}")
-        if pos_embed == "auto":
+        if getattr(model, "pos_embed", None) is None:  # RoPE: nothing to resample
+            rule = "timm"
+        elif pos_embed == "auto":
             rule = exported_pos_embed_rule(source, loaded) or _default_pos_embed_rule(loaded, raw, model)
         else:
             rule = pos_embed
+        if is_dinov3_release(raw):
+            raw = from_dinov3(raw, model, name)
+        else:
+            _check_registers(raw, model, name)
+        if is_dinov2_release(raw):
+            raw = from_dinov2(_release_at_model_grid(raw, model, rule), model)
         state_dict = convert_state_dict(raw, model, rule)
     except ValueError as err:
         if str(err).startswith(source) or (config is not None and str(err).startswith(config[0])):

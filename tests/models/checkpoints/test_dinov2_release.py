@@ -60,6 +60,23 @@ def test_release_tokens_equal_the_official_forward_at_224_and_448_px(release_fil
         assert relative_error(tokens[:, 1 + registers :], patches) < 1e-4
 
 
+@pytest.mark.parametrize("kind", ["plain", "reg4"])
+def test_a_release_rebuilt_at_another_img_size_keeps_its_rule(release_files, kind):
+    """``img_size=224`` resamples the release's 37 × 37 position embeddings once, at load, by the
+    release's own rule (timm's conversion, which would resample by timm's, gets them at the model's grid)."""
+    name, _, geometry = RELEASES[kind]
+    path, weights = release_files[kind]
+    model = create_backbone(name, path, img_size=224, **geometry).eval()
+    assert model.patch_embed.grid_size == (16, 16)
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    cls, patches = dinov2_forward(weights, images, geometry["num_heads"])
+    with torch.no_grad():
+        tokens = model.forward_features(images)
+    skip = 5 if kind == "reg4" else 1
+    assert relative_error(tokens[:, 0], cls) < 1e-4
+    assert relative_error(tokens[:, skip:], patches) < 1e-4
+
+
 def test_the_other_rule_would_be_measurably_wrong(release_files):
     """The rules differ at 448 px by far more than the tolerance above, so the check can fail."""
     path, weights = release_files["plain"]
