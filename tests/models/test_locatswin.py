@@ -187,3 +187,21 @@ def test_locatify_swin_refuses_other_models():
 
     with pytest.raises(TypeError, match="needs a timm SwinTransformer, got Linear"):
         locatify_swin(nn.Linear(2, 2))
+
+
+def test_a_locatswin_file_loads_into_its_name_and_is_refused_by_a_vit(pair, tmp_path):
+    from locatdino.models import create_backbone
+
+    ours, _ = pair
+    path = tmp_path / "locatswin.pth"
+    torch.save({k: v for k, v in ours.state_dict().items() if not k.startswith("head.")}, path)
+    loaded = create_backbone("locatswin_tiny", path, **TINY_SWIN).eval()
+    assert isinstance(loaded, LocAtSwin)
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), ours.forward_head(ours.forward_features(x), pre_logits=True))
+    with pytest.raises(ValueError) as err:
+        create_backbone("vit_small_patch16_224", path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path} does not fit vit_small_patch16_224")
+    assert "missing cls_token" in message and "unexpected layers.0." in message
