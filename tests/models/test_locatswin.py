@@ -200,8 +200,14 @@ def test_a_locatswin_file_loads_into_its_name_and_is_refused_by_a_vit(pair, tmp_
     x = torch.randn(1, 3, 56, 56)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), ours.forward_head(ours.forward_features(x), pre_logits=True))
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError) as err:  # a LocAtSwin file: its GAug keys are refused first
+        create_backbone("vit_small_patch16_224", path)
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{path}: checkpoint has GAug parameters")
+    torch.manual_seed(0)
+    swin = timm.create_model("swin_tiny_patch4_window7_224", num_classes=0, **TINY_SWIN)
+    torch.save(swin.state_dict(), path)
+    with pytest.raises(ValueError) as err:  # a plain Swin file: what is missing and what is unexpected
         create_backbone("vit_small_patch16_224", path)
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{path} does not fit vit_small_patch16_224")
-    assert "missing cls_token" in message and "unexpected layers.0." in message
+    assert "missing cls_token" in message and "unexpected patch_embed.norm.weight" in message and "layers.0." in message
