@@ -41,6 +41,7 @@ from locatdino.evaluation.options import add_data_arguments, encoder_device, ope
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.views import BadSample
 from locatdino.models import create_backbone
+from locatdino.models.dense_features import feature_layers
 from locatdino.models.token_grid import patch_size
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.probes.one_cycle import MIN_STEPS
@@ -327,7 +328,7 @@ def _check_models(specs: list[ModelSpec], layer: int) -> list[int]:
                 model = create_backbone(spec.model)
         except Exception:  # noqa: BLE001 - reported by load_model, per model
             continue
-        check_layer(len(model.blocks), layer, spec.model)
+        check_layer(feature_layers(model), layer, spec.model)
         patches.append(patch_size(model)[0])
     return patches
 

@@ -96,9 +96,12 @@ def evaluate_model(
         )
         if linprobe is not None:
             measure_linear_probe(outcome, backbone, train_set, val_set, linprobe, shown)
-    say(f"{spec.name}: attention maps and locality")
-    outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
-    outcome.locality = locality_per_block(backbone, shown.images)
+    if hasattr(backbone, "blocks"):  # a ViT; a Swin has no class token to attend from, its GAug acts per window
+        say(f"{spec.name}: attention maps and locality")
+        outcome.visuals["attention"] = class_token_attention(backbone, shown.images[:1])[0].numpy()
+        outcome.locality = locality_per_block(backbone, shown.images)
+    else:
+        outcome.not_applicable["locality"] = "windowed attention (Swin): no class token, no image-wide locality"
     if probes is not None:
         say(
             f"{spec.name}: class-token probes ({len(probes.train_labels)} train / "

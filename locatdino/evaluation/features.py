@@ -1,4 +1,4 @@
-"""Dense patch features of a frozen timm ViT / LocAtViT for evaluation (Hummingbird, the dense
+"""Dense patch features of a frozen timm ViT / LocAtViT (or Swin / LocAtSwin) for evaluation (Hummingbird, the dense
 linear probe; docs/locatvit.md).
 
 The features are the patch tokens of one block — by default the last block, before the final
@@ -22,7 +22,7 @@ from locatdino.evaluation.augment import normalize
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.models import create_backbone, dense_features
 from locatdino.models.baselines import PatchBaseline
-from locatdino.models.token_grid import patch_size
+from locatdino.models.dense_features import feature_map
 
 
 def load_backbone(name: str, checkpoint: str | None = None, pos_embed: str = "auto") -> nn.Module:
@@ -62,10 +62,11 @@ class FeatureExtractor:
     probe trains on them, docs/evaluation.md).
 
     Args:
-        model: a timm ``VisionTransformer`` (vanilla or LocAtViT), used frozen, or a network-free
+        model: a timm ``VisionTransformer`` (vanilla or LocAtViT) or ``SwinTransformer`` (vanilla or
+            LocAtSwin: a stage's map, ``locatdino.models.dense_features``), used frozen, or a network-free
             :class:`~locatdino.models.baselines.PatchBaseline` (on the CPU unless ``device`` says
             otherwise; always fp32: it has no weights whose arithmetic could be chosen).
-        layer: block index (negative from the end); ``-1`` is the last block.
+        layer: block (Swin: stage) index (negative from the end); ``-1`` is the last.
         norm: apply the final norm (the reference does not).
         prr: apply PRR before taking the patch tokens (the reference does not).
         precision: ``"auto"``, ``"fp32"``, ``"bf16"`` (autocast) or ``"int8"`` (a copy of the model
@@ -94,11 +95,7 @@ class FeatureExtractor:
         self.model, self.precision = (model, "fp32") if baseline else encoder_for(model, precision, self.device)
         self.layer, self.norm, self.prr = layer, norm, prr
         self.l2_normalize, self.to_cpu = l2_normalize, to_cpu
-        self.patch_size = patch_size(model)[0]
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.embed_dim)
+        self.patch_size, self.dim = feature_map(model, layer)  # px per feature and its width
 
     def grid(self, size: int) -> int:
         """Patch-grid side for square inputs of ``size`` px."""

@@ -26,6 +26,7 @@ from locatdino.common.errors import UserError
 from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.labels import check_labels
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
+from locatdino.models.dense_features import feature_layers
 from locatdino.models.token_grid import fitting_sizes, patch_size
 
 MODEL_METAVAR = "[LABEL=]NAME[:CHECKPOINT]"
@@ -160,6 +161,6 @@ def load_backbones(runs: list[ModelRun], seed: int, input_size: int, layer: int 
                 f"--input-size {input_size} is not a multiple of the patch size {patch} of {name}: "
                 f"use {fitting_sizes(input_size, patch)}"
             )
-        check_layer(len(model.blocks), layer, name)
+        check_layer(feature_layers(model), layer, name)
         models.append(model)
     return models

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from timm.layers import Attention, AttentionPoolPrr
+from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from locatdino.models.gaug.attention import GAugAttention
 from locatdino.models.gaug.patch_grid import install_patch_grid
 from locatdino.models.prr import PrrPool
+from locatdino.models.swin.locatswin import locatify_swin
 
 
 def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> VisionTransformer:
@@ -21,7 +23,10 @@ def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> V
     alone; a timm ``AttentionPoolPrr`` already there is converted). Blocks that already hold
     ``GAugAttention`` (e.g. a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to
     the patch grid; the GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
+    A timm ``SwinTransformer`` becomes a LocAtSwin (:func:`~locatdino.models.swin.locatify_swin`).
     """
+    if isinstance(model, SwinTransformer):
+        return locatify_swin(model, gaug=gaug, prr=prr)
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"locatify needs a timm VisionTransformer, got {type(model).__name__}")
     if gaug or any(isinstance(block.attn, GAugAttention) for block in model.blocks):

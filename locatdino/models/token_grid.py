@@ -11,13 +11,18 @@ unpadded ones (a side must be a multiple of the patch) the same everywhere.
 
 from __future__ import annotations
 
+from timm.models.swin_transformer import SwinTransformer
 from torch import nn
 
 
 def patch_size(model: nn.Module) -> tuple[int, int]:
     """``(h, w)`` px of one patch of ``model``: a timm ViT's ``patch_embed.patch_size`` or a
-    baseline's ``patch_size``; ``ValueError`` for a model that has neither."""
+    baseline's ``patch_size``; ``ValueError`` for a model that has neither. A timm Swin's patch is
+    one token of its last stage, whose map the evaluations read (``patch_embed`` × 2 per merge: 32 px)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if isinstance(model, SwinTransformer):
+        merges = 2 ** (len(model.layers) - 1)
+        return int(patch[0]) * merges, int(patch[1]) * merges
     if patch is None:
         patch = getattr(model, "patch_size", None)
     if patch is None:

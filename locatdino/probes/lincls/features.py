@@ -10,6 +10,9 @@ order, then the mean patch token). timm gives every piece in one forward:
 With ``prr`` the last block's normed tokens are refined by PRR before its class token and mean
 patch token are read: for LocAtViT that is the embedding pretraining shaped (the DINO head reads
 the PRR-refined class token), where the reference, written for plain ViTs, has no PRR.
+
+A Swin has no class token: its input is the average pool of its last stage's normed map (what its
+head pools), PRR-refined first with ``prr`` (LocAtSwin's own embedding).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from dataclasses import dataclass
 
 import torch
 from timm.layers import AttentionPoolPrr
+from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
-from locatdino.models.dense_features import prr_tokens
+from locatdino.models.dense_features import dense_features, prr_tokens
 
 BASE_WIDTH = 768  # ViT-B's: from this width on DINO takes 1 block + the mean patch token
 
@@ -33,11 +37,13 @@ class LinearInput:
         last_blocks: class tokens of this many last blocks, concatenated.
         avgpool: append the last block's mean patch token.
         prr: refine the last block's tokens with PRR first (see the module docstring).
+        pooled: a Swin's input, the average pool of its last stage (``last_blocks`` 0, no ``avgpool``).
     """
 
     last_blocks: int = 4
     avgpool: bool = False
     prr: bool = False
+    pooled: bool = False
 
     @classmethod
     def reference(
@@ -45,7 +51,15 @@ class LinearInput:
     ) -> LinearInput:
         """DINO's choice for ``model`` where an argument is None: 4 blocks (all, in a shallower
         model) without pooling below ViT-B's width, 1 block with pooling from it on;
-        ``ValueError`` when ``model`` has fewer blocks than asked for or no class token."""
+        ``ValueError`` when ``model`` has fewer blocks than asked for or no class token. A Swin
+        takes the average pool of its last stage (``pooled``)."""
+        if isinstance(model, SwinTransformer):
+            if last_blocks is not None or avgpool is not None:
+                raise ValueError(
+                    "--last-blocks and --avgpool pick a ViT's tokens: a Swin's linear input is the average pool "
+                    "of its last stage"
+                )
+            return cls(last_blocks=0, avgpool=False, prr=prr, pooled=True)
         base, depth = int(model.embed_dim) >= BASE_WIDTH, len(model.blocks)
         last_blocks = min(1 if base else 4, depth) if last_blocks is None else last_blocks
         avgpool = base if avgpool is None else avgpool
@@ -55,11 +69,14 @@ class LinearInput:
             raise ValueError(f"{type(model).__name__} has no class token to classify with")
         return cls(last_blocks, avgpool, prr)
 
-    def dim(self, embed_dim: int) -> int:
-        return embed_dim * (self.last_blocks + self.avgpool)
+    def dim(self, width: int) -> int:
+        """The input's size for a model of ``width`` (timm's ``num_features``)."""
+        return width if self.pooled else width * (self.last_blocks + self.avgpool)
 
     def __call__(self, model: nn.Module, images: Tensor) -> Tensor:
         """``[B, dim]`` float32 features of ImageNet-normalised ``images [B, 3, S, S]``."""
+        if self.pooled:
+            return dense_features(model, images, norm=True, prr=self.prr).mean((1, 2)).float()
         outputs = model.forward_intermediates(
             images,
             indices=self.last_blocks,
@@ -81,4 +98,5 @@ class LinearInput:
         return torch.cat(pieces, dim=-1).float()
 
     def to_dict(self) -> dict:
-        return {"last_blocks": self.last_blocks, "avgpool": self.avgpool, "prr": self.prr}
+        tokens = {"last_blocks": self.last_blocks, "avgpool": self.avgpool, "prr": self.prr}
+        return {**tokens, "pooled": True} if self.pooled else tokens

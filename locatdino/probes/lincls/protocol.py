@@ -160,7 +160,7 @@ def encode(
 ) -> tuple[ClassFeatures, list[int]]:
     """Every image's classifier input from its centre crop, and the indices of those that did not decode."""
     model, precision = encoder_for(model, cfg.precision, device)
-    dim = inputs.dim(int(model.embed_dim))
+    dim = inputs.dim(int(model.num_features))
     store = ClassFeatures(len(dataset), dim, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
     loader = DataLoader(
         ClassViews(dataset, eval_transform(cfg.input_size)),
@@ -187,7 +187,7 @@ def train_full(
     """DINO's protocol: the trained linear layer and the training samples that did not decode."""
     encoder, precision = encoder_for(model, cfg.precision, device)
     torch.manual_seed(cfg.seed)
-    head = linear_layer(inputs.dim(int(model.embed_dim)), num_classes).to(device)
+    head = linear_layer(inputs.dim(int(model.num_features)), num_classes).to(device)
     loader = DataLoader(
         ClassViews(train_set, train_transform(cfg.input_size)),
         batch_size=cfg.batch_size,

@@ -24,9 +24,11 @@ def _delta_cell(result: dict[str, Any]) -> str:
 
 
 def _input_cell(linear_input: dict[str, Any]) -> str:
-    """``4 class tokens``, ``1 class token + mean patch`` (``, PRR``)."""
+    """``4 class tokens``, ``1 class token + mean patch``, ``mean of the last stage`` (Swin) (``, PRR``)."""
     n = linear_input["last_blocks"]
     text = f"{n} class token{'s' * (n != 1)}" + (" + mean patch" if linear_input["avgpool"] else "")
+    if linear_input.get("pooled"):
+        text = "mean of the last stage"
     return text + (", PRR" if linear_input["prr"] else "")
 
 

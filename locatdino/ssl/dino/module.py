@@ -10,8 +10,10 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.models import split_model_name_tag
+from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
+from locatdino.common.errors import UserError
 from locatdino.models import create_backbone
 from locatdino.ssl.dino.loss import DINOLoss
 from locatdino.ssl.objective.base import PretrainingObjective
@@ -161,6 +163,11 @@ class DINOModule(PretrainingObjective):
                 )
             }
         )
+        if isinstance(self.student["backbone"], SwinTransformer):
+            raise UserError(
+                f"model.backbone {backbone}: DINO and iBOT pretrain ViTs here (the paper's DINO rows), not Swin: "
+                "train a Swin with the supervised recipe (configs/sup_tiny_cpu.yaml)"
+            )
         self.teacher = nn.ModuleDict(
             {
                 "backbone": create_backbone(
