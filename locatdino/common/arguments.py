@@ -213,7 +213,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     "--lr": SharedOption(
         positive_float,
         "learning rate of the probe's head (linprobe: the OneCycle schedule's "
-        "peak; lincls --protocol full: the base rate, x batch / 256, cosine to 0)",
+        "peak; lincls --variant full: the base rate, x batch / 256, cosine to 0)",
     ),
     "--cache-dir": SharedOption(
         None, "folder for features too large for RAM; without it, the system's temporary folder", "DIR"

@@ -14,6 +14,18 @@ def number_cell(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or value != value else f"{value:.{digits}f}"
 
 
+NOT_APPLICABLE = "n/a"  # a score that says nothing, such as top-5 of at most 5 classes
+
+
+def score_cell(scores: dict[str, Any], name: str) -> str:
+    """``74.52 [74.14, 74.90]``: ``scores[name]`` with its interval ``scores[name + "_interval"]``;
+    :data:`NOT_APPLICABLE` where the score is None."""
+    if scores[name] is None:
+        return NOT_APPLICABLE
+    low, high = scores[f"{name}_interval"]
+    return f"{number_cell(scores[name])} [{low:.2f}, {high:.2f}]"
+
+
 def run_label(result: dict[str, Any]) -> str:
     """Short name of a run, as a table cell: its report label (run folder or ``--label``), else
     the model name plus the checkpoint's file stem when there is one; a ``|`` (a run folder's name

@@ -12,14 +12,20 @@ image is decoded (so a split that cannot be scored is refused before the long wo
 
 The train split's classes are the classes; validation labels are mapped to them *by name*, since
 a validation tree with fewer class folders numbers them differently. A validation class that has
-no train image cannot be predicted, so it is refused, as is an empty class folder.
+no train image cannot be predicted, so it is refused, as is an empty class folder, a train split
+of fewer than 2 classes (every image is then "right": top-1 100 % says nothing) and a validation
+split that is the train split (each image would find itself).
+
+Errors name the options as the user set them: a command's flags (``--data-dir``), or a
+callback's arguments in ``fit``'s config (``KnnMonitor init_args.data_dir``): :class:`SplitOptions`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,26 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from locatdino.data.transforms.decode import decode_rgb
 
 CLASS_DATASETS = ("imagefolder", "shards", "scenes")
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """What the options choosing the splits are called where the user set them (in messages)."""
+
+    dataset: str = "--dataset"
+    data_dir: str = "--data-dir"
+    train_split: str = "--train-split"
+    val_split: str = "--val-split"
+    num_train: str = "--num-train"
+    num_val: str = "--num-val"
+
+    @classmethod
+    def init_args(cls, owner: str) -> SplitOptions:
+        """The names of a callback's arguments in ``fit``'s config: ``KnnMonitor init_args.data_dir``."""
+        return cls(**{f.name: f"{owner} init_args.{f.name}" for f in fields(cls)})
+
+
+FLAGS = SplitOptions()
 
 
 @dataclass
@@ -58,14 +84,14 @@ class LabelledImages:
         )
 
 
-def _image_folder(root: Path) -> LabelledImages:
+def _image_folder(root: Path, names: SplitOptions) -> LabelledImages:
     """``root/<class>/<image>`` as ``ImageFolder`` lists it; an empty class folder is refused."""
     if not root.is_dir():
-        raise ValueError(f"--data-dir: {root} is not a folder (expected ROOT/<split>/<class>/<image>)")
+        raise ValueError(f"{names.data_dir}: {root} is not a folder (expected ROOT/<split>/<class>/<image>)")
     try:
         classes, class_to_idx = find_classes(root)
     except FileNotFoundError:
-        raise ValueError(f"--data-dir: {root} holds no class folder (expected {root}/<class>/<image>)") from None
+        raise ValueError(f"{names.data_dir}: {root} holds no class folder (expected {root}/<class>/<image>)") from None
     samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
     counts = np.bincount([label for _, label in samples], minlength=len(classes))
     if (counts == 0).any():
@@ -80,11 +106,11 @@ def _image_folder(root: Path) -> LabelledImages:
     )
 
 
-def _shards(root: Path) -> LabelledImages:
+def _shards(root: Path, names: SplitOptions) -> LabelledImages:
     from locatdino.data.shards.labels import ShardImageLabels
 
     if not root.is_dir():
-        raise ValueError(f"--data-dir: {root} is not a folder of shards (expected ROOT/<split>/*.tar)")
+        raise ValueError(f"{names.data_dir}: {root} is not a folder of shards (expected ROOT/<split>/*.tar)")
     shards = ShardImageLabels(str(root))
     labels = np.array([shards.label(i) for i in range(len(shards))], np.int64)
     return LabelledImages(labels, shards.class_names, lambda i: shards[i][0], shards.sample_name)
@@ -108,15 +134,18 @@ def open_class_split(
     scene_size: int,
     default_scenes: int,
     option: str,
+    names: SplitOptions = FLAGS,
 ) -> LabelledImages:
     """Split ``split`` of ``dataset``, limited to a seeded random subset of ``count`` images
     (scenes: ``count`` scenes are rendered, ``default_scenes`` when None); a ``count`` above the
-    split's size is refused naming ``option``."""
+    split's size is refused naming ``option``, the other options named as ``names`` says."""
+    if dataset not in CLASS_DATASETS:
+        raise ValueError(f"{names.dataset} {dataset!r}: not one of {', '.join(CLASS_DATASETS)}")
     if dataset == "scenes":
         return _scenes(split, count or default_scenes, scene_size, seed)
     if data_dir is None:
-        raise ValueError(f"--dataset {dataset} needs --data-dir ROOT (ROOT/{split}/...)")
-    images = (_image_folder if dataset == "imagefolder" else _shards)(Path(data_dir) / split)
+        raise ValueError(f"{names.dataset} {dataset} needs {names.data_dir} ROOT (ROOT/{split}/...)")
+    images = (_image_folder if dataset == "imagefolder" else _shards)(Path(data_dir) / split, names)
     if count is not None and count > len(images):
         raise ValueError(
             f"{option} {count}: split {split!r} has only {len(images)} images (ask for at most "
@@ -127,16 +156,18 @@ def open_class_split(
     return images
 
 
-def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) -> LabelledImages:
+def align_classes(
+    train: LabelledImages, val: LabelledImages, val_split: str, option: str = FLAGS.val_split
+) -> LabelledImages:
     """``val`` with its labels renumbered as the train split's classes (by name); ``ValueError``
-    naming the first validation class without a train image."""
+    naming the first validation class without a train image (and ``option``)."""
     index = {name: i for i, name in enumerate(train.class_names)}
     present = np.bincount(train.labels, minlength=len(train.class_names)) > 0
     val_names = [val.class_names[c] for c in np.unique(val.labels)]
     missing = [name for name in val_names if name not in index or not present[index[name]]]
     if missing:
         raise ValueError(
-            f"--val-split {val_split}: class {missing[0]!r} has no train image"
+            f"{option} {val_split}: class {missing[0]!r} has no train image"
             + (f" (nor do {len(missing) - 1} more)" if len(missing) > 1 else "")
             + ": a k-NN can never predict it"
         )
@@ -144,24 +175,62 @@ def align_classes(train: LabelledImages, val: LabelledImages, val_split: str) ->
     return LabelledImages(relabel[val.labels], train.class_names, val.load, val.name)
 
 
+def _same_split(dataset: str, data_dir: str | None, train_split: str, val_split: str) -> bool:
+    """Whether the two split names lead to the same images (the same folder, however written)."""
+    if dataset == "scenes" or data_dir is None:
+        return train_split == val_split
+    return os.path.realpath(Path(data_dir) / train_split) == os.path.realpath(Path(data_dir) / val_split)
+
+
+def open_labelled_splits(
+    dataset: str,
+    data_dir: str | None,
+    splits: tuple[str, str],
+    counts: tuple[int | None, int | None],
+    seed: int,
+    scene_size: int,
+    default_scenes: tuple[int, int] = (300, 100),
+    names: SplitOptions = FLAGS,
+) -> tuple[LabelledImages, LabelledImages]:
+    """The train and validation splits ``splits``, validation labels numbered as the train split's
+    classes; refused (``ValueError`` naming ``names``' options) when the validation split is the
+    train split or the train images hold fewer than 2 classes, before any image is decoded."""
+    train_split, val_split = splits
+    if _same_split(dataset, data_dir, train_split, val_split):
+        raise ValueError(
+            f"{names.val_split} {val_split} is the train split ({names.train_split} {train_split}): each "
+            "validation image would find itself among the train images; score another split"
+        )
+    common = {"seed": seed, "scene_size": scene_size, "names": names}
+    train = open_class_split(
+        dataset, data_dir, train_split, counts[0], default_scenes=default_scenes[0], option=names.num_train, **common
+    )
+    present = np.unique(train.labels)
+    if len(present) < 2:
+        only = f" ({train.class_names[present[0]]!r})" if len(present) else ""
+        raise ValueError(
+            f"{names.train_split} {train_split}: its {len(train)} image{'s' * (len(train) != 1)} "
+            f"hold{'s' * (len(train) == 1)} {len(present)} class{only}: "
+            "classification needs at least 2 (with one, every image is right)"
+        )
+    val = open_class_split(
+        dataset, data_dir, val_split, counts[1], default_scenes=default_scenes[1], option=names.num_val, **common
+    )
+    return train, align_classes(train, val, val_split, names.val_split)
+
+
 def open_class_splits(args: Any) -> tuple[LabelledImages, LabelledImages]:
     """The train (``--train-split``) and validation (``--val-split``) splits of a command's data
-    options (``locatdino.evaluation.options.add_data_arguments``), validation labels numbered as
-    the train split's classes: ``knn`` and ``lincls`` read them alike."""
-    common = {"seed": args.seed, "scene_size": args.scene_size}
-    train = open_class_split(
+    options (``locatdino.evaluation.options.add_data_arguments``), as :func:`open_labelled_splits`
+    opens them: ``knn`` and ``lincls`` read them alike."""
+    return open_labelled_splits(
         args.dataset,
         args.data_dir,
-        args.train_split,
-        args.num_train,
-        default_scenes=300,
-        option="--num-train",
-        **common,
+        (args.train_split, args.val_split),
+        (args.num_train, args.num_val),
+        args.seed,
+        args.scene_size,
     )
-    val = open_class_split(
-        args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, option="--num-val", **common
-    )
-    return train, align_classes(train, val, args.val_split)
 
 
 def note_skipped(command: str, split: str, names: list[str]) -> None:

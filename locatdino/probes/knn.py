@@ -13,12 +13,22 @@ features' device: :class:`~locatdino.evaluation.torch_knn.TorchExactSearch`, exa
 ``IndexFlatIP`` (``backend="faiss"``, CPU, exact as well). Votes are summed per query chunk, so no
 ``[M, C]`` tensor of all queries is held either.
 
+Votes are compared by their logarithm, summed per class from the class's own nearest neighbour:
+``log V_c = s_c / T + log Σ_j exp((s_j − s_c) / T)`` in float64 (``s_c`` the class's highest
+similarity among the ``k``). Each term lies in ``(0, 1]`` and the sum in ``[1, k]``, so no vote
+overflows (the reference's ``exp(sim / T)`` is infinite in float32 once ``sim / T > 88.7``: at
+``T = 0.005`` every class then ties) or underflows (a class far behind the best keeps its own
+vote, which a shift by the row's best alone would round to 0 at ``T = 1e-4``): the ranking is that
+of exact arithmetic on the similarities at every temperature ``2 / T`` is finite for; where the
+reference does not overflow it is the reference's.
+
 Ties: classes with equal votes are ranked by class id (smallest first), so the ranking is a
 function of the features; the reference's ``sort`` leaves that order to the kernel.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -29,6 +39,16 @@ from locatdino.evaluation.torch_knn import TorchExactSearch
 
 BACKENDS = ("torch", "faiss")
 RANKED = 5  # classes ranked per query: enough for top-5
+# the smallest temperature whose votes are representable: |cos| / T (|cos| <= 1, 2 with rounding) finite in float64
+MIN_TEMPERATURE = 2 / torch.finfo(torch.float64).max
+
+
+def check_temperature(temperature: float) -> None:
+    """``ValueError`` unless ``T`` is a number whose votes ``cos / T`` are finite in float64."""
+    if not (temperature > 0 and math.isfinite(2 / temperature)):
+        raise ValueError(
+            f"temperature must be > 0 with cos / T finite in float64 (T >= {MIN_TEMPERATURE:.3g}), got {temperature}"
+        )
 
 
 def check_knn_settings(ks: Sequence[int], temperature: float, num_train: int) -> None:
@@ -40,8 +60,7 @@ def check_knn_settings(ks: Sequence[int], temperature: float, num_train: int) ->
         raise ValueError(
             f"k={max(ks)} neighbours asked for but the train set holds {num_train} images: use k <= {num_train}"
         )
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_temperature(temperature)
 
 
 def knn_classify(
@@ -95,16 +114,26 @@ def knn_classify(
     ranked = min(RANKED, num_classes)
     rankings: dict[int, list[Tensor]] = {k: [] for k in ks}
     for sims, ids in _neighbours(train, test, ks[-1], backend, query_chunk, memory_chunk):
-        weights = (sims / temperature).exp()
         labels = train_labels.to(ids.device)[ids]
         for k in ks:
-            votes = torch.zeros(len(ids), num_classes, device=ids.device)
-            votes.scatter_add_(1, labels[:, :k], weights[:, :k])
+            votes = log_votes(sims[:, :k], labels[:, :k], num_classes, temperature)
             order = torch.sort(votes, dim=1, descending=True, stable=True).indices  # ties: smallest id first
             rankings[k].append(order[:, :ranked].cpu())
     return {
         k: torch.cat(parts) if parts else torch.empty(0, ranked, dtype=torch.int64) for k, parts in rankings.items()
     }
+
+
+def log_votes(sims: Tensor, labels: Tensor, num_classes: int, temperature: float) -> Tensor:
+    """``[q, C]`` float64 ``log Σ exp(sim / T)`` over each class's neighbours (``sims``, ``labels``:
+    ``[q, k]``), ``-inf`` for a class without one: each class's sum is shifted by its own best
+    similarity (the module docstring), so none overflows or rounds to 0."""
+    sims = sims.double()
+    best = torch.full((len(sims), num_classes), -math.inf, dtype=torch.float64, device=sims.device)
+    best.scatter_reduce_(1, labels, sims, reduce="amax")
+    shifted = ((sims - best.gather(1, labels)) / temperature).exp()  # in (0, 1], 1 at each class's best
+    sums = torch.zeros_like(best).scatter_add_(1, labels, shifted)
+    return best / temperature + sums.log()  # -inf + log 0 = -inf where no neighbour voted
 
 
 def _neighbours(

@@ -51,7 +51,7 @@ from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.wilson import wilson_interval
 from locatdino.probes.class_features import class_token_embeddings
 from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits, split_record
-from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
+from locatdino.probes.knn import RANKED, check_knn_settings, check_temperature, knn_classify, topk_hits
 from locatdino.probes.knn_report import KNN_FILES, knn_report, knn_table
 
 
@@ -92,6 +92,16 @@ KNN_TABLE = ConfigTable(
 )
 
 
+def _temperature(text: str) -> float:
+    """argparse ``type`` of ``--temperature``: a positive number whose votes are representable."""
+    value = positive_float(text)
+    try:
+        check_temperature(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def _parser() -> ArgumentParser:
     d = KnnConfig()
     p = ArgumentParser(
@@ -114,7 +124,7 @@ def _parser() -> ArgumentParser:
         help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)",
     )
     protocol.add_argument(
-        "--temperature", type=positive_float, default=d.temperature, metavar="T", help="vote weight exp(cos / T)"
+        "--temperature", type=_temperature, default=d.temperature, metavar="T", help="vote weight exp(cos / T)"
     )
     add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
     add_shared_option(protocol, "--seed", d.seed)
@@ -179,6 +189,7 @@ def _score_all(
                 str(k): {
                     name: accuracy_interval(model_hits[k][i], hits[0][k][i]).to_dict()
                     for i, name in enumerate(("top1", "top5"))
+                    if model_hits[k][i] is not None
                 }
                 for k in cfg.ks
             }
@@ -215,6 +226,8 @@ def _score(
         timings["features"] = time.perf_counter() - start
         note_skipped("knn", "train", memory.skipped)
         note_skipped("knn", "validation", queries.skipped)
+        _check_decoded(train, memory, "train", "vote with")
+        _check_decoded(val, queries, "validation", "score")
         try:
             check_knn_settings(cfg.ks, cfg.temperature, len(memory.labels))
         except ValueError as err:
@@ -232,8 +245,12 @@ def _score(
         )
         timings["search"] = time.perf_counter() - search_start
         labels = torch.from_numpy(queries.labels)
+        ranked = len(train.class_names) > RANKED  # with at most 5 classes every image is in its top 5
         hits = {
-            k: (topk_hits(rankings[k], labels, 1).numpy(), topk_hits(rankings[k], labels, min(5, k)).numpy())
+            k: (
+                topk_hits(rankings[k], labels, 1).numpy(),
+                topk_hits(rankings[k], labels, min(RANKED, k)).numpy() if ranked else None,
+            )
             for k in cfg.ks
         }
         data = {
@@ -259,7 +276,19 @@ def _backend(name: str, model: nn.Module) -> str:
     return "faiss" if next(model.parameters()).device.type == "cpu" else "torch"
 
 
-def _accuracy(name: str, hits: np.ndarray) -> dict[str, Any]:
-    """``{name}`` in percent and ``{name}_interval``, its 95 % Wilson interval over the images."""
+def _check_decoded(images: LabelledImages, decoded: Any, split: str, use: str) -> None:
+    """One line when no image of ``split`` decoded (the first named): nothing to ``use``."""
+    if not len(decoded.labels):
+        raise SystemExit(
+            f"locatdino knn: none of the {len(images)} {split} images decodes (first: {decoded.skipped[0]}): "
+            f"nothing to {use}"
+        )
+
+
+def _accuracy(name: str, hits: np.ndarray | None) -> dict[str, Any]:
+    """``{name}`` in percent and ``{name}_interval``, its 95 % Wilson interval over the images
+    (both None where ``hits`` is: top-5 of at most 5 classes, right by construction)."""
+    if hits is None:
+        return {name: None, f"{name}_interval": None}
     low, high = wilson_interval(int(hits.sum()), len(hits))
     return {name: 100 * float(hits.mean()), f"{name}_interval": [100 * low, 100 * high]}

@@ -33,9 +33,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from locatdino.evaluation.monitor import PeriodicMonitor
+from locatdino.evaluation.precision import PRECISIONS, resolve_precision
+from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
 from locatdino.probes.class_features import class_token_embeddings
-from locatdino.probes.class_splits import LabelledImages, align_classes, open_class_split
-from locatdino.probes.knn import check_knn_settings, knn_classify, topk_hits
+from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, SplitOptions, open_labelled_splits
+from locatdino.probes.knn import check_temperature, knn_classify, topk_hits
+
+_ARGS = "KnnMonitor init_args"  # how fit's config names the monitor's arguments, in its errors
 
 
 def _in_ram(images: LabelledImages) -> LabelledImages:
@@ -85,7 +89,21 @@ class KnnMonitor(PeriodicMonitor):
         seed: int = 0,
     ):
         super().__init__(every_n_steps)
-        check_knn_settings([k], temperature, num_train)
+        for name, value in (("num_train", num_train), ("num_val", num_val), ("input_size", input_size)):
+            if value < 1:
+                raise ValueError(f"{_ARGS}.{name}: must be at least 1, got {value}")
+        if batch_size < 1:
+            raise ValueError(f"{_ARGS}.batch_size: images per forward, must be at least 1, got {batch_size}")
+        if not 1 <= k <= num_train:
+            raise ValueError(f"{_ARGS}.k: {k} neighbours, must lie in [1, {_ARGS}.num_train = {num_train}]")
+        try:
+            check_temperature(temperature)
+        except ValueError as err:
+            raise ValueError(f"{_ARGS}.{err}") from None
+        if precision not in PRECISIONS:
+            raise ValueError(f"{_ARGS}.precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if dataset not in CLASS_DATASETS:
+            raise ValueError(f"{_ARGS}.dataset: must be one of {', '.join(CLASS_DATASETS)}, got {dataset!r}")
         self.k, self.temperature = k, temperature
         self.source = (dataset, data_dir, train_split, val_split, num_train, num_val, seed)
         self.input_size, self.precision, self.batch_size = input_size, precision, batch_size
@@ -95,16 +113,34 @@ class KnnMonitor(PeriodicMonitor):
         """The train and validation sets (labels of the train split's classes), decoded once."""
         if self._splits is None:
             dataset, data_dir, train_split, val_split, num_train, num_val, seed = self.source
-            train = open_class_split(
-                dataset, data_dir, train_split, num_train, seed, self.input_size, num_train, "KnnMonitor num_train"
+            train, val = open_labelled_splits(
+                dataset,
+                data_dir,
+                (train_split, val_split),
+                (num_train, num_val),
+                seed,
+                self.input_size,
+                (num_train, num_val),
+                SplitOptions.init_args("KnnMonitor"),
             )
-            val = open_class_split(
-                dataset, data_dir, val_split, num_val, seed, self.input_size, num_val, "KnnMonitor num_val"
-            )
-            self._splits = _in_ram(train), _in_ram(align_classes(train, val, val_split))
+            self._splits = _in_ram(train), _in_ram(val)
         return self._splits
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """What the first evaluation would stumble on, checked before training starts: the input size
+        against the backbone's patch, the precision on the run's device, the data."""
+        backbone = getattr(pl_module, "eval_backbone", None)
+        if backbone is not None and not pads_images(backbone):
+            patch = patch_size(backbone)[0]
+            if self.input_size % patch:
+                raise ValueError(
+                    f"{_ARGS}.input_size: {self.input_size} px is not a multiple of the patch size {patch} of the "
+                    f"evaluated backbone (use {fitting_sizes(self.input_size, patch)})"
+                )
+        try:
+            resolve_precision(self.precision, trainer.strategy.root_device)
+        except ValueError as err:
+            raise ValueError(f"{_ARGS}.precision: {err}") from None
         self.splits()  # bad data fails before training starts
 
     def evaluate(self, backbone: nn.Module) -> float:

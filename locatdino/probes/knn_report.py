@@ -6,18 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
-from locatdino.evaluation.tables import number_cell
+from locatdino.evaluation.tables import NOT_APPLICABLE, score_cell
 
 KNN_FILES = ("results.json", "report.md")  # what a run writes into --out
 
 
-def _score_cell(scores: dict[str, Any], name: str) -> str:
-    """``74.52 [74.14, 74.90]``: a score and its Wilson interval."""
-    low, high = scores[f"{name}_interval"]
-    return f"{number_cell(scores[name])} [{low:.2f}, {high:.2f}]"
-
-
 def _delta_cell(result: dict[str, Any], k: str, name: str) -> str:
+    if result["knn"][k][name] is None:
+        return NOT_APPLICABLE
     record = (result.get("differences") or {}).get(k, {}).get(name)
     return "—" if record is None else PairedInterval.from_dict(record).text()
 
@@ -31,8 +27,8 @@ def knn_table(results: Sequence[dict[str, Any]]) -> str:
     for result in results:
         for k, scores in result["knn"].items():
             rows.append(
-                f"| {result['model']['label']} | {k} | {_score_cell(scores, 'top1')} | "
-                f"{_delta_cell(result, k, 'top1')} | {_score_cell(scores, 'top5')} | "
+                f"| {result['model']['label']} | {k} | {score_cell(scores, 'top1')} | "
+                f"{_delta_cell(result, k, 'top1')} | {score_cell(scores, 'top5')} | "
                 f"{_delta_cell(result, k, 'top5')} |"
             )
     return "\n".join(rows)
@@ -59,9 +55,9 @@ def knn_report(report: dict[str, Any]) -> str:
         "",
         knn_table(report["models"]),
         "",
-        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
-        f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
-        f"draws for both models, seed {SEED}).",
+        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images (top-5 n/a with at most 5 "
+        "classes: every image is in it); Δ = model − first model with its 95 % paired-bootstrap interval "
+        f"({RESAMPLES:,} resamples of the validation images, the same draws for both models, seed {SEED}).",
         "",
     ]
     if skipped:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision.transforms as T
+from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from locatdino.probes import KnnMonitor
@@ -88,14 +89,85 @@ def test_the_monitor_s_top1_is_knn_classify_on_the_same_class_tokens(tiny_vit):
     assert len(set(train.labels.tolist())) > 1  # a real vote: more than one class among the neighbours
 
 
-def test_settings_that_cannot_be_scored_are_refused_when_built(tmp_path):
-    with pytest.raises(ValueError, match="k=20 neighbours asked for but the train set holds 8 images"):
-        KnnMonitor(num_train=8)
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        KnnMonitor(temperature=0)
-    monitor = KnnMonitor(dataset="imagefolder", data_dir=str(tmp_path / "missing"), num_train=30)
-    with pytest.raises(ValueError, match="is not a folder"):
-        monitor.setup(None, None, "fit")  # before the first training step
+BUILT = {
+    "more neighbours than train images": (
+        {"num_train": 8},
+        r"^KnnMonitor init_args.k: 20 neighbours, must lie in \[1, KnnMonitor init_args.num_train = 8\]$",
+    ),
+    "a temperature of 0": ({"temperature": 0}, r"^KnnMonitor init_args.temperature must be > 0 "),
+    "no image per forward": (
+        {"batch_size": 0},
+        r"^KnnMonitor init_args.batch_size: images per forward, must be at least 1, got 0$",
+    ),
+    "an unknown precision": (
+        {"precision": "fp16"},
+        r"^KnnMonitor init_args.precision: must be one of auto, fp32, bf16, int8, got 'fp16'$",
+    ),
+    "an unknown dataset": (
+        {"dataset": "imagenet"},
+        r"^KnnMonitor init_args.dataset: must be one of imagefolder, shards, scenes, got 'imagenet'$",
+    ),
+    "no validation image": ({"num_val": 0}, r"^KnnMonitor init_args.num_val: must be at least 1, got 0$"),
+}
+
+
+@pytest.mark.parametrize("case", BUILT)
+def test_settings_that_cannot_be_scored_are_refused_when_built(case):
+    """In fit's names (the callback's init_args), when the config is instantiated: before any step."""
+    kwargs, message = BUILT[case]
+    with pytest.raises(ValueError, match=message):
+        KnnMonitor(**kwargs)
+
+
+def _one_class_folder(root):
+    for split, count in (("train", 3), ("val", 1)):
+        (root / split / "cat").mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (40, 40), (i * 60, 0, 0)).save(root / split / "cat" / f"{i}.png")
+    return str(root)
+
+
+AT_FIT_START = {
+    "an input size the patch does not divide": (
+        {"input_size": 30},
+        r"^KnnMonitor init_args.input_size: 30 px is not a multiple of the patch size 8 of the evaluated "
+        r"backbone \(use 24 or 32\)$",
+    ),
+    "the validation split is the train split": (
+        {"val_split": "train"},
+        r"^KnnMonitor init_args.val_split train is the train split \(KnnMonitor init_args.train_split train\)",
+    ),
+    "a missing folder": (
+        {"dataset": "imagefolder", "data_dir": "/nonexistent/data"},
+        r"^KnnMonitor init_args.data_dir: /nonexistent/data/train is not a folder",
+    ),
+    "one train class": (
+        {"dataset": "imagefolder", "num_train": 3, "num_val": 1, "k": 1},
+        r"^KnnMonitor init_args.train_split train: its 3 images hold 1 class \('cat'\): classification needs at "
+        r"least 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", AT_FIT_START)
+def test_what_the_first_evaluation_would_stumble_on_stops_fit_before_step_0(tiny_vit, tmp_path, case):
+    kwargs, message = AT_FIT_START[case]
+    if case == "one train class":
+        kwargs = {**kwargs, "data_dir": _one_class_folder(tmp_path / "data")}
+    module = TinyDINOLike(copy.deepcopy(tiny_vit))
+    trainer = pl.Trainer(
+        max_steps=3,
+        callbacks=[KnnMonitor(every_n_steps=1, **{**SETS, **kwargs})],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 3)), batch_size=2)
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(module, data)
+    assert module.teacher_modes == []  # no training step ran
 
 
 DDP_SCRIPT = """

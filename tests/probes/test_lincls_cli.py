@@ -90,6 +90,29 @@ ERRORS = {
         "--model vit_tiny_patch16_224: --last-blocks 13: the model has 12 blocks",
     ),
     "holdout of everything": (["--holdout", "1"], "argument --holdout: must lie in (0, 1), got 1"),
+    "holdout leaving no image": (
+        ["--variant", "fast", "--holdout", "0.99"],
+        "locatdino lincls: --holdout 0.99 holds out all 18 training images: nothing is left to train on; pass a "
+        "smaller --holdout",
+    ),
+    "an lr beyond float32": (
+        ["--lr", "1e300"],
+        "locatdino lincls: --lr 1e+300: the head trains at 1e+300 x 6 / 256 = 2.34e+298, which is no positive "
+        "finite float32 (from 1.18e-38 to 3.4e+38): pass a rate in range",
+    ),
+    "a grid lr that rounds to 0": (
+        ["--variant", "fast", "--lr-grid", "0.1", "1e-40"],
+        "locatdino lincls: --lr-grid 1e-40: the head trains at 1e-40 x 6 / 256 = 2.34e-42, which is no positive",
+    ),
+    "validation split is the train split": (
+        ["--val-split", "train"],
+        "locatdino lincls: --val-split train is the train split (--train-split train): each validation image "
+        "would find itself among the train images; score another split",
+    ),
+    "one train class": (
+        ["--num-train", "1"],
+        "locatdino lincls: --train-split train: its 1 image holds 1 class ('class",
+    ),
     "no lr": (["--lr-grid"], "argument --lr-grid: expected at least one argument"),
     "a fraction of an epoch": (
         ["--epochs", "2.5"],
@@ -258,3 +281,73 @@ def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tm
         with pytest.raises(SystemExit, match="holds results.json, which locatdino lincls did not write"):
             cli.main([*argv, "--out", str(mine), *extra])
     assert (mine / "results.json").read_text() == "{}"
+
+
+def test_a_stop_in_the_second_model_keeps_the_first_model_s_written_and_recorded_result(tmp_path, monkeypatch, capsys):
+    """The stop line says finished results are kept: the first model's are on disk and in the
+    output record before the second starts."""
+    from locatdino.common.processes import Terminated
+    from locatdino.probes.lincls import cli as lincls_cli
+
+    root, out = toy_folder(tmp_path / "data"), tmp_path / "out"
+    real, calls = lincls_cli.linear_classification, []
+
+    def stopped_in_the_second(*args, **kwargs):
+        calls.append(json.loads((out / "results.json").read_text()) if calls else None)
+        if len(calls) == 2:
+            raise Terminated()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lincls_cli, "linear_classification", stopped_in_the_second)
+    argv = ["lincls", "--variant", "fast", "--lr-grid", "0.01", "--holdout", "0.25", "--epochs", "1"]
+    argv += ["--model", "first=vit_tiny_patch16_224", "--model", "second=vit_tiny_patch16_224"]
+    argv += ["--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]
+    assert cli.main(argv) == 128 + 15
+    assert "locatdino lincls: stopped by SIGTERM (results finished before it are kept)" in capsys.readouterr().err
+    assert [m["model"]["label"] for m in calls[1]["models"]] == ["first"]  # written before the second started
+    report = json.loads((out / "results.json").read_text())
+    assert [m["model"]["label"] for m in report["models"]] == ["first"] and report["models"][0]["num_val"] == 6
+    assert "| first | fast |" in (out / "report.md").read_text()
+    record = (out / ".locatdino-output.json").read_text()
+    assert "results.json" in record and "report.md" in record
+
+
+@pytest.mark.parametrize("variant", ["full", "fast"])
+def test_a_learning_rate_that_overflows_the_head_stops_the_model_in_one_line(tmp_path, capsys, variant):
+    """lr 1e38 x 6 / 256 trains the head into inf / NaN: no top-1 of a NaN layer is reported."""
+    root, out = toy_folder(tmp_path / "data"), tmp_path / "out"
+    rate = ["--lr", "1e38"] if variant == "full" else ["--lr-grid", "1e38", "3e38", "--holdout", "0.25"]
+    argv = ["lincls", "--variant", variant, *rate, "--epochs", "2", "--model", "vit_tiny_patch16_224"]
+    assert cli.main([*argv, "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out), *SMALL]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("[lincls] vit_tiny_patch16_224: 18 train") and len(err) == 2
+    if variant == "full":
+        assert err[1].startswith(
+            "locatdino lincls: the linear layer's loss or weights are no longer finite after epoch"
+        )
+        assert err[1].endswith("at lr 2.34e+36 (--lr 1e+38 x 6 / 256): pass a smaller --lr")
+    else:
+        assert err[1] == (
+            "locatdino lincls: the linear layer's weights are no longer finite after 2 epochs at every rate of "
+            "--lr-grid (1e+38, 3e+38, each x 6 / 256): pass smaller rates"
+        )
+    assert not (out / "results.json").exists()
+
+
+def test_a_diverged_rate_of_the_grid_is_marked_and_never_picked(tmp_path):
+    root, out = toy_folder(tmp_path / "data"), tmp_path / "out"
+    argv = ["lincls", "--variant", "fast", "--lr-grid", "1e38", "0.01", "--holdout", "0.25", "--epochs", "2"]
+    argv += ["--model", "vit_tiny_patch16_224", "--dataset", "imagefolder", "--data-dir", str(root), "--out", str(out)]
+    assert cli.main([*argv, *SMALL]) == 0
+    (result,) = json.loads((out / "results.json").read_text())["models"]
+    assert [(row["holdout_top1"], row["val_top1"]) for row in result["lr_table"]][0] == (None, None)
+    assert result["lr"] == pytest.approx(0.01 * 6 / 256) and result["lr_table"][1]["holdout_top1"] is not None
+    assert result["top5"] is None and "| 1e+38 | diverged | diverged |" in (out / "report.md").read_text()
+    assert "| vit_tiny_patch16_224 | fast | 4 class tokens | 0.000234 |" in (out / "report.md").read_text()
+
+
+def test_the_lr_help_names_the_variant_option_lincls_has(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["lincls", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "lincls --variant full: the base rate" in help_text and "--protocol" not in help_text

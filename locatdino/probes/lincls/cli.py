@@ -194,8 +194,8 @@ def _evaluate_all(
     device: torch.device,
     folder: OutputFolder,
 ) -> int:
-    """Every model's linear evaluation, then the Δ top-1 of each to the first, written (and
-    recorded) once all have run."""
+    """Every model's linear evaluation with its Δ top-1 to the first; the reports are rewritten (and
+    recorded) as each model finishes, so a stop or a failure in a later model keeps the earlier ones' results."""
     results, hits = [], []
     for run, model in zip(runs, models):
         print(
@@ -208,18 +208,18 @@ def _evaluate_all(
         scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
         for split, names in scored.skipped.items():
             note_skipped("lincls", split, names)
-        results.append(record_run(scored.to_dict(), args, run, model))
+        result = record_run(scored.to_dict(), args, run, model)
+        if hits and len(scored.hits) == len(hits[0]):  # the same validation images decoded for both
+            result["difference"] = accuracy_interval(scored.hits, hits[0]).to_dict()
+        results.append(result)
         hits.append(scored.hits)
         model.cpu()
-    for result, model_hits in zip(results[1:], hits[1:]):
-        if len(model_hits) == len(hits[0]):  # the same validation images decoded for both
-            result["difference"] = accuracy_interval(model_hits, hits[0]).to_dict()
-    report = {"command": "locatdino lincls " + shlex.join(argv), "models": results}
-    try:
-        folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
-        folder.write_text("report.md", lincls_report(report))
-    except DiskFullError as err:
-        raise SystemExit(f"locatdino lincls: {err}") from None
+        report = {"command": "locatdino lincls " + shlex.join(argv), "models": results}
+        try:
+            folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
+            folder.write_text("report.md", lincls_report(report))
+        except DiskFullError as err:
+            raise SystemExit(f"locatdino lincls: {err}") from None
     print(lincls_table(results))
     print(f"[lincls] results written to {folder.path}", file=sys.stderr)
     return 0

@@ -13,6 +13,11 @@ once in one pass per epoch over the same batches (one SGD parameter group each, 
 iteration), on the training images minus a seeded held-out share; the layer with the best
 held-out top-1 is picked and scored on the validation images.
 
+A learning rate whose scaled value is not a positive finite float32 is refused with the options; a
+layer whose loss or weights stop being finite (too high a rate) ends a ``full`` run in one line
+naming the rate, and drops out of the ``fast`` grid (``lr_table`` marks it), which ends only when
+every rate diverged. Top-5 is reported only above 5 classes (below, every image is in it: None).
+
 Reproducible from ``seed``: it draws the heads' initialisation (global RNG, seeded here) and the
 batch order (the loader's own generator); with ``num_workers = 0`` the augmentation draws from
 the global RNG after the initialisation, as a plain PyTorch training script's would.
@@ -47,6 +52,8 @@ PROTOCOLS = ("full", "fast")
 # DINOv2's grid of base learning rates (each × batch / 256)
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 1e-1)
 EPOCHS = {"full": 100, "fast": 10}  # the reference's budget of each protocol
+TOP5_CLASSES = 5  # top-5 says something only above this many classes
+_FLOAT32 = torch.finfo(torch.float32)  # the head's arithmetic: its learning rate must be a float32
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,14 @@ class LinclsConfig:
             raise ValueError("--lr-grid needs at least one learning rate")
         if not 0 < self.holdout < 1:
             raise ValueError(f"--holdout must lie in (0, 1), got {self.holdout}")
+        option, rates = ("--lr", (self.lr,)) if self.protocol == "full" else ("--lr-grid", self.lr_grid)
+        for lr in rates:
+            scaled = self.scaled(lr)
+            if not _FLOAT32.tiny <= scaled <= _FLOAT32.max:
+                raise ValueError(
+                    f"{option} {lr:g}: the head trains at {lr:g} x {self.batch_size} / 256 = {scaled:.3g}, which is "
+                    f"no positive finite float32 (from {_FLOAT32.tiny:.3g} to {_FLOAT32.max:.3g}): pass a rate in range"
+                )
 
     @property
     def total_epochs(self) -> int:
@@ -95,6 +110,11 @@ class LinclsConfig:
         """``ValueError`` when a batch would exceed the images it is drawn from (the lr scales with
         the batch the user asked for, not the one the data allows)."""
         usable = num_train - self.holdout_count(num_train) if self.protocol == "fast" else num_train
+        if usable < 1:
+            raise ValueError(
+                f"--holdout {self.holdout:g} holds out all {num_train} training images: nothing is left to train "
+                "on; pass a smaller --holdout"
+            )
         if self.batch_size > usable:
             raise ValueError(
                 f"--train-batch-size {self.batch_size} is more than the {usable} training images"
@@ -112,16 +132,16 @@ class LinclsResult:
     intervals, the per-image top-1 hits (for paired Δ), and what ran."""
 
     top1: float
-    top5: float
+    top5: float | None  # None with at most 5 classes
     top1_interval: tuple[float, float]
-    top5_interval: tuple[float, float]
+    top5_interval: tuple[float, float] | None
     num_train: int
     num_val: int
     skipped: dict[str, list[str]]  # per split: the samples that did not decode
     lr: float  # the effective (scaled) lr of the scored layer
     linear_input: dict[str, Any]
     config: dict[str, Any]
-    lr_table: list[dict[str, float]] = field(default_factory=list)  # fast: every lr's held-out / val top-1
+    lr_table: list[dict[str, Any]] = field(default_factory=list)  # fast: every lr's held-out / val top-1
     timings: dict[str, float] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     hits: np.ndarray | None = None
@@ -141,6 +161,19 @@ def linear_layer(dim: int, num_classes: int) -> nn.Linear:
 def ranked_classes(logits: Tensor) -> Tensor:
     """``[M, min(5, C)]`` class ids, best first."""
     return logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+
+
+def finite(head: nn.Module) -> bool:
+    """Whether every weight of ``head`` is finite (a rate too high overflows them to inf / NaN)."""
+    return all(bool(torch.isfinite(p).all()) for p in head.parameters())
+
+
+def _diverged(cfg: LinclsConfig, base_lr: float, epoch: int) -> ValueError:
+    option = "--lr" if cfg.protocol == "full" else "--lr-grid"
+    return ValueError(
+        f"the linear layer's loss or weights are no longer finite after epoch {epoch} at lr {cfg.scaled(base_lr):.3g} "
+        f"({option} {base_lr:g} x {cfg.batch_size} / 256): pass a smaller {option}"
+    )
 
 
 def _workers(cfg: LinclsConfig, device: torch.device) -> int:
@@ -198,7 +231,7 @@ def train_full(
     )
     optimizer = torch.optim.SGD(head.parameters(), lr=cfg.scaled(cfg.lr), momentum=0.9, weight_decay=0)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, cfg.total_epochs, eta_min=0)
-    skipped = []
+    skipped, finite_loss = [], torch.ones((), dtype=torch.bool, device=device)
     with eval_mode(encoder):
         for epoch in progress(range(cfg.total_epochs), desc="epochs", disable=not cfg.progress, leave=False):
             for images, labels, _, bad in loader:
@@ -208,11 +241,14 @@ def train_full(
                 with torch.no_grad(), autocast(precision, device):
                     feats = inputs(encoder, images.to(device))
                 loss = F.cross_entropy(head(feats.float()), labels.to(device))
+                finite_loss &= torch.isfinite(loss)  # no sync per step: read once an epoch
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
             if len(skipped) == len(train_set):  # nothing decodes: no use running the other epochs
                 break
+            if not (bool(finite_loss) and finite(head)):
+                raise _diverged(cfg, cfg.lr, epoch + 1)
             schedule.step()
     return head.cpu(), sorted(skipped)
 
@@ -221,7 +257,8 @@ def train_fast(
     features: ClassFeatures, rows: np.ndarray, num_classes: int, cfg: LinclsConfig, device: torch.device
 ) -> list[nn.Linear]:
     """DINOv2's variant: one linear layer per lr of ``cfg.lr_grid``, trained at once on the
-    cached features of images ``rows`` (same batches for all)."""
+    cached features of images ``rows`` (same batches for all; a layer that diverges harms no
+    other: each has its own parameters, and the summed loss gives each its own gradient)."""
     torch.manual_seed(cfg.seed)
     heads = nn.ModuleList(linear_layer(features.features.shape[1], num_classes) for _ in cfg.lr_grid).to(device)
     groups = [{"params": head.parameters(), "lr": cfg.scaled(lr)} for head, lr in zip(heads, cfg.lr_grid)]
@@ -246,6 +283,18 @@ def holdout_split(rows: np.ndarray, cfg: LinclsConfig) -> tuple[np.ndarray, np.n
     shuffled = np.random.default_rng(cfg.seed).permutation(rows)
     count = cfg.holdout_count(len(rows))
     return np.sort(shuffled[count:]), np.sort(shuffled[:count])
+
+
+def _check_finite_grid(heads: list[nn.Linear], cfg: LinclsConfig) -> list[bool]:
+    """Which layers of the grid stayed finite; ``ValueError`` naming the rates when none did."""
+    kept = [finite(head) for head in heads]
+    if not any(kept):
+        rates = ", ".join(f"{lr:g}" for lr in cfg.lr_grid)
+        raise ValueError(
+            f"the linear layer's weights are no longer finite after {cfg.total_epochs} epochs at every rate of "
+            f"--lr-grid ({rates}, each x {cfg.batch_size} / 256): pass smaller rates"
+        )
+    return kept
 
 
 def _ranked(head: nn.Linear, features: ClassFeatures, rows: np.ndarray, batch: int = 4096) -> tuple[Tensor, Tensor]:
@@ -296,11 +345,17 @@ def linear_classification(
             _check_decoded(train_set, train_skipped)
             timings["train_features"] = time.perf_counter() - clock
             fit_rows, held_rows = holdout_split(train_store.usable(), cfg)
+            if not len(fit_rows):
+                raise ValueError(
+                    f"{len(held_rows)} of the {len(train_set)} training images decode and --holdout takes them "
+                    "all: nothing is left to train on"
+                )
             heads = train_fast(train_store, fit_rows, num_classes, cfg, device)
-            held = [top1_of(head, train_store, held_rows) for head in heads]
+            kept = _check_finite_grid(heads, cfg)
+            held = [top1_of(head, train_store, held_rows) if ok else None for head, ok in zip(heads, kept)]
         finally:
             train_store.close()
-        best = int(np.argmax(held))  # ties: the smallest lr
+        best = int(np.argmax([-1.0 if score is None else score for score in held]))  # ties: the smallest lr
         head, lr = heads[best], cfg.scaled(cfg.lr_grid[best])
     timings["train"] = time.perf_counter() - clock - timings.get("train_features", 0.0)
     mark = time.perf_counter()
@@ -315,8 +370,8 @@ def linear_classification(
                 {
                     "base_lr": base,
                     "lr": cfg.scaled(base),
-                    "holdout_top1": round(score, 4),
-                    "val_top1": round(top1_of(layer, val_store, rows), 4),
+                    "holdout_top1": None if score is None else round(score, 4),  # None: diverged
+                    "val_top1": None if score is None else round(top1_of(layer, val_store, rows), 4),
                 }
                 for base, score, layer in zip(cfg.lr_grid, held, heads)
             ]
@@ -325,13 +380,14 @@ def linear_classification(
     timings["evaluate"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - clock
     top1, top5 = _accuracy(ranked, labels)
+    top5 = top5 if num_classes > TOP5_CLASSES else None  # with at most 5 classes every image is in its top 5
 
-    def interval(hits: np.ndarray) -> tuple[float, ...]:
-        return tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
+    def interval(hits: np.ndarray | None) -> tuple[float, ...] | None:
+        return None if hits is None else tuple(round(100 * v, 4) for v in wilson_interval(int(hits.sum()), len(hits)))
 
     return LinclsResult(
         top1=round(100 * float(top1.mean()), 4),
-        top5=round(100 * float(top5.mean()), 4),
+        top5=None if top5 is None else round(100 * float(top5.mean()), 4),
         top1_interval=interval(top1),
         top5_interval=interval(top5),
         num_train=len(train_set) - len(train_skipped),

@@ -7,15 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
-from locatdino.evaluation.tables import number_cell
+from locatdino.evaluation.tables import number_cell, score_cell
 
 LINCLS_FILES = ("results.json", "report.md")  # what a run writes into --out
-
-
-def _score_cell(result: dict[str, Any], name: str) -> str:
-    """``74.52 [74.14, 74.90]``: a score and its Wilson interval."""
-    low, high = result[f"{name}_interval"]
-    return f"{number_cell(result[name])} [{low:.2f}, {high:.2f}]"
 
 
 def _delta_cell(result: dict[str, Any]) -> str:
@@ -41,7 +35,7 @@ def lincls_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         rows.append(
             f"| {r['model']['label']} | {r['config']['protocol']} | {_input_cell(r['linear_input'])} | "
-            f"{r['lr']:.3g} | {_score_cell(r, 'top1')} | {_delta_cell(r)} | {_score_cell(r, 'top5')} |"
+            f"{r['lr']:.3g} | {score_cell(r, 'top1')} | {_delta_cell(r)} | {score_cell(r, 'top5')} |"
         )
     return "\n".join(rows)
 
@@ -57,6 +51,9 @@ def _lr_table(result: dict[str, Any]) -> list[str]:
     ]
     for row in result["lr_table"]:
         mark = " (picked)" if row["lr"] == picked else ""
+        if row["holdout_top1"] is None:  # its weights overflowed: not a candidate
+            rows.append(f"| {row['base_lr']:g} | diverged | diverged |")
+            continue
         rows.append(
             f"| {row['base_lr']:g}{mark} | {number_cell(row['holdout_top1'])} | {number_cell(row['val_top1'])} |"
         )
@@ -88,9 +85,9 @@ def lincls_report(report: dict[str, Any]) -> str:
         "",
         lincls_table(report["models"]),
         "",
-        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images; Δ = model − first model "
-        f"with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the validation images, the same "
-        f"draws for both models, seed {SEED}).",
+        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images (top-5 n/a with at most 5 "
+        "classes: every image is in it); Δ = model − first model with its 95 % paired-bootstrap interval "
+        f"({RESAMPLES:,} resamples of the validation images, the same draws for both models, seed {SEED}).",
         "",
     ]
     skipped = [
