@@ -4,7 +4,9 @@ A drop-in ``attn_layer`` for timm's ``VisionTransformer``: same constructor and
 ``forward(x, attn_mask=None, is_causal=False)`` contract as ``timm.layers.Attention``, same
 parameter names, plus ``gaug.log_var`` / ``gaug.log_alpha``. The patch grid comes from the
 model's :class:`~locatdino.models.gaug.patch_grid.PatchGrid` (see there for why), attached by
-:func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries.
+:func:`~locatdino.models.locatify.locatify` or the ``locatvit_*`` registry entries. How the bias is
+added (the kernels and the choice among them) is :class:`GAugKernels`, which the RoPE attentions of
+:mod:`locatdino.models.rope` share.
 """
 
 import os

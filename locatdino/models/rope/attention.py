@@ -52,9 +52,8 @@ class _GAugRope(GAugKernels):
             npt, half = self.num_prefix_tokens, self.rotate_half
             q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope, half=half)], dim=2).type_as(v)
             k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope, half=half)], dim=2).type_as(v)
-        groups = getattr(self, "num_kv_groups", 1)
-        if groups > 1:  # grouped key / value heads, expanded after the rotation as timm does
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if self.num_kv_groups > 1:  # grouped key / value heads, expanded after the rotation as timm does
+            k, v = k.repeat_interleave(self.num_kv_groups, dim=1), v.repeat_interleave(self.num_kv_groups, dim=1)
         x = self.biased_attention(q, k, v, rows, cols, N - grid[0] * grid[1], attn_mask, is_causal)
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
         if gate is not None:
@@ -69,15 +68,18 @@ class GAugEvaAttention(_GAugRope, EvaAttention):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, _ = x.shape
         if self.qkv is None:
-            projections = (self.q_proj, self.k_proj, self.v_proj)
-            return tuple(p(x).reshape(B, N, self.num_heads, -1).transpose(1, 2) for p in projections)
+            q = self.q_proj(x).reshape(B, N, self.num_heads, -1).transpose(1, 2)
+            k = self.k_proj(x).reshape(B, N, self.num_heads, -1).transpose(1, 2)
+            v = self.v_proj(x).reshape(B, N, self.num_heads, -1).transpose(1, 2)
+            return q, k, v
         if self.q_bias is None:
             qkv = self.qkv(x)
         elif self.qkv_bias_separate:
             qkv = self.qkv(x) + torch.cat((self.q_bias, self.k_bias, self.v_bias))
         else:
             qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
-        return qkv.reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = qkv.reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
 
 
 @register_notrace_module
@@ -88,8 +90,8 @@ class GAugAttentionRope(_GAugRope, AttentionRope):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, _ = x.shape
         if self.qkv is not None:
-            qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            return qkv.unbind(0)
+            q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            return q, k, v
         q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -124,6 +126,8 @@ def add_gaug(attn: nn.Module, build_grid: tuple[int, int], patch_grid: PatchGrid
         weight = attn.proj.weight
         attn.__class__ = gaug_class
         attn.gaug = GaussianLocalityBias(attn.head_dim, device=weight.device, dtype=weight.dtype)
+        if not hasattr(attn, "num_kv_groups"):  # EvaAttention: no grouped key / value heads
+            attn.num_kv_groups = 1
     attn.gaug.set_build_grid(build_grid)
     attn.patch_grid = patch_grid
     return attn
