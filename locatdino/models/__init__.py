@@ -3,8 +3,10 @@ GAug (``gaug/``), checkpoints (``checkpoints/``: loading, mismatch messages, pos
 and dense features (``dense_features``). PRR is timm's own ``global_pool='prr'``.
 
 Importing this package registers ``locatvit_{tiny,small,base}_patch16_224`` and ``locatvit_tiny_patch8_224``
-in timm's model registry (and the earlier names ``locatvit_{tiny,small,base}`` as timm deprecations), and
-LocAt on Swin, ``locatswin_{tiny,base}`` (``swin/``).
+in timm's model registry (and the earlier names ``locatvit_{tiny,small,base}`` as timm deprecations),
+LocAt on RoPE ViTs (``rope/``): ``locatvit_{tiny,base}_rope_mixed`` and
+``locatvit_{small,small_plus,base,large}_patch16_dinov3[_qkvb]``, and LocAt on Swin, ``locatswin_{tiny,base}``
+(``swin/``).
 """
 
 from locatdino.models import locatvit  # noqa: F401  (registers the timm entries)
@@ -21,6 +23,7 @@ from locatdino.models.checkpoints import (
 from locatdino.models.dense_features import dense_features
 from locatdino.models.gaug import GAugAttention, GaussianLocalityBias
 from locatdino.models.locatify import locatify
+from locatdino.models.rope import entries  # noqa: F401  (registers the RoPE LocAt entries)
 from locatdino.models.swin import locatswin  # noqa: F401  (registers the timm entries)
 
 __all__ = [

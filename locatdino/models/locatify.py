@@ -1,18 +1,23 @@
-"""Turn any timm ``VisionTransformer`` into a LocAtViT in place (GAug in every block, PRR pooling)."""
+"""Turn any timm ``VisionTransformer``, RoPE ViT (``Eva``) or ``SwinTransformer`` into its LocAt version in
+place (GAug in every block, PRR pooling)."""
 
 from __future__ import annotations
 
 from timm.layers import Attention, AttentionPoolPrr
+from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from locatdino.models.gaug.attention import GAugAttention
+from locatdino.models.gaug.attention import GAugAttention, GAugKernels
 from locatdino.models.gaug.patch_grid import install_patch_grid
 from locatdino.models.prr import PrrPool
+from locatdino.models.rope import add_gaug_to_blocks
 from locatdino.models.swin.locatswin import locatify_swin
 
 
-def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> VisionTransformer:
+def locatify(
+    model: VisionTransformer | Eva | SwinTransformer, gaug: bool = True, prr: bool = True
+) -> VisionTransformer | Eva | SwinTransformer:
     """Add GAug and/or PRR to ``model`` in place and return it.
 
     Every existing weight is kept (e.g. a ViT loaded from DINO weights, with or without register
@@ -23,14 +28,20 @@ def locatify(model: VisionTransformer, gaug: bool = True, prr: bool = True) -> V
     alone; a timm ``AttentionPoolPrr`` already there is converted). Blocks that already hold
     ``GAugAttention`` (e.g. a ``VisionTransformer(attn_layer=GAugAttention)``) are only wired to
     the patch grid; the GAug constants follow the model's build grid ``model.patch_embed.grid_size``.
-    A timm ``SwinTransformer`` becomes a LocAtSwin (:func:`~locatdino.models.swin.locatify_swin`).
+
+    A RoPE ViT (timm's ``Eva``: DINOv3, EVA-02, ``vit_*_rope_*``) gets GAug on its RoPE attention,
+    computed from the queries before the rotation (:mod:`locatdino.models.rope`); its registers,
+    LayerScale and every other weight are kept alike. A timm ``SwinTransformer`` becomes a LocAtSwin
+    (:func:`~locatdino.models.swin.locatify_swin`).
     """
     if isinstance(model, SwinTransformer):
         return locatify_swin(model, gaug=gaug, prr=prr)
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"locatify needs a timm VisionTransformer, got {type(model).__name__}")
-    if gaug or any(isinstance(block.attn, GAugAttention) for block in model.blocks):
-        _add_gaug(model)
+    if not isinstance(model, (VisionTransformer, Eva)):
+        raise TypeError(
+            f"locatify needs a timm VisionTransformer, Eva (RoPE ViT) or SwinTransformer, got {type(model).__name__}"
+        )
+    if gaug or any(isinstance(block.attn, GAugKernels) for block in model.blocks):
+        add_gaug_to_blocks(model) if isinstance(model, Eva) else _add_gaug(model)
     if prr:
         _add_prr(model)
     return model
@@ -49,7 +60,7 @@ def _add_gaug(model: VisionTransformer) -> None:
         attn.patch_grid = patch_grid
 
 
-def _add_prr(model: VisionTransformer) -> None:
+def _add_prr(model: VisionTransformer | Eva) -> None:
     if isinstance(model.attn_pool, AttentionPoolPrr):
         PrrPool.from_timm(model.attn_pool)
         return
@@ -57,13 +68,14 @@ def _add_prr(model: VisionTransformer) -> None:
         raise ValueError(
             f"model already pools with {type(model.attn_pool).__name__} (global_pool='{model.global_pool}')"
         )
-    weight = model.blocks[0].attn.qkv.weight
+    weight = model.patch_embed.proj.weight
     model.attn_pool = PrrPool(
         model.embed_dim,
         num_heads=model.blocks[0].attn.num_heads,
-        pool_type="token" if model.has_class_token else "avg",
+        pool_type="token" if model.cls_token is not None else "avg",
         device=weight.device,
         dtype=weight.dtype,
     )
     model.global_pool = "prr"
-    model.pool_include_prefix = True
+    if isinstance(model, VisionTransformer):
+        model.pool_include_prefix = True

@@ -5,7 +5,7 @@ import torch
 from locatdino.models.gaug import locality_bias
 from tests.models.tiny import TINY
 
-VARIANTS = timm.list_models("locatvit_*")
+VARIANTS = timm.list_models("locatvit_*_patch*_224")  # the ViT entries (RoPE ones: test_locat_rope.py)
 SIZES = {"tiny": "Ti", "small": "S", "base": "B"}  # the ViT papers' names of the sizes
 
 
