@@ -2,8 +2,9 @@
 
 A file is a run's earlier output only by what that run wrote into its folder, never by the
 file's name or shape (a plain ``results.json`` of the user's looks like ours): each run records
-the files it writes, as it writes them, in ``OUT/.locatdino-output.json`` (paths relative to
-``OUT``, and the command). A later run of a command into ``OUT``
+the files it writes, as it writes them, in ``OUT/.locatdino-output.json`` (the command, and per
+file its path relative to ``OUT``, its size and its modification time). A later run of a command
+into ``OUT``
 
 - is refused before any work when ``OUT`` holds files an earlier run recorded, unless
   ``--overwrite``: one line, the same for every command (:meth:`OutputFolder.check`);
@@ -12,6 +13,17 @@ the files it writes, as it writes them, in ``OUT/.locatdino-output.json`` (paths
   two-model run's folders);
 - is refused, ``--overwrite`` or not, when a file it would write exists but no run recorded it,
   or when ``OUT`` holds another command's output.
+
+The record is read as data that may be damaged or edited, never as a list of paths to delete: a
+recorded file is removed only when its name is a plain relative path inside ``OUT`` (no ``..``, not
+absolute, not the lock or the record itself), reached from ``OUT`` without following a symbolic link
+(each folder opened with ``O_NOFOLLOW``, the file unlinked through that folder), and it is still the
+regular file the run left: same size, same modification time. A record naming anything else is
+damaged, and a recorded file changed since (or replaced by a folder or a link) is the user's: either
+refuses the run in one line, before any work, and nothing is removed. A record that is not a regular
+file (a folder, a link) is refused too. A record of an older locatdino lists names only: its files
+count as the run's while no newer than the record itself (a run saved its record after each file it
+wrote), so a file put there later is refused, not removed.
 
 A command adopts the rule with :func:`add_overwrite_option` on its parser and::
 
@@ -29,9 +41,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from locatdino.common.errors import UserError
 from locatdino.common.output_files import (
@@ -45,6 +59,9 @@ from locatdino.common.output_files import (
 RECORD_NAME = ".locatdino-output.json"
 # names an output folder holds for its own bookkeeping: no label, run or file may take them
 BOOKKEEPING_NAMES = (LOCK_NAME, RECORD_NAME)
+_BOOKKEEPING = {name.casefold() for name in BOOKKEEPING_NAMES}  # one file on a case-insensitive disk
+_T = TypeVar("_T")
+Stamp = tuple[int, int] | None  # a recorded file's (size, mtime_ns); None in an older record (names only)
 OVERWRITE_HELP = (
     "replace the output of an earlier run of this command (the files it recorded writing, removed "
     "when this run starts); a file this command did not write is never replaced"
@@ -60,13 +77,33 @@ def _relative(name: str | os.PathLike) -> str:
     return PurePosixPath(Path(name)).as_posix()
 
 
+def _not_recordable(name: object) -> str | None:
+    """Why ``name`` cannot be a file a run recorded in its folder (None: it can)."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        return "not a file name"
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        return "an absolute path"
+    if ".." in path.parts:
+        return "a path through '..'"
+    if path.as_posix() != name:
+        return "not a plain relative path"
+    if any(part.casefold() in _BOOKKEEPING for part in path.parts):
+        return "the folder's own bookkeeping file"
+    return None
+
+
+def _stamp(info: os.stat_result) -> tuple[int, int]:
+    return info.st_size, info.st_mtime_ns
+
+
 class OutputFolder:
     """The output folder ``path`` of one run of ``command`` (``hbird``, ``linprobe``, ...), named
     ``option`` on the command line."""
 
     def __init__(self, path: str | os.PathLike, command: str, option: str = "--out") -> None:
         self.path, self.command, self.option = Path(path), command, option
-        self._written: list[str] = []
+        self._written: dict[str, tuple[int, int]] = {}
 
     def _refuse(self, problem: str) -> UserError:
         return UserError(f"{self.option} {self.path} {problem}")
@@ -79,21 +116,91 @@ class OutputFolder:
             f"it, or choose another {self.option}"
         )
 
-    def recorded(self) -> tuple[str | None, list[str]]:
-        """``(command, files)`` of the record in the folder (``(None, [])`` when there is none)."""
+    def _damaged(self, name: object, why: str) -> UserError:
+        return self._refuse(
+            f"holds a damaged record {self.path / RECORD_NAME}: it lists {name!r}, {why} (a run removes only "
+            f"files inside {self.option} reached without a link): nothing was removed, choose another {self.option}"
+        )
+
+    def recorded(self) -> tuple[str | None, dict[str, Stamp]]:
+        """``(command, {file: (size, mtime_ns) or None})`` of the record in the folder (``(None, {})``
+        when there is none); a record that is not a regular file, unreadable, or listing a name no
+        run can have written (:func:`_not_recordable`) is refused in one line."""
         record = self.path / RECORD_NAME
-        if not record.is_file():
-            return None, []
+        if not os.path.lexists(record):
+            return None, {}
+        if not stat.S_ISREG(os.lstat(record).st_mode):
+            raise self._refuse(
+                f"holds {record}, which is not a file (a folder or a link): choose another {self.option}"
+            )
         try:
             data = json.loads(record.read_text())
-            command, files = data["command"], [_relative(name) for name in data["files"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            command, files = data["command"], data["files"]
+            if isinstance(files, list):  # an older record: names only
+                files = dict.fromkeys(files)
+            elif not all(isinstance(v, dict) for v in files.values()):
+                raise TypeError
+            files = {k: None if v is None else (int(v["size"]), int(v["mtime_ns"])) for k, v in files.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise self._refuse(f"holds a damaged {RECORD_NAME}: choose another {self.option}") from None
+        for name in files:
+            why = _not_recordable(name)
+            if why is not None:
+                raise self._damaged(name, why)
         return command, files
 
+    def _at(self, name: str, action: Callable[[int, str], _T]) -> _T | None:
+        """``action(folder_fd, file_name)`` on the folder holding the recorded ``name``, reached from
+        the output folder without following a symbolic link (None: a folder on the way is missing or
+        is not a folder, so the file is not there); a link on the way makes the record damaged."""
+        parts = PurePosixPath(name).parts
+        fds = [os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)]
+        try:
+            for depth, part in enumerate(parts[:-1]):
+                try:
+                    mode = os.stat(part, dir_fd=fds[-1], follow_symlinks=False).st_mode
+                except FileNotFoundError:
+                    return None
+                if stat.S_ISLNK(mode):
+                    raise self._damaged(name, f"reached through the symbolic link {'/'.join(parts[: depth + 1])}")
+                if not stat.S_ISDIR(mode):
+                    return None
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+            return action(fds[-1], parts[-1])
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _left(self, files: dict[str, Stamp], remove: bool = False) -> list[str]:
+        """Which recorded ``files`` are there, each reached through :meth:`_at` (``remove``: and
+        unlinked through the descriptor of its folder, right after its check); refused in one line
+        when one is there but is not the regular file the run left (another size or modification
+        time; for an older record, newer than the record)."""
+        record = self.path / RECORD_NAME
+        record_time = os.lstat(record).st_mtime_ns if os.path.lexists(record) else 0
+
+        def visit(fd: int, base: str, name: str, stamp: Stamp) -> bool:
+            try:
+                info = os.stat(base, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            left = _stamp(info) == stamp if stamp is not None else info.st_mtime_ns <= record_time
+            if not (stat.S_ISREG(info.st_mode) and left):
+                raise self._refuse(
+                    f"holds {name}, which an earlier run of locatdino {self.command} wrote but which has changed "
+                    f"since (its size, modification time or kind): move it away or choose another {self.option} "
+                    "(a run removes only the files it wrote, as it left them)"
+                )
+            if remove:
+                os.unlink(base, dir_fd=fd)
+            return True
+
+        return [name for name, stamp in files.items() if self._at(name, partial(visit, name=name, stamp=stamp))]
+
     def earlier(self) -> list[str]:
-        """The files of an earlier run still in the folder (relative paths, as recorded)."""
-        return [name for name in self.recorded()[1] if os.path.lexists(self.path / name)]
+        """The files of an earlier run still in the folder (relative paths, as recorded); refused in
+        one line when the record is damaged or a recorded file has changed since."""
+        return self._left(self.recorded()[1])
 
     def check(self, planned: Iterable[str | os.PathLike], overwrite: bool) -> None:
         """Refuse, in one line and before any work, a folder this run may not write into: a file,
@@ -154,31 +261,32 @@ class OutputFolder:
                 remove_stale_temporaries(folder)  # a run's sub-folders too (one per model)
             if overwrite:
                 self._remove_earlier()
-            self._written = []
+            self._written = {}
             self._save()
             yield self
 
     def _remove_earlier(self) -> None:
+        files = self.recorded()[1]
+        self._left(files)  # every file checked before the first is removed
         folders = set()
-        for name in self.earlier():
-            target = self.path / name
-            if target.is_dir() and not target.is_symlink():
-                continue  # a folder is recorded only through its files
-            target.unlink()
+        for name in self._left(files, remove=True):
             folders.update(self.path / parent for parent in PurePosixPath(name).parents[:-1])
         for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # the deepest first
             with contextlib.suppress(OSError):  # kept when it holds anything else
                 folder.rmdir()
 
     def _save(self) -> None:
+        files = {name: {"size": size, "mtime_ns": mtime} for name, (size, mtime) in self._written.items()}
         atomic_write_text(
-            self.path / RECORD_NAME, json.dumps({"command": self.command, "files": self._written}, indent=1) + "\n"
+            self.path / RECORD_NAME, json.dumps({"command": self.command, "files": files}, indent=1) + "\n"
         )
 
     def wrote(self, *paths: str | os.PathLike) -> None:
-        """Record files this run has written (paths inside the folder, absolute or relative to it;
-        one that is not there, an output a run may leave out, is skipped)."""
-        before = len(self._written)
+        """Record files this run has written (paths inside the folder, absolute or relative to it),
+        each with its size and modification time as it is now: call it again after rewriting one.
+        A path that is not there (an output a run may leave out), is not a regular file, or is
+        reached through a symbolic link inside the folder is not recorded, so never removed."""
+        before = dict(self._written)
         for path in map(Path, paths):
             if not os.path.lexists(path if path.is_absolute() or path.is_relative_to(self.path) else self.path / path):
                 continue
@@ -187,9 +295,13 @@ class OutputFolder:
             elif path.is_absolute():
                 path = path.resolve().relative_to(self.path.resolve())
             name = _relative(path)
-            if name not in self._written:
-                self._written.append(name)
-        if len(self._written) > before:
+            if _not_recordable(name) is not None:
+                raise ValueError(f"{name!r} cannot be recorded as a file of {self.path}: {_not_recordable(name)}")
+            with contextlib.suppress(UserError):  # reached through a link: not recorded
+                info = self._at(name, lambda fd, base: os.stat(base, dir_fd=fd, follow_symlinks=False))
+                if info is not None and stat.S_ISREG(info.st_mode):
+                    self._written[name] = _stamp(info)
+        if self._written != before:
             self._save()
 
     def write_text(self, name: str | os.PathLike, text: str) -> Path:

@@ -5,7 +5,8 @@ Three sources, each ``ds[i] -> (PIL RGB image, class index)`` with every label k
 image is decoded (so a split that cannot be scored is refused before the long work):
 
 - ``imagefolder``: ``ROOT/<split>/<class>/<image>``, classes sorted by folder name and images
-  listed as torchvision's ``ImageFolder`` does (its extensions, its order);
+  listed as torchvision's ``ImageFolder`` does (its extensions, its order, links followed), but each
+  real file once (:func:`~locatdino.data.image_files.image_files`: a link loop is not walked again);
 - ``shards``: ``ROOT/<split>/`` of ``locatdino shards`` of such a tree (a ``cls`` per sample and
   the class names in ``index.json``), the supervised recipe's format;
 - ``scenes``: the built-in scenes, one class per scene (its dominant object), as ``compare``.
@@ -31,8 +32,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
+from locatdino.data.image_files import image_files
 from locatdino.data.transforms.decode import decode_rgb
 
 CLASS_DATASETS = ("imagefolder", "shards", "scenes")
@@ -85,14 +87,17 @@ class LabelledImages:
 
 
 def _image_folder(root: Path, names: SplitOptions) -> LabelledImages:
-    """``root/<class>/<image>`` as ``ImageFolder`` lists it; an empty class folder is refused."""
+    """``root/<class>/<image>`` as ``ImageFolder`` lists it, each real file once (one walk of
+    ``root``: a link from one class into another is not walked again); an empty class folder is
+    refused."""
     if not root.is_dir():
         raise ValueError(f"{names.data_dir}: {root} is not a folder (expected ROOT/<split>/<class>/<image>)")
     try:
         classes, class_to_idx = find_classes(root)
     except FileNotFoundError:
         raise ValueError(f"{names.data_dir}: {root} holds no class folder (expected {root}/<class>/<image>)") from None
-    samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    found = [(str(p), class_to_idx.get(p.relative_to(root).parts[0])) for p in image_files(root, IMG_EXTENSIONS)]
+    samples = sorted(((path, label) for path, label in found if label is not None), key=lambda s: s[1])  # stable
     counts = np.bincount([label for _, label in samples], minlength=len(classes))
     if (counts == 0).any():
         empty = [classes[c] for c in np.flatnonzero(counts == 0)]

@@ -1,5 +1,8 @@
 """The one overwrite rule (locatdino.common.output_folder): earlier output is what a run recorded writing."""
 
+import json
+import os
+
 import pytest
 
 from locatdino.common.errors import UserError
@@ -83,3 +86,134 @@ def test_a_refused_or_unwritable_folder_is_not_created(tmp_path):
     assert not (tmp_path / "file").is_dir()
     with pytest.raises(UserError, match="is a file, not a folder"):
         OutputFolder(tmp_path / "file", "hbird").check(["results.json"], False)
+
+
+def _record(out):
+    return json.loads((out / RECORD_NAME).read_text())
+
+
+def _save_record(out, record):
+    (out / RECORD_NAME).write_text(json.dumps(record))
+
+
+def test_the_record_keeps_each_files_size_and_modification_time_and_a_rewrite_updates_them(tmp_path):
+    out = tmp_path / "out"
+    folder = OutputFolder(out, "knn")
+    folder.check(["results.json"], False)
+    with folder.writing(False):
+        folder.write_text("results.json", "one model")
+        folder.write_text("results.json", "two models, written again")  # knn writes after each model
+    info = os.stat(out / "results.json")
+    assert _record(out) == {
+        "command": "knn",
+        "files": {"results.json": {"size": len("two models, written again"), "mtime_ns": info.st_mtime_ns}},
+    }
+    _run(out, {"summary.md": "x"}, overwrite=True, command="knn")  # the rewritten file is still the run's
+    assert not (out / "results.json").exists()
+
+
+def _damage_cases(tmp_path, out):
+    """Entries of a damaged or edited record, each naming a file of the user's (``victim``)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's, outside --out")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "victim.txt").write_text("the user's, behind a link")
+    (out / "link").symlink_to(tmp_path / "elsewhere")
+    return {
+        str(victim): ("an absolute path", victim),
+        "../victim.txt": ("a path through '..'", victim),
+        "sub/../../victim.txt": ("a path through '..'", victim),
+        "link/victim.txt": ("reached through the symbolic link link", tmp_path / "elsewhere" / "victim.txt"),
+        ".locatdino.lock": ("the folder's own bookkeeping file", out / ".locatdino.lock"),
+        RECORD_NAME: ("the folder's own bookkeeping file", out / RECORD_NAME),
+    }
+
+
+@pytest.mark.parametrize(
+    "entry", ["absolute", "../victim.txt", "sub/../../victim.txt", "link/victim.txt", ".locatdino.lock", RECORD_NAME]
+)
+def test_a_damaged_record_removes_nothing_and_is_refused_naming_the_entry(tmp_path, entry):
+    out = tmp_path / "out"
+    _run(out, {"results.json": "first"})
+    (out / ".locatdino.lock").touch()  # the lock file a run leaves
+    cases = _damage_cases(tmp_path, out)
+    entry = str(tmp_path / "victim.txt") if entry == "absolute" else entry
+    why, victim = cases[entry]
+    record = _record(out)
+    info = os.stat(victim)  # the victim's own size and time: only the name can make it refused
+    record["files"][entry] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    _save_record(out, record)
+    before = victim.read_bytes()
+    expected = (
+        f"--out {out} holds a damaged record {out / RECORD_NAME}: it lists {entry!r}, {why} (a run removes only "
+        "files inside --out reached without a link): nothing was removed, choose another --out"
+    )
+    for overwrite in (False, True):
+        with pytest.raises(UserError) as refused:
+            _run(out, {"results.json": "second"}, overwrite=overwrite)
+        assert str(refused.value) == expected
+    assert victim.read_bytes() == before and (out / "results.json").read_text() == "first"
+
+
+def test_an_older_record_without_sizes_is_still_read(tmp_path):
+    """Names only: a file no newer than the record is the run's; one put there later is refused."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("results.json", "summary.md"):
+        (out / name).write_text("earlier run")
+        os.utime(out / name, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    _save_record(out, {"command": "hbird", "files": ["results.json", "summary.md", "gone.json"]})
+    os.utime(out / RECORD_NAME, ns=(1_000_000_001_000_000_000, 1_000_000_001_000_000_000))
+    assert OutputFolder(out, "hbird").earlier() == ["results.json", "summary.md"]
+    os.utime(out / "summary.md", ns=(1_000_000_002_000_000_000, 1_000_000_002_000_000_000))  # the user's, later
+    with pytest.raises(UserError, match="^--out .* holds summary.md, which an earlier run of locatdino hbird wrote"):
+        _run(out, {"results.json": "new"}, overwrite=True)
+    assert (out / "results.json").read_text() == "earlier run" and (out / "summary.md").exists()
+    os.utime(out / "summary.md", ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    _run(out, {"results.json": "new"}, overwrite=True)
+    assert (out / "results.json").read_text() == "new" and not (out / "summary.md").exists()
+
+
+@pytest.mark.parametrize("change", ["rewritten", "same size, touched", "a link", "a folder"])
+def test_a_recorded_file_changed_since_is_refused_not_removed(tmp_path, change):
+    out = tmp_path / "out"
+    _run(out, {"results.json": "first", "summary.md": "first"})
+    mine = tmp_path / "mine.md"
+    mine.write_text("the user's notes")
+    (out / "summary.md").unlink()
+    if change == "rewritten":
+        (out / "summary.md").write_text("the user's own summary")
+    elif change == "same size, touched":
+        (out / "summary.md").write_text("first")
+        os.utime(out / "summary.md", ns=(1, 1))
+    elif change == "a link":
+        (out / "summary.md").symlink_to(mine)
+    else:
+        (out / "summary.md").mkdir()
+        (out / "summary.md" / "notes.md").write_text("the user's")
+    for overwrite in (False, True):
+        with pytest.raises(UserError) as refused:
+            _run(out, {"results.json": "second"}, overwrite=overwrite)
+        assert str(refused.value) == (
+            f"--out {out} holds summary.md, which an earlier run of locatdino hbird wrote but which has changed "
+            "since (its size, modification time or kind): move it away or choose another --out (a run removes "
+            "only the files it wrote, as it left them)"
+        )
+    assert os.path.lexists(out / "summary.md") and mine.read_text() == "the user's notes"
+    assert (out / "results.json").read_text() == "first"  # nothing removed: every file is checked first
+
+
+@pytest.mark.parametrize("kind", ["folder", "link"])
+def test_a_record_that_is_not_a_file_is_refused(tmp_path, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "folder":
+        (out / RECORD_NAME).mkdir()
+    else:
+        (tmp_path / "record.json").write_text(json.dumps({"command": "hbird", "files": []}))
+        (out / RECORD_NAME).symlink_to(tmp_path / "record.json")
+    with pytest.raises(UserError) as refused:
+        OutputFolder(out, "hbird").check(["results.json"], overwrite=True)
+    assert str(refused.value) == (
+        f"--out {out} holds {out / RECORD_NAME}, which is not a file (a folder or a link): choose another --out"
+    )

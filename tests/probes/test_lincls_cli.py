@@ -263,7 +263,7 @@ def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tm
         *SMALL,
     ]
     assert cli.main([*argv, "--out", str(out)]) == 0
-    assert json.loads((out / ".locatdino-output.json").read_text())["files"] == ["results.json", "report.md"]
+    assert list(json.loads((out / ".locatdino-output.json").read_text())["files"]) == ["results.json", "report.md"]
     first = (out / "results.json").read_text()
     with pytest.raises(
         SystemExit,

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the shard set already in OUT_DIR (its index.json and PREFIX-NNNNNN.tar files; "
-        "other .tar files are never replaced)",
+        help="replace the shard set already in OUT_DIR: its index.json and the shards it lists, removed once the "
+        "new set is complete (a .tar it does not list, or .tar files without an index.json: refused, never removed)",
     )
     add_shared_option(groups.runtime, "--workers", note="the cores this process may use")
     groups.runtime.add_argument("--quiet", action="store_true", help="no progress bar")

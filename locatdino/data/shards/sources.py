@@ -28,6 +28,7 @@ from PIL import Image
 
 from locatdino.data.datasets.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
 from locatdino.data.datasets.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
+from locatdino.data.image_files import image_files
 from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_class, scene_classes, scene_rng
 from locatdino.data.transforms.decode import IMAGE_SUFFIXES, DecodeError, decode_mask, decode_rgb
 
@@ -91,8 +92,9 @@ def _segmentation(names: tuple[str, ...], ignore_index: int | None) -> dict[str,
 
 @dataclass
 class FolderSource:
-    """Every image below ``root`` (recursive). If ``root`` holds only sub-folders, each top-level
-    sub-folder is a class (as in ``torchvision.datasets.ImageFolder``) and samples get ``cls``."""
+    """Every image below ``root`` (recursive, symbolic links followed, each real file once:
+    :func:`~locatdino.data.image_files.image_files`). If ``root`` holds only sub-folders, each
+    top-level sub-folder is a class (as in ``torchvision.datasets.ImageFolder``) and samples get ``cls``."""
 
     root: Path
     kind: str = "folder"
@@ -101,9 +103,7 @@ class FolderSource:
         self.root = Path(self.root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder {self.root} does not exist")
-        self._files = sorted(
-            p.relative_to(self.root) for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
-        )
+        self._files = sorted(p.relative_to(self.root) for p in image_files(self.root, IMAGE_SUFFIXES))
         if not self._files:
             raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {self.root}")
         nested = all(len(p.parts) > 1 for p in self._files)

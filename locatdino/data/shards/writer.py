@@ -14,8 +14,9 @@ How a run stays safe:
   ``out_dir``). The output is the same for any number of workers. The workers end with the run
   (:func:`locatdino.common.processes.worker_pool`): a stopped or killed run leaves none behind.
 - an ``out_dir`` that already holds shards is refused unless ``overwrite=True``, which deletes
-  the previous ``<prefix>-*.tar`` set only after the new one is complete; foreign ``.tar`` files
-  are never deleted (the run stops, naming one), so a ``*.tar`` glob never mixes two runs.
+  the shards the previous ``index.json`` lists, only after the new set is complete; a ``.tar``
+  that index does not list, or ``.tar`` files without an index, stop the run before any work
+  (naming one) and are never deleted, so a ``*.tar`` glob never mixes two runs.
 - ``prefix`` is a file-name stem (:func:`check_prefix`): ``../x`` or ``/abs/x`` would write
   outside ``out_dir``, over whatever is there.
 - a sample the source cannot decode (``DecodeError``) is skipped, counted and named in the index
@@ -57,6 +58,7 @@ from locatdino.data.transforms.decode import DecodeError
 INDEX_NAME = "index.json"
 SKIPPED_NAMED = 100  # skipped files named in index.json (all are counted)
 _PREFIX = re.compile(r"[\w+-][\w.+-]*")
+_SHARD_NAME = re.compile(r"[\w+-][\w.+-]*\.tar")  # a file name in out_dir, no path
 _worker: dict[str, Any] = {}
 
 
@@ -109,9 +111,26 @@ def _write_chunk(chunk: int, items: list[Any], tmp: str, maxcount: int, maxsize:
     return {"shards": shards, "skipped": skipped}
 
 
-def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
-    """Shards of an earlier run that ``overwrite`` will replace; refuses anything ambiguous."""
-    tars = sorted(out.glob("*.tar"))
+def _listed_shards(out: Path) -> list[str]:
+    """The shard names ``out``'s index.json lists (plain file names ending in ``.tar``); an index
+    that lists none this way is refused in one line (nothing is removed on its word)."""
+    index = out / INDEX_NAME
+    refused = "(written by locatdino shards?): refusing to remove anything; choose another directory"
+    try:
+        names = [shard["name"] for shard in json.loads(index.read_text())["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise FileExistsError(f"{index} does not list its shards {refused}") from None
+    bad = [name for name in names if not (isinstance(name, str) and _SHARD_NAME.fullmatch(name))]
+    if bad:
+        raise FileExistsError(f"{index} lists {bad[0]!r}, not a shard file name {refused}")
+    return names
+
+
+def _previous_shards(out: Path, overwrite: bool) -> list[Path]:
+    """The shards of an earlier run that ``overwrite`` replaces: exactly those its index.json
+    lists. Refused in one line, before any work: a folder holding shards without ``overwrite``, a
+    ``.tar`` the index does not list, ``.tar`` files and no index."""
+    tars = sorted(p.name for p in out.glob("*.tar"))
     index = out / INDEX_NAME
     if not tars and not index.exists():
         return []
@@ -121,13 +140,20 @@ def _previous_shards(out: Path, prefix: str, overwrite: bool) -> list[Path]:
             f"{out} already holds shards ({found}); pass --overwrite (overwrite=True) to "
             "replace them, or choose another directory"
         )
-    foreign = [t for t in tars if not (t.name.startswith(f"{prefix}-") and t.name[len(prefix) + 1 : -4].isdigit())]
-    if foreign:
+    if not index.exists():  # so there are .tar files
         raise FileExistsError(
-            f"{out} holds .tar files that are not {prefix}-NNNNNN.tar shards (e.g. {foreign[0].name}); "
-            "refusing to mix shard sets: choose an empty directory"
+            f"{out} holds {len(tars)} .tar file(s) (e.g. {tars[0]}) but no {INDEX_NAME}: no shard set of "
+            "locatdino shards to replace; move them or choose another directory"
         )
-    return tars
+    listed = _listed_shards(out)
+    unlisted = [name for name in tars if name not in listed]
+    if unlisted:
+        more = f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else ""
+        raise FileExistsError(
+            f"{out} holds {unlisted[0]}{more}, which its {INDEX_NAME} does not list: --overwrite replaces only "
+            "the listed shards, and a *.tar glob would mix two sets; move it or choose another directory"
+        )
+    return [out / name for name in listed if (out / name).is_file()]
 
 
 def write_shards(
@@ -158,7 +184,7 @@ def write_shards(
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
-    previous = _previous_shards(out, prefix, overwrite)
+    previous = _previous_shards(out, overwrite)
     items = source.items()
     chunks = [items[i : i + maxcount] for i in range(0, len(items), maxcount)]
     workers = min(workers if workers is not None else available_cores(), len(chunks))

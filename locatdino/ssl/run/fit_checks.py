@@ -101,6 +101,20 @@ def _not_a_multiple(key: str, size: int, patch: int, backbone: str) -> UserError
     )
 
 
+def _shards_advice(urls: Any) -> str:
+    """How to get shards where ``urls`` points: write them there, unless it is a folder holding
+    files already (a folder of images, say), whose shards belong in a folder of their own."""
+    try:
+        with os.scandir(os.path.expanduser(urls)) as entries:  # not a folder, or unreadable: OSError
+            holds_files = any(entries)
+    except (OSError, TypeError):  # TypeError: a list of URLs
+        holds_files = False
+    if holds_files:
+        target = f"{urls.rstrip('/')}-shards"
+        return f"a folder of images? write its shards into a folder of their own: `locatdino shards {urls} {target}`"
+    return f"write shards there with `locatdino shards SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`"
+
+
 def check_fit_config(config: Namespace) -> None:
     """Raise a one-line :class:`UserError` for the first value of ``config`` (the merged ``fit``
     config) that would fail later: batch size, model name, crop sizes vs patch size, shard
@@ -135,10 +149,7 @@ def check_fit_config(config: Namespace) -> None:
             try:
                 expand_urls(urls)
             except FileNotFoundError as err:
-                raise UserError(
-                    f"data.init_args.{key}: {err} (write shards there with `locatdino shards "
-                    f"SOURCE {urls if isinstance(urls, str) else 'OUT_DIR'}`)"
-                ) from None
+                raise UserError(f"data.init_args.{key}: {err} ({_shards_advice(urls)})") from None
 
     lr = model.get("lr")
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):

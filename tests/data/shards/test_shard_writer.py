@@ -50,6 +50,62 @@ def test_rerun_is_refused_unless_overwrite_and_never_mixes_sets(tmp_path):
         write_shards(ScenesSource(3, size=16), tmp_path, maxcount=2, workers=0, progress=False, overwrite=True)
 
 
+class _NoWork(ScenesSource):
+    """A source whose items must not be listed: the refusal comes before any work."""
+
+    def items(self):
+        raise AssertionError("work started before the folder was checked")
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_overwrite_removes_only_the_shards_the_index_lists(tmp_path):
+    write_shards(ScenesSource(5, size=16), tmp_path, maxcount=2, workers=0, progress=False)  # 3 shards
+    (tmp_path / "shard-000007.tar").write_bytes(b"the user's, named like a shard")
+    before = _files(tmp_path)
+    with pytest.raises(FileExistsError) as refused:
+        write_shards(_NoWork(1, size=16), tmp_path, maxcount=2, workers=0, progress=False, overwrite=True)
+    assert str(refused.value) == (
+        f"{tmp_path} holds shard-000007.tar, which its index.json does not list: --overwrite replaces only the "
+        "listed shards, and a *.tar glob would mix two sets; move it or choose another directory"
+    )
+    assert _files(tmp_path) == before
+    (tmp_path / "shard-000007.tar").unlink()
+    index = json.loads((tmp_path / "index.json").read_text())
+    index["shards"] = index["shards"][:2]  # an index of two of the three: the third is not its to remove
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FileExistsError, match="holds shard-000002.tar, which its index.json does not list"):
+        write_shards(_NoWork(1, size=16), tmp_path, maxcount=2, workers=0, progress=False, overwrite=True)
+    (tmp_path / "shard-000002.tar").rename(tmp_path / "kept.bin")
+    write_shards(ScenesSource(1, size=16), tmp_path, maxcount=2, workers=0, progress=False, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json", "kept.bin", "shard-000000.tar"]
+
+
+def test_overwrite_refuses_shards_without_an_index_and_a_damaged_index(tmp_path):
+    (tmp_path / "shard-000000.tar").write_bytes(b"no index says whose")
+    (tmp_path / "shard-000001.tar").write_bytes(b"no index says whose")
+    with pytest.raises(FileExistsError) as refused:
+        write_shards(_NoWork(1, size=16), tmp_path, workers=0, progress=False, overwrite=True)
+    assert str(refused.value) == (
+        f"{tmp_path} holds 2 .tar file(s) (e.g. shard-000000.tar) but no index.json: no shard set of locatdino "
+        "shards to replace; move them or choose another directory"
+    )
+    for index, problem in [
+        ({"num_shards": 2}, "does not list its shards"),
+        ({"shards": [{"name": "../shard-000000.tar"}]}, "lists '../shard-000000.tar', not a shard file name"),
+    ]:
+        (tmp_path / "index.json").write_text(json.dumps(index))
+        with pytest.raises(FileExistsError) as refused:
+            write_shards(_NoWork(1, size=16), tmp_path, workers=0, progress=False, overwrite=True)
+        assert str(refused.value) == (
+            f"{tmp_path / 'index.json'} {problem} (written by locatdino shards?): refusing to remove anything; "
+            "choose another directory"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json", "shard-000000.tar", "shard-000001.tar"]
+
+
 def test_maxsize_starts_new_shards(tmp_path):
     index = write_shards(ScenesSource(6, size=32), tmp_path, maxcount=100, maxsize=2000, workers=0, progress=False)
     assert index["num_shards"] > 1 and index["num_samples"] == 6

@@ -440,6 +440,14 @@ def test_fit_missing_shards_and_unreadable_checkpoint(tmp_path, capsys):
         f"locatdino fit: data.init_args.train_urls: no shards match '{tmp_path / 'in1k'}' "
         f"(write shards there with `locatdino shards SOURCE {tmp_path / 'in1k'}`)"
     )
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"an image, not a shard")
+    status, err = _fit_error(capsys, [*args, "--data.init_args.train_urls", str(tmp_path / "photos")])
+    assert status == 1 and err == (  # never into the user's image folder
+        f"locatdino fit: data.init_args.train_urls: no shards match '{tmp_path / 'photos'}' (a folder of images? "
+        f"write its shards into a folder of their own: `locatdino shards {tmp_path / 'photos'} "
+        f"{tmp_path / 'photos'}-shards`)"
+    )
     (tmp_path / "teacher.pth").write_bytes(b"")
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "shard-000000.tar").write_bytes(b"")
