@@ -19,20 +19,22 @@ from locatdino.retrieval.evaluate import HummingbirdConfig
 from locatdino.retrieval.options import COMPARE_HBIRD_TABLE, HBIRD_TABLE, PROTOCOLS, parse_protocol_args
 
 DATA = {"--dataset", "--data-dir", "--train-split", "--val-split", "--num-train", "--num-val", "--scene-size"}
+LISTS = {"--train-list", "--fraction", "--fraction-seed"}  # the memory by id: hbird, linprobe, compare
 MODEL = {"--model", "--pos-embed", "--checkpoint"}  # --checkpoint: retired, hidden, caught with a hint
 # each command's options that set no protocol config field: models, data, device, outputs, presets
 COMMANDS = {
     "locatdino.retrieval.cli": (
         [HBIRD_TABLE],
-        MODEL | DATA | {"--help", "--protocol", "--device", "--memory-dir", "--out", "--overwrite"},
+        MODEL | DATA | LISTS | {"--help", "--protocol", "--device", "--memory-dir", "--out", "--overwrite"},
     ),
-    "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
+    "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | LISTS | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.knn_cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.probes.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
     "locatdino.comparison.cli": (
         [COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
         MODEL
         | DATA
+        | LISTS
         | {
             "--help",
             "--protocol",

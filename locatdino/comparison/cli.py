@@ -39,6 +39,7 @@ from locatdino.evaluation.features import check_layer
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
+from locatdino.evaluation.train_lists import add_train_list_arguments, listed_ids, train_list_record
 from locatdino.evaluation.views import BadSample
 from locatdino.models import create_backbone
 from locatdino.models.dense_features import feature_layers
@@ -116,6 +117,7 @@ def _parser() -> ArgumentParser:
         "grid, through the same Hummingbird and linear probe (docs/evaluation.md)",
     )
     add_data_arguments(groups.data)
+    add_train_list_arguments(groups.data)
     add_protocol_arguments(groups)
     protocol = groups.protocol
     protocol.add_argument(
@@ -161,6 +163,7 @@ def _linprobe_config(args: argparse.Namespace) -> LinearProbeConfig | None:
 
 def _open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     """The memory and query segmentation splits, or ``(None, None)`` for shards without masks."""
+    listed_ids(args)  # a list that cannot be used is its own error, never "shards without masks"
     try:
         train, val = open_splits(args)
     except BadSample:  # masks there, none of them usable
@@ -293,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 "data_dir": args.data_dir,
                 "train_split": args.train_split,
                 "val_split": args.val_split,
+                "train_list": train_list_record(args),
                 "num_train": len(train) if train is not None else len(probes.train_labels),
                 "num_val": len(val) if val is not None else len(probes.test_labels),
                 "class_names": classes,

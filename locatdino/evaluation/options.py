@@ -30,6 +30,7 @@ from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.precision import PRECISIONS
 from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
+from locatdino.evaluation.train_lists import listed_ids, select_listed, train_list_record
 from locatdino.evaluation.views import check_usable
 
 
@@ -107,10 +108,12 @@ def add_loader_arguments(g: Any) -> None:
 
 
 def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The memory (``--train-split``) and query (``--val-split``) splits of the data options,
+    """The memory (``--train-split``, the images ``--train-list`` / ``--fraction`` name when given:
+    :mod:`locatdino.evaluation.train_lists`) and query (``--val-split``) splits of the data options,
     each refused (one line) when it has fewer images than asked for or none that can be used
     (:func:`~locatdino.evaluation.views.check_usable`): before any model is loaded."""
     common = dict(seed=args.seed, scene_size=args.scene_size)
+    listed = listed_ids(args)  # a list that cannot be used is refused before any folder is read
     train = open_split(
         args.dataset,
         args.data_dir,
@@ -123,6 +126,8 @@ def open_splits(args: argparse.Namespace) -> tuple[Any, Any]:
     val = open_split(
         args.dataset, args.data_dir, args.val_split, args.num_val, default_scenes=100, option="--num-val", **common
     )
+    if listed is not None:
+        train = select_listed(train, *listed, args.train_split, val)
     check_usable(train, f"--train-split {args.train_split}")
     check_usable(val, f"--val-split {args.val_split}")
     return train, val
@@ -174,6 +179,7 @@ def record_run(result: dict, args: argparse.Namespace, run: ModelRun, model: nn.
         train_split=args.train_split,
         val_split=args.val_split,
         scene_size=args.scene_size if args.dataset == "scenes" else None,
+        train_list=train_list_record(args),
     )
     result["provenance"]["checkpoint"] = checkpoint_record(run.checkpoint)
     return result

@@ -41,6 +41,7 @@ from locatdino.evaluation.options import (
     record_run,
 )
 from locatdino.evaluation.splits import CachedSplit
+from locatdino.evaluation.train_lists import add_train_list_arguments
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
@@ -84,6 +85,7 @@ def _parser() -> ArgumentParser:
     groups = option_groups(p)
     add_model_arguments(groups.model)
     add_data_arguments(groups.data)
+    add_train_list_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
     add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()

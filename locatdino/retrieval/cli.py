@@ -34,6 +34,7 @@ from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits, record_run
 from locatdino.evaluation.splits import SubsetSplit
+from locatdino.evaluation.train_lists import add_train_list_arguments
 from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.retrieval.index import check_index_device
 from locatdino.retrieval.memory import check_bank_folder
@@ -71,6 +72,7 @@ def _parser() -> ArgumentParser:
     groups = option_groups(p)
     add_model_arguments(groups.model)
     add_data_arguments(groups.data)
+    add_train_list_arguments(groups.data)
     add_protocol_arguments(groups)
     groups.runtime.add_argument(
         "--memory-dtype",

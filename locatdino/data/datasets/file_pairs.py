@@ -20,6 +20,7 @@ class FilePairsSegmentation:
     class_names: list[str]
     num_classes: int
     ignore_index: int | None
+    id_suffix: str = ""  # the part of an image file's stem that is not its id (Cityscapes: _leftImg8bit)
 
     def __init__(self, pairs: list[tuple[Path, Path]]) -> None:
         self.pairs = pairs
@@ -30,6 +31,11 @@ class FilePairsSegmentation:
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         image, mask = self.pairs[index]
         return decode_rgb(image, upright=False), decode_mask(mask)  # masks label the stored pixel grid
+
+    def sample_ids(self) -> list[str]:
+        """Every sample's image id, in order: its image file's name without ``id_suffix`` and
+        extension (``2007_000032``, ``ADE_train_00000001``), the ids published subset lists name."""
+        return [Path(image).stem.removesuffix(self.id_suffix) for image, _ in self.pairs]
 
     def sample_source(self, index: int) -> str:
         """Sample ``index`` named for messages: its mask file (and its image's name)."""

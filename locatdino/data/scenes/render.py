@@ -414,6 +414,11 @@ class ScenesSegmentation:
     def __len__(self) -> int:
         return self.num_images
 
+    def sample_ids(self) -> list[str]:
+        """Every scene's id, ``<split>_<index, 5 digits>`` (``train_00003``): what an image-id list
+        (``--train-list``) names; a scene of another split never shares one."""
+        return [f"{self.split}_{i:05d}" for i in range(self.num_images)]
+
     def __getitem__(self, index: int) -> tuple[Image.Image, np.ndarray]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"scene index {index} out of range [0, {self.num_images})")

@@ -62,14 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--kind",
         default="auto",
-        choices=["auto", "folder", "voc", "ade20k", "scenes"],
+        choices=["auto", "folder", "voc", "ade20k", "cityscapes", "scenes"],
         help="source layout (default: detected from the tree)",
     )
     data.add_argument(
         "--split",
         default=None,
         help="voc: train/val/trainval/trainaug (train); ade20k: training/validation (training); "
-        "scenes: train/val (train)",
+        "cityscapes: train/val (train); scenes: train/val (train)",
     )
     data.add_argument("--synthetic", type=at_least(0), default=0, metavar="N", help="write N built-in scenes")
     add_shared_option(data, "--seed", 0)

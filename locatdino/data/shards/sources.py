@@ -27,6 +27,13 @@ import numpy as np
 from PIL import Image
 
 from locatdino.data.datasets.ade20k import ADE20K_CLASSES, ADE20K_IGNORE_INDEX, ade20k_pairs
+from locatdino.data.datasets.cityscapes import (
+    CITYSCAPES_CLASSES,
+    CITYSCAPES_IGNORE_INDEX,
+    cityscapes_pairs,
+    is_label_id_mask,
+    to_train_ids,
+)
 from locatdino.data.datasets.voc import VOC_CLASSES, VOC_IGNORE_INDEX, voc_pairs
 from locatdino.data.image_files import image_files
 from locatdino.data.scenes import SCENE_CLASSES, render_scene, scene_class, scene_classes, scene_rng
@@ -139,14 +146,15 @@ def _renamed(renamed: dict[str, str], shown: int = 100) -> dict[str, Any]:
 
 @dataclass
 class PairSource:
-    """Image + mask pairs of a segmentation benchmark (``kind`` "voc" or "ade20k")."""
+    """Image + mask pairs of a segmentation benchmark (``kind`` "voc", "ade20k" or "cityscapes";
+    Cityscapes' PNG images are kept as ``png``, its ``labelIds`` masks written as train ids)."""
 
     root: Path
     split: str
     kind: str
 
     def __post_init__(self) -> None:
-        finder = {"voc": voc_pairs, "ade20k": ade20k_pairs}[self.kind]
+        finder = {"voc": voc_pairs, "ade20k": ade20k_pairs, "cityscapes": cityscapes_pairs}[self.kind]
         pairs = finder(self.root, self.split)
         keys, self.renamed = unique_keys([i.name for i, _ in pairs])
         self._pairs = [(str(i), str(m), key) for (i, m), key in zip(pairs, keys)]
@@ -156,14 +164,23 @@ class PairSource:
 
     def sample(self, item: tuple[str, str, str]) -> Sample:
         image, mask, key = item
+        seg = _read(Path(mask), decode_mask, mask)
+        if is_label_id_mask(mask):
+            out = io.BytesIO()
+            Image.fromarray(to_train_ids(decode_mask(seg)), "L").save(out, format="PNG")
+            seg = out.getvalue()
         return {
             "__key__": key,
-            "jpg": _read(Path(image), _CHECK_PAIRED_IMAGE, image),
-            "seg.png": _read(Path(mask), decode_mask, mask),
+            "png" if self.kind == "cityscapes" else "jpg": _read(Path(image), _CHECK_PAIRED_IMAGE, image),
+            "seg.png": seg,
         }
 
     def metadata(self) -> dict[str, Any]:
-        names, ignore = (VOC_CLASSES, VOC_IGNORE_INDEX) if self.kind == "voc" else (ADE20K_CLASSES, ADE20K_IGNORE_INDEX)
+        names, ignore = {
+            "voc": (VOC_CLASSES, VOC_IGNORE_INDEX),
+            "ade20k": (ADE20K_CLASSES, ADE20K_IGNORE_INDEX),
+            "cityscapes": (CITYSCAPES_CLASSES, CITYSCAPES_IGNORE_INDEX),
+        }[self.kind]
         return {**_segmentation(names, ignore), **_renamed(self.renamed)}
 
 
@@ -214,7 +231,7 @@ class ScenesSource:
 def build_source(
     source: str | Path, kind: str = "auto", split: str | None = None, synthetic: int = 0, seed: int = 0, size: int = 224
 ) -> ShardSource:
-    """Pick the source: ``kind`` in auto/folder/voc/ade20k/scenes (auto looks at the tree)."""
+    """Pick the source: ``kind`` in auto/folder/voc/ade20k/cityscapes/scenes (auto looks at the tree)."""
     if synthetic and (str(source) != "scenes" or kind not in ("auto", "scenes")):
         given = f"--kind {kind}" if str(source) == "scenes" else f"the source {source}"
         raise ValueError(f"--synthetic {synthetic} writes built-in scenes, but {given} was given too: drop one")
@@ -228,10 +245,12 @@ def build_source(
             kind = "voc"
         elif any((root / d / "annotations").is_dir() for d in (".", "ADEChallengeData2016")):
             kind = "ade20k"
+        elif any((root / d / "leftImg8bit").is_dir() for d in (".", "cityscapes", "Cityscapes")):
+            kind = "cityscapes"  # without gtFine/ refused by the reader, never written as plain images
         else:
             kind = "folder"
     if kind == "folder":
         return FolderSource(root)
-    if kind in ("voc", "ade20k"):
-        return PairSource(root, split or {"voc": "train", "ade20k": "training"}[kind], kind)
-    raise ValueError(f"unknown source kind {kind!r} (auto, folder, voc, ade20k, scenes)")
+    if kind in ("voc", "ade20k", "cityscapes"):
+        return PairSource(root, split or {"voc": "train", "ade20k": "training", "cityscapes": "train"}[kind], kind)
+    raise ValueError(f"unknown source kind {kind!r} (auto, folder, voc, ade20k, cityscapes, scenes)")
