@@ -46,7 +46,7 @@ from locatdino.models.checkpoints.hugging_face import (
     transformers_config,
     weights_in_folder,
 )
-from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
+from locatdino.models.checkpoints.mismatch import checkpoint_mismatch, dtype_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 from locatdino.models.checkpoints.safetensors_file import (
     TORCH_MAGIC,
@@ -398,6 +398,8 @@ def create_backbone(
         if config is not None and (disagreement := config_disagreement(config[1], entries)):
             raise ValueError(f"{config[0]}: {disagreement} (does this config.json belong to these weights?)")
         raw = _finite(to_timm_keys(entries), source)
+        if wrong_dtype := dtype_mismatch(raw, model.state_dict()):  # before any arithmetic on the tensors
+            raise ValueError(wrong_dtype)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if (
             "patch_size" not in timm_kwargs
