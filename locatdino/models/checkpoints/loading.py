@@ -54,6 +54,7 @@ from locatdino.models.checkpoints.safetensors_file import (
     load_safetensors,
     safetensors_metadata,
 )
+from locatdino.models.checkpoints.transformers_settings import unhonoured_setting
 from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
@@ -368,7 +369,8 @@ def create_backbone(
 
     ``checkpoint`` may also be a ``.safetensors`` file, a DINOv2 release or a Hugging Face
     ``Dinov2Model`` / ``ViTModel`` file or folder; a ``config.json`` beside Hugging Face weights
-    that disagrees with them, or with the model's head count, is refused.
+    that disagrees with them, or with the model's head count, activation, q, k, v bias or LayerNorm
+    ε, is refused.
 
     A checkpoint that does not fit raises a one-line ``ValueError`` naming the file, the keys and
     shapes that disagree and, when they differ, both architectures.
@@ -413,7 +415,9 @@ def create_backbone(
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
         _check_registers(raw, model, name)
-        if config is not None and (disagreement := heads_disagreement(config[1], model)):
+        if config is not None and (
+            disagreement := heads_disagreement(config[1], model) or unhonoured_setting(config[1], model)
+        ):
             raise ValueError(f"{config[0]}: {disagreement}")
         if pos_embed == "auto":
             rule = exported_pos_embed_rule(source, loaded) or _default_pos_embed_rule(loaded, raw, model)
