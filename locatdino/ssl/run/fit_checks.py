@@ -33,9 +33,13 @@ from locatdino.common.output_files import ensure_writable
 from locatdino.data.shards.stream import expand_urls
 from locatdino.models import create_backbone, load_checkpoint
 from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
+from locatdino.ssl.logs.trackers import missing_tracker
 from locatdino.ssl.run.config_files import where_set
 from locatdino.ssl.run.option_checks import check_objective_options, objective_class
 
+# objective options that change how a step is computed, never what is trained: a run resumes with
+# either value (the config's, not the checkpoint's: :meth:`~locatdino.ssl.run.cli.FitCLI.before_instantiate_classes`)
+RUNTIME_OPTIONS = ("compile", "grad_checkpointing")
 # ckpt_path values Lightning resolves itself
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
@@ -62,7 +66,7 @@ class FitArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse's inner parsers: the caller handles it
             super().error(message, ex)
-        short = short_parser_message(message)
+        short = missing_tracker(f"{message} {' '.join(FIT_ARGS.get())}") or short_parser_message(message)
         key, _, problem = short.partition(": ")
         found = where_set(key, FIT_ARGS.get()) if re.fullmatch(r"[\w.]+", key) else None
         if found is not None:
@@ -206,7 +210,7 @@ def check_resume_checkpoint(path: str, model: Namespace, objective: str | None =
     config's ``model.class_path``) whose model hyper-parameters are the config's: Lightning replaces
     the config's objective and model arguments with the checkpoint's, so a different objective (DINO
     resumed as iBOT), backbone (or lr, head, ...) would silently be trained instead of the one asked
-    for."""
+    for. :data:`RUNTIME_OPTIONS` may differ: they do not change what is trained."""
     # mmap: only hyper_parameters is read, the weights and optimizer state stay on disk
     checkpoint = load_checkpoint(path, mmap=True)  # a file torch cannot read: ValueError, one line
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
@@ -219,7 +223,10 @@ def check_resume_checkpoint(path: str, model: Namespace, objective: str | None =
     differ = [
         f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config"
         for k in saved
-        if not k.startswith("_") and k in model and _as_saved(saved[k]) != _as_saved(model.get(k))
+        if not k.startswith("_")
+        and k not in RUNTIME_OPTIONS
+        and k in model
+        and _as_saved(saved[k]) != _as_saved(model.get(k))
     ]
     if differ:
         raise UserError(
