@@ -36,9 +36,9 @@ TRACKER_PACKAGES = {
 
 
 def missing_tracker(text: str) -> str | None:
-    """One line naming the extra to install when ``text`` (a parser error and the arguments behind
-    it) names a tracker logger whose package is not installed: the parser says only that the class
-    is "not a valid subclass of Logger"."""
+    """One line naming the extra to install when ``text`` (``fit``'s ``trainer.logger``) names a
+    tracker logger whose package is not installed: Lightning's class exists, and building it fails
+    with jsonargparse's "not a valid subclass of Logger"."""
     for name, (packages, extra) in TRACKER_PACKAGES.items():
         if re.search(rf"\b{name}\b", text) and not any(importlib.util.find_spec(p) for p in packages):
             return (

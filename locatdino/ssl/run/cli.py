@@ -57,7 +57,7 @@ from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.logs.curves import CURVES_NAME, write_curves
 from locatdino.ssl.logs.progress import LineProgressBar, wants_line_progress
-from locatdino.ssl.logs.trackers import log_image, with_csv_logger
+from locatdino.ssl.logs.trackers import log_image, missing_tracker, with_csv_logger
 from locatdino.ssl.run.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     MAX_COLLECTIVE_TIMEOUT_S,
@@ -183,6 +183,8 @@ class FitCLI(LightningCLI):
         resume_after_restart(config)
         check_fit_config(config)
         check_collective_timeout(config.collective_timeout)
+        if tracker := missing_tracker(str(config.trainer.get("logger"))):  # else "not a valid subclass of Logger"
+            raise UserError(tracker)
         model = config.model.get("init_args") or Namespace()
         self.runtime_options = {key: model.get(key) for key in RUNTIME_OPTIONS if key in model}
 

@@ -33,7 +33,6 @@ from locatdino.common.output_files import ensure_writable
 from locatdino.data.shards.stream import expand_urls
 from locatdino.models import create_backbone, load_checkpoint
 from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
-from locatdino.ssl.logs.trackers import missing_tracker
 from locatdino.ssl.run.config_files import where_set
 from locatdino.ssl.run.option_checks import check_objective_options, objective_class
 
@@ -66,7 +65,7 @@ class FitArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse's inner parsers: the caller handles it
             super().error(message, ex)
-        short = missing_tracker(f"{message} {' '.join(FIT_ARGS.get())}") or short_parser_message(message)
+        short = short_parser_message(message)
         key, _, problem = short.partition(": ")
         found = where_set(key, FIT_ARGS.get()) if re.fullmatch(r"[\w.]+", key) else None
         if found is not None:
