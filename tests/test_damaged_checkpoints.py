@@ -1,13 +1,15 @@
-"""A truncated or empty checkpoint wherever a command reads one (``fit --ckpt_path``, ``fit
+"""A truncated or empty checkpoint, or one of integer tensors, wherever a command reads one (``fit --ckpt_path``, ``fit
 --model.backbone_checkpoint``, ``hbird`` / ``linprobe --checkpoint``; ``compare`` loads through the
 same ``load_backbone``, ``export`` is tested in tests/ssl/export/test_export.py): one line naming the file
-and saying it is truncated, before any data is read or output written."""
+and saying it is truncated (or naming the first integer tensor and its dtype), before any data is
+read or output written."""
 
 import io
 
 import pytest
 import timm
 import torch
+from safetensors.torch import save
 
 from locatdino import cli as command_line
 from locatdino.models import load_checkpoint
@@ -92,3 +94,37 @@ def test_every_command_names_a_damaged_checkpoint(damaged, tmp_path, capsys, com
     assert "Traceback" not in err and len(lines) == 1, err
     assert lines[0].startswith(f"locatdino {command.split()[0]}: {path}: {sentence}"), lines[0]
     assert list(tmp_path.iterdir()) == []  # no shards, no run folder, no --out
+
+
+@pytest.fixture(scope="module")
+def integers(tmp_path_factory) -> dict:
+    """``{"int8": path, "I32 header": path}``: a tiny ViT's weights rounded to int8, and its float32
+    safetensors file whose header was edited to claim I32 (same byte count, so the file stays valid)."""
+    tmp = tmp_path_factory.mktemp("integers")
+    state = timm.create_model("vit_tiny_patch16_224", num_classes=0, **TINY_MODEL["backbone_kwargs"]).state_dict()
+    torch.save({k: (v * 10).to(torch.int8) for k, v in state.items()}, tmp / "int8.pth")
+    data = save(state)
+    length = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + length].replace(b'"F32"', b'"I32"')
+    assert header.count(b'"I32"') == len(state)
+    (tmp / "lying.safetensors").write_bytes(data[:8] + header + data[8 + length :])
+    return {
+        "int8": (tmp / "int8.pth", "int8", len(state)),
+        "I32 header": (tmp / "lying.safetensors", "int32", len(state)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["int8", "I32 header"])
+@pytest.mark.parametrize("command", ["fit --model.backbone_checkpoint", "hbird", "linprobe"])
+def test_every_command_refuses_integer_weights(integers, tmp_path, capsys, command, kind):
+    """Integer tensors were copied into the float parameters without a word (the model ran as noise)."""
+    path, dtype, tensors = integers[kind]
+    assert command_line.main(_arguments(command, str(path), tmp_path)) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("locatdino")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(
+        f"locatdino {command.split()[0]}: {path}: cls_token is {dtype} in the file but float32 in the model "
+        f"(and {tensors - 1} more tensors): not floating-point weights"
+    ), lines[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()

@@ -55,7 +55,7 @@ from locatdino.models.checkpoints.hugging_face_dinov3 import (
     from_transformers_dinov3,
     is_transformers_dinov3,
 )
-from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
+from locatdino.models.checkpoints.mismatch import checkpoint_mismatch, dtype_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 from locatdino.models.checkpoints.safetensors_file import (
     TORCH_MAGIC,
@@ -63,6 +63,7 @@ from locatdino.models.checkpoints.safetensors_file import (
     load_safetensors,
     safetensors_metadata,
 )
+from locatdino.models.checkpoints.transformers_settings import unhonoured_setting
 from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
@@ -414,7 +415,8 @@ def create_backbone(
 
     ``checkpoint`` may also be a ``.safetensors`` file, a DINOv2 release or a Hugging Face
     ``Dinov2Model`` / ``ViTModel`` file or folder; a ``config.json`` beside Hugging Face weights
-    that disagrees with them, or with the model's head count, is refused.
+    that disagrees with them, or with the model's head count, activation, q, k, v bias or LayerNorm
+    ε, is refused.
 
     A checkpoint that does not fit raises a one-line ``ValueError`` naming the file, the keys and
     shapes that disagree and, when they differ, both architectures.
@@ -450,6 +452,8 @@ def create_backbone(
         raw = _finite(to_timm_keys(entries), source)
         if refusal := family_refusal(raw, model, name):
             raise ValueError(refusal)
+        if wrong_dtype := dtype_mismatch(raw, model.state_dict()):  # before any arithmetic on the tensors
+            raise ValueError(wrong_dtype)
         patch = raw.get("patch_embed.proj.weight")  # [D, 3, p, p]: a patch-8 run rebuilt at its patch size
         if (
             "patch_size" not in timm_kwargs
@@ -462,7 +466,9 @@ def create_backbone(
         trained_size = _trained_img_size(raw, model)
         if "img_size" not in timm_kwargs and trained_size is not None:
             model = timm.create_model(name, img_size=trained_size, **timm_kwargs)
-        if config is not None and (disagreement := heads_disagreement(config[1], model)):
+        if config is not None and (
+            disagreement := heads_disagreement(config[1], model) or unhonoured_setting(config[1], model)
+        ):
             raise ValueError(f"{config[0]}: {disagreement}")
         if getattr(model, "pos_embed", None) is None:  # RoPE: nothing to resample
             rule = "timm"

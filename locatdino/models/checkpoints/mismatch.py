@@ -41,14 +41,38 @@ def describe_architecture(state_dict: Mapping[str, torch.Tensor]) -> str | None:
     return f"{family} (width {width}, {depth} blocks, /{patch})"
 
 
+def dtype_mismatch(state_dict: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]) -> str | None:
+    """One line naming the first key (in ``target``'s order) whose tensor is not floating point where
+    ``target``'s is, and its dtype; None when every shared key's dtype can hold the model's values."""
+    wrong = [  # in the model's order: the same first key whatever order the file keeps
+        k
+        for k, v in target.items()
+        if k in state_dict and v.is_floating_point() and not state_dict[k].is_floating_point()
+    ]
+    if not wrong:
+        return None
+    first = wrong[0]
+    more = f" (and {len(wrong) - 1} more tensor{'s' if len(wrong) > 2 else ''})" if len(wrong) > 1 else ""
+    return (
+        f"{first} is {_dtype(state_dict[first])} in the file but {_dtype(target[first])} in the model{more}: "
+        "not floating-point weights (a quantised or damaged file, or a safetensors header that misstates "
+        "the dtype?)"
+    )
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def checkpoint_mismatch(state_dict: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]) -> str | None:
     """One line naming the keys and shapes in which ``state_dict`` (the converted checkpoint)
-    and ``target`` (the model's state dict) disagree, or None when it loads ``strict=True``."""
+    and ``target`` (the model's state dict) disagree, or None when it loads ``strict=True``
+    (and every floating-point parameter gets floating-point values: :func:`dtype_mismatch`)."""
     shapes = [k for k, v in state_dict.items() if k in target and tuple(v.shape) != tuple(target[k].shape)]
     missing = [k for k in target if k not in state_dict]
     unexpected = [k for k in state_dict if k not in target]
     if not (shapes or missing or unexpected):
-        return None
+        return dtype_mismatch(state_dict, target)
     parts = [f"{k}: checkpoint {list(state_dict[k].shape)} vs model {list(target[k].shape)}" for k in shapes[:_SHOWN]]
     if len(shapes) > _SHOWN:
         parts.append(f"{len(shapes) - _SHOWN} more shapes differ")

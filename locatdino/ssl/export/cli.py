@@ -11,9 +11,10 @@ Input: a ``fit`` checkpoint (the backbone its hyper-parameters describe), or any
 ``locatdino.models.create_backbone`` reads, written ``NAME:FILE`` (the ``--model`` grammar of the
 evaluation commands) so the weights are loaded into the model they are for; a ``pth`` export of a
 file given without NAME keeps the keys as found. The weights always load ``strict=True`` before
-anything is written. Files are written atomically, never over the input checkpoint, and over an
-existing file only with ``--overwrite`` (an earlier export is named as such in the refusal: it is
-recognised by the metadata export writes into every file).
+anything is written. Files are written atomically, never over the input checkpoint or a file export
+did not write, and over an earlier export only with ``--overwrite`` (docs/commands.md's one rule: an
+earlier export is recognised by the metadata export writes into every file, the model card included).
+A Hugging Face model folder is read through its weights file.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from locatdino.common.arguments import ArgumentParser, option_groups
 from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.evaluation.model_runs import parse_model
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.models.checkpoints.hugging_face import weights_in_folder
 from locatdino.models.checkpoints.loading import network_name
 from locatdino.models.token_grid import patch_size
 from locatdino.ssl.export.files import FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files, write_export
@@ -51,12 +53,8 @@ def export_backbone(
     name, source = _model_and_file(os.fspath(checkpoint))
     fmt = export_format(os.fspath(out), fmt)
     files = output_files(out, fmt)
-    _check_targets(source, Path(out), files, fmt, overwrite)
-    if os.path.isdir(source):
-        raise ValueError(
-            f"{source} is a directory (a sharded FSDP checkpoint?): save with the default "
-            "FSDPStrategy(state_dict_type='full') to get one file"
-        )
+    # a Hugging Face model folder is read through its weights file (which is then the input)
+    _check_targets(weights_in_folder(source) if os.path.isdir(source) else source, Path(out), files, fmt, overwrite)
     ckpt = load_checkpoint(source, mmap=True)  # metadata; the weights are read by create_backbone
     lightning = isinstance(ckpt, Mapping) and "pytorch-lightning_version" in ckpt
     hparams = (ckpt.get("hyper_parameters") or {}) if lightning else {}
@@ -139,7 +137,7 @@ def _metadata(
     found: dict[str, str] = {
         "written_by": WRITTEN_BY,
         "locatdino_version": locatdino.__version__,
-        "source": source,
+        "source": os.path.basename(os.path.normpath(source)),  # its name only: the files get pushed and shared
         "network": network,
     }
     if model is not None:
@@ -162,37 +160,37 @@ def _metadata(
 
 def _check_targets(source: str, out: Path, files: list[Path], fmt: str, overwrite: bool) -> None:
     """``ValueError`` when writing ``files`` would lose something export was not asked to replace:
-    the input checkpoint (always, also through a symbolic or hard link), an existing file or link
-    (unless ``overwrite``; the message says whether it is an earlier export)."""
+    the input checkpoint (always, also through a symbolic or hard link), a folder, link or file
+    export did not write (always: docs/commands.md's rule), an earlier export (unless ``overwrite``;
+    recognised by the metadata export writes into every file)."""
     if fmt == "hf-hub" and os.path.lexists(out) and not out.is_dir():
         raise ValueError(f"the output {out} is a file: --format hf-hub writes a folder, give a folder name")
     if fmt != "hf-hub" and out.is_dir():
         raise ValueError(f"the output {out} is a folder: give a file name, or --format hf-hub to write a Hub folder")
+    other = "folder" if fmt == "hf-hub" else "file"
     for path in files:
         if not os.path.lexists(path):
             continue
         if os.path.exists(source) and path.exists() and os.path.samefile(source, path):  # also a link of it
-            raise ValueError(
-                f"the output {path} is the input checkpoint: write the export to another "
-                f"{'folder' if fmt == 'hf-hub' else 'file'}"
-            )
-        if overwrite:
-            continue
+            raise ValueError(f"the output {path} is the input checkpoint: write the export to another {other}")
+        if path.is_dir():
+            raise ValueError(f"the output {path} is a folder, where export writes a file: choose another {other}")
         if not path.exists():  # a link to nothing
             raise ValueError(
-                f"the output {path} is a link to a missing file {os.readlink(path)}: pass --overwrite to "
-                f"replace the link by the export, or choose another file"
+                f"the output {path} is a link to a missing file {os.readlink(path)}, not an earlier export: "
+                f"remove the link, or choose another {other}"
             )
         earlier = export_metadata(path)
-        what = (
-            f"is an earlier export ({describe_export(earlier)})"
-            if earlier is not None
-            else "exists and was not written by export"
-        )
-        raise ValueError(
-            f"the output {path} {what}: pass --overwrite to replace it, or choose another "
-            f"{'folder' if fmt == 'hf-hub' else 'file'}"
-        )
+        if earlier is None:
+            raise ValueError(
+                f"the output {path} exists and was not written by export, which never replaces such a file: "
+                f"choose another {other}"
+            )
+        if not overwrite:
+            raise ValueError(
+                f"the output {path} is an earlier export ({describe_export(earlier)}): pass --overwrite to "
+                f"replace it, or choose another {other}"
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -226,7 +224,8 @@ def main(argv: list[str]) -> int:
     groups.output.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace existing output files, earlier exports included (never the input checkpoint)",
+        help="replace an earlier export (recognised by the metadata export writes into each file); a "
+        "file export did not write, and the input checkpoint, are never replaced",
     )
     args = parser.parse_args(argv)
     try:

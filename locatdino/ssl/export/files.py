@@ -12,10 +12,12 @@ Three formats, each readable without this package:
 - ``hf-hub``: a folder laid out as timm's Hub repos are (``model.safetensors``, ``config.json``,
   ``README.md``): ``timm.create_model("local-dir:OUT", pretrained=True)``, or push it as it is.
 
-Every file carries the same metadata (:data:`EXPORT_KEY`: what was exported, from which file,
-model name, image and patch size, objective): in the safetensors header, in ``config.json``,
-and in the ``.pth`` state dict's ``_metadata`` (the slot torch keeps module versions in, saved and
-loaded with the tensors and ignored by ``load_state_dict`` for any name that is not a module).
+Every file carries the same metadata (:data:`EXPORT_KEY`: what was exported, from which file (its
+name only: exports are pushed and shared, a local path is not theirs to publish), model name, image
+and patch size, objective): in the safetensors header, in ``config.json``, as the model card's
+last line (an HTML comment), and in the ``.pth`` state dict's ``_metadata`` (the slot torch keeps
+module versions in, saved and loaded with the tensors and ignored by ``load_state_dict`` for any
+name that is not a module).
 :func:`export_metadata` reads it back, so an earlier export is told from any other file by what
 export wrote into it, never by its shape.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -41,6 +44,7 @@ from locatdino.models.checkpoints.loading import EXPORT_KEY, WRITTEN_BY
 
 FORMATS = ("pth", "safetensors", "hf-hub")
 HUB_WEIGHTS, HUB_CONFIG, HUB_CARD = "model.safetensors", "config.json", "README.md"
+_CARD_MARK = re.compile(r"<!-- (\{.*\}) -->")
 
 
 def output_files(out: str | os.PathLike, fmt: str) -> list[Path]:
@@ -59,9 +63,9 @@ def sidecar_config(out: str | os.PathLike) -> Path:
 
 
 def export_metadata(path: str | os.PathLike) -> dict[str, str] | None:
-    """The metadata export wrote into ``path`` (a ``.pth``, ``.safetensors`` or ``config.json`` of an
-    earlier export), or None for any other file, one export does not read (``README.md``) or one
-    that cannot be read: only what is written inside counts, never the file's shape."""
+    """The metadata export wrote into ``path`` (a ``.pth``, ``.safetensors``, ``config.json`` or model
+    card of an earlier export), or None for any other file or one that cannot be read: only what is
+    written inside counts, never the file's name or shape."""
     path = Path(path)
     try:
         if path.suffix == ".safetensors":
@@ -70,7 +74,7 @@ def export_metadata(path: str | os.PathLike) -> dict[str, str] | None:
         elif path.suffix == ".json":
             found = json.loads(path.read_text(encoding="utf-8")).get(EXPORT_KEY) or {}
         elif path.name == HUB_CARD:
-            return None
+            found = _card_metadata(path)
         else:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             found = (getattr(obj, "_metadata", None) or {}).get(EXPORT_KEY) or {}
@@ -79,8 +83,21 @@ def export_metadata(path: str | os.PathLike) -> dict[str, str] | None:
     return dict(found) if isinstance(found, Mapping) and found.get("written_by") == WRITTEN_BY else None
 
 
+def _card_metadata(path: Path) -> object:
+    """The metadata in a model card's last line (:func:`with_card_mark`), or None."""
+    lines = path.read_text(encoding="utf-8").rstrip("\n").rsplit("\n", 1)
+    match = _CARD_MARK.fullmatch(lines[-1])
+    return json.loads(match.group(1)).get(EXPORT_KEY) if match else None
+
+
+def with_card_mark(card: str, metadata: Mapping[str, str]) -> str:
+    """``card`` with the export's metadata as its last line, an HTML comment the Hub does not show."""
+    found = json.dumps({EXPORT_KEY: dict(metadata)}).replace(">", "\\u003e")  # never ends the comment
+    return f"{card.rstrip()}\n\n<!-- {found} -->\n"
+
+
 def describe_export(metadata: Mapping[str, str]) -> str:
-    """``"the vit_tiny_patch16_224 teacher of runs/x/last.ckpt, step 80"``."""
+    """``"the vit_tiny_patch16_224 teacher of last.ckpt, step 80"``."""
     step = f", step {metadata['step']}" if metadata.get("step") else ""
     what = " ".join(v for v in (metadata.get("model"), metadata.get("network")) if v) or "backbone"
     return f"the {what} of {metadata.get('source', 'a checkpoint')}{step}"
@@ -137,5 +154,5 @@ def write_export(
     write_safetensors(state, metadata, files[0])
     atomic_write_text(files[1], timm_config(model, metadata))
     if fmt == "hf-hub":
-        atomic_write_text(files[2], card)
+        atomic_write_text(files[2], with_card_mark(card, metadata))
     return files

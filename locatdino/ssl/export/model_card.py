@@ -3,13 +3,15 @@
 Written from what the checkpoint and its run folder hold: the objective and model
 hyper-parameters saved in a ``fit`` checkpoint (its recipe), its step and epoch, and the held-out
 scores the run logged (``hbird/*``, ``val/*`` in ``<run>/logs/version_*/metrics.csv``, stitched
-over resumes as ``curves.png`` is, up to the checkpoint's step). The front matter is timm's:
+over resumes as ``curves.png`` is, up to the checkpoint's step). The checkpoint and any file of the
+recipe are named by their file name alone, never a local path. The front matter is timm's:
 ``library_name: timm`` makes the Hub offer ``timm.create_model("hf-hub:…")``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,7 @@ def model_card(
         "```",
         "",
     ]
-    recipe = {k: v for k, v in (hparams or {}).items() if not k.startswith("_")}
+    recipe = {k: _without_local_paths(v) for k, v in (hparams or {}).items() if not k.startswith("_")}
     if recipe:  # through JSON: tuples as lists, anything else as its text
         lines += [
             "## Recipe",
@@ -95,3 +97,15 @@ def model_card(
     else:
         lines += ["The run logged no held-out score up to this checkpoint.", ""]
     return "\n".join(lines)
+
+
+def _without_local_paths(value: Any) -> Any:
+    """``value`` with every absolute path (``model.backbone_checkpoint``) reduced to its file name:
+    a pushed card shows how the run was made, not where its files lay on the user's disk."""
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.basename(os.path.normpath(value))
+    if isinstance(value, Mapping):
+        return {k: _without_local_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_local_paths(v) for v in value]
+    return value

@@ -12,7 +12,9 @@ No tracker is imported unless a run names it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from typing import Any
 
 from jsonargparse import Namespace
@@ -25,6 +27,25 @@ from lightning.pytorch.loggers import (
 )
 
 CSV_LOGGER = "lightning.pytorch.loggers.CSVLogger"
+# Lightning's tracker loggers: the packages each needs (any one of them) and the extra that installs it
+TRACKER_PACKAGES = {
+    "MLFlowLogger": (("mlflow",), "mlflow"),
+    "WandbLogger": (("wandb",), "wandb"),
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
+}
+
+
+def missing_tracker(text: str) -> str | None:
+    """One line naming the extra to install when ``text`` (``fit``'s ``trainer.logger``) names a
+    tracker logger whose package is not installed: Lightning's class exists, and building it fails
+    with jsonargparse's "not a valid subclass of Logger"."""
+    for name, (packages, extra) in TRACKER_PACKAGES.items():
+        if re.search(rf"\b{name}\b", text) and not any(importlib.util.find_spec(p) for p in packages):
+            return (
+                f"trainer.logger: {name} needs the {packages[0]} package, which is not installed: "
+                f"pip install 'locatdino[{extra}]'"
+            )
+    return None
 
 
 def _is_csv(logger: Any) -> bool:

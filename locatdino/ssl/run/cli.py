@@ -57,7 +57,7 @@ from locatdino.data import ShardDataModule, SkippedSamplesLogger
 from locatdino.ssl import CollapseMonitor, PretrainingObjective  # the package registers trainer.strategy "dino_fsdp"
 from locatdino.ssl.logs.curves import CURVES_NAME, write_curves
 from locatdino.ssl.logs.progress import LineProgressBar, wants_line_progress
-from locatdino.ssl.logs.trackers import log_image, with_csv_logger
+from locatdino.ssl.logs.trackers import log_image, missing_tracker, with_csv_logger
 from locatdino.ssl.run.collective_timeout import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     MAX_COLLECTIVE_TIMEOUT_S,
@@ -72,6 +72,7 @@ from locatdino.ssl.run.collective_timeout import (
 from locatdino.ssl.run.config_files import config_paths, read_config
 from locatdino.ssl.run.fit_checks import (
     FIT_ARGS,
+    RUNTIME_OPTIONS,
     FitArgumentParser,
     check_fit_config,
     checkpoint_dir,
@@ -182,12 +183,22 @@ class FitCLI(LightningCLI):
         resume_after_restart(config)
         check_fit_config(config)
         check_collective_timeout(config.collective_timeout)
+        if tracker := missing_tracker(str(config.trainer.get("logger"))):  # else "not a valid subclass of Logger"
+            raise UserError(tracker)
+        model = config.model.get("init_args") or Namespace()
+        self.runtime_options = {key: model.get(key) for key in RUNTIME_OPTIONS if key in model}
 
     def before_instantiate_classes(self) -> None:
-        """``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``; trackers
+        """A resumed run keeps the config's :data:`RUNTIME_OPTIONS` (Lightning has just merged the
+        checkpoint's hyper-parameters into the config: a compiled run resumes eager when asked).
+        ``trainer.logger: null`` means a CSV logger in ``<default_root_dir>/logs``; trackers
         (``WandbLogger``, ``MLFlowLogger``, ...) get it beside them (:func:`with_csv_logger`). A
         strategy given as ``class_path`` gets ``--collective_timeout`` as its ``timeout``."""
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: flat
+        for key, value in getattr(self, "runtime_options", {}).items():  # the config's, not the resumed checkpoint's
+            for part in ("init_args", "dict_kwargs"):  # where Lightning put the checkpoint's hyper-parameters
+                if key in (config.model.get(part) or {}):
+                    config.model[part][key] = value
         trainer = config.trainer
         trainer.logger = with_csv_logger(trainer.logger, trainer.default_root_dir or ".")
         if isinstance(trainer.strategy, Namespace):

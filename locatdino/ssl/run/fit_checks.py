@@ -36,6 +36,9 @@ from locatdino.models.token_grid import fitting_sizes, pads_images, patch_size
 from locatdino.ssl.run.config_files import where_set
 from locatdino.ssl.run.option_checks import check_objective_options, objective_class
 
+# objective options that change how a step is computed, never what is trained: a run resumes with
+# either value (the config's, not the checkpoint's: :meth:`~locatdino.ssl.run.cli.FitCLI.before_instantiate_classes`)
+RUNTIME_OPTIONS = ("compile", "grad_checkpointing")
 # ckpt_path values Lightning resolves itself
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
@@ -217,7 +220,7 @@ def check_resume_checkpoint(path: str, model: Namespace, objective: str | None =
     config's ``model.class_path``) whose model hyper-parameters are the config's: Lightning replaces
     the config's objective and model arguments with the checkpoint's, so a different objective (DINO
     resumed as iBOT), backbone (or lr, head, ...) would silently be trained instead of the one asked
-    for."""
+    for. :data:`RUNTIME_OPTIONS` may differ: they do not change what is trained."""
     # mmap: only hyper_parameters is read, the weights and optimizer state stay on disk
     checkpoint = load_checkpoint(path, mmap=True)  # a file torch cannot read: ValueError, one line
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
@@ -230,7 +233,10 @@ def check_resume_checkpoint(path: str, model: Namespace, objective: str | None =
     differ = [
         f"model.{k}: {saved[k]!r} in the checkpoint, {model.get(k)!r} in the config"
         for k in saved
-        if not k.startswith("_") and k in model and _as_saved(saved[k]) != _as_saved(model.get(k))
+        if not k.startswith("_")
+        and k not in RUNTIME_OPTIONS
+        and k in model
+        and _as_saved(saved[k]) != _as_saved(model.get(k))
     ]
     if differ:
         raise UserError(

@@ -235,6 +235,60 @@ def test_a_config_that_disagrees_with_the_weights_is_refused(tmp_path, change, s
         assert str(err.value).startswith(f"{tmp_path / 'config.json'}: {says}") and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "key,value,says",
+    [
+        (
+            "hidden_act",
+            "relu",
+            'hidden_act "relu" but the model\'s MLP computes gelu (pass a model with that activation)',
+        ),
+        ("hidden_act", "gelu_new", 'hidden_act "gelu_new" but the model\'s MLP computes gelu'),
+        ("qkv_bias", False, "qkv_bias false but the model's attention has q, k, v bias"),
+        ("layer_norm_eps", 1e-2, "layer_norm_eps 0.01 but the model's LayerNorm ε is 1e-06"),
+    ],
+)
+def test_a_config_setting_the_model_does_not_compute_is_refused(tmp_path, key, value, says):
+    """transformers builds its activation, q, k, v biases and LayerNorm ε from config.json; the
+    weights alone loaded as they are would compute another network than transformers' own."""
+    transformers = pytest.importorskip("transformers")
+    _transformers_model("vit").save_pretrained(tmp_path / "repo")
+    config = json.loads((tmp_path / "repo" / "config.json").read_text())
+    (tmp_path / "repo" / "config.json").write_text(json.dumps({**config, key: value}))
+    reference = transformers.ViTModel.from_pretrained(tmp_path / "repo").eval()  # its own reading of it
+    assert getattr(reference.config, key) == value
+    (tmp_path / "alone").mkdir()
+    shutil.copy(tmp_path / "repo" / "model.safetensors", tmp_path / "alone" / "model.safetensors")
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(pixel_values=images).last_hidden_state
+        ignored = create_backbone("vit_small_patch16_224", tmp_path / "alone", **SMALL).eval().forward_features(images)
+    # the setting matters: ignoring it is a wrong result (measured: the tanh GELU 1.6e-4 relative, an ε
+    # of 1e-2 1.6e-2, no q, k, v bias 0.24, ReLU 0.12; an ε of 1e-12 instead of 1e-6 stays < 1e-4 above)
+    assert relative_error(ignored, expected) > 5e-5
+    with pytest.raises(ValueError) as err:
+        create_backbone("vit_small_patch16_224", tmp_path / "repo", **SMALL)
+    assert str(err.value).startswith(f"{tmp_path / 'repo' / 'config.json'}: {says}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_settings_the_model_computes_are_accepted(tmp_path):
+    """gelu_python is the exact GELU timm computes; a SwiGLU Dinov2Model ignores hidden_act (it
+    always computes SiLU); an ε of 1e-12 is within 1e-6 of timm's."""
+    save_file(_published_dinov2_keys(release_weights(32, 2, seed=5)), tmp_path / "model.safetensors")
+    for change in ({"hidden_act": "gelu_python"}, {"layer_norm_eps": 1e-12}, {"qkv_bias": True}):
+        (tmp_path / "config.json").write_text(json.dumps({**DINOV2_CONFIG, **change}))
+        assert create_backbone("vit_small_patch14_dinov2", tmp_path, **SMALL).pos_embed_rule == "dino"
+    (tmp_path / "config.json").write_text(json.dumps({**DINOV2_CONFIG, "hidden_act": "no_such_activation"}))
+    with pytest.raises(ValueError, match=r'config.json: hidden_act "no_such_activation" is not an activation'):
+        create_backbone("vit_small_patch14_dinov2", tmp_path, **SMALL)
+    weights = release_weights(32, 2, swiglu=True, seed=5)
+    save_file(_published_dinov2_keys(weights), tmp_path / "model.safetensors")
+    config = {**DINOV2_CONFIG, "use_swiglu_ffn": True, "hidden_act": "relu"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    create_backbone("vit_giant_patch14_dinov2", tmp_path, **SMALL, mlp_ratio=2 * swiglu_hidden(32) / 32)
+
+
 def test_a_folder_without_weights_says_what_it_needs(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(DINOV2_CONFIG))
     with pytest.raises(ValueError, match=r"is a folder without model.safetensors or pytorch_model.bin"):

@@ -239,3 +239,18 @@ def test_mmap_load_maps_zip_files_and_reads_legacy_pickles_whole(tmp_path, vit_w
             torch.testing.assert_close(loaded[k], v, rtol=0, atol=0, msg=k)
     with pytest.raises(RuntimeError, match="mmap"):  # what the zip check spares legacy files
         torch.load(tmp_path / "legacy.pth", weights_only=True, mmap=True)
+
+
+def test_integer_tensors_for_float_parameters_are_named_with_their_dtype(vit_weights):
+    """An int8 or bool tensor went into a float parameter without a word; fp16 / bf16 cast exactly."""
+    assert checkpoint_mismatch({k: v.half() for k, v in vit_weights.items()}, vit_weights) is None
+    assert checkpoint_mismatch({k: v.bfloat16() for k, v in vit_weights.items()}, vit_weights) is None
+    one = {**vit_weights, "norm.bias": vit_weights["norm.bias"].to(torch.int8)}
+    assert checkpoint_mismatch(one, vit_weights) == (
+        "norm.bias is int8 in the file but float32 in the model: not floating-point weights (a quantised "
+        "or damaged file, or a safetensors header that misstates the dtype?)"
+    )
+    two = {**one, "cls_token": vit_weights["cls_token"].bool()}
+    assert checkpoint_mismatch(two, vit_weights).startswith(
+        "cls_token is bool in the file but float32 in the model (and 1 more tensor)"
+    )

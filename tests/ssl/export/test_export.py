@@ -3,9 +3,12 @@
 import pytest
 import timm
 import torch
+from safetensors.torch import save_file
 from ssl_helpers import TINY_MODEL
 
+from locatdino.models import load_checkpoint
 from locatdino.ssl.export import cli as export
+from locatdino.ssl.export.files import export_metadata
 
 
 @pytest.fixture
@@ -43,18 +46,18 @@ def test_the_input_checkpoint_is_never_the_output(dino_checkpoint, capsys):
     assert dino_checkpoint.read_bytes() == before and hard.read_bytes() == before
 
 
-def test_a_link_to_nothing_is_named(dino_checkpoint, tmp_path, capsys):
-    """It gave ``[Errno 2] No such file or directory`` naming the link, which is there."""
+def test_a_link_to_nothing_is_named_and_kept(dino_checkpoint, tmp_path, capsys):
+    """It gave ``[Errno 2] No such file or directory`` naming the link, which is there; export never
+    wrote it, so ``--overwrite`` does not replace it either (docs/commands.md's rule)."""
     link = tmp_path / "teacher.pth"
     link.symlink_to(tmp_path / "gone.pth")
-    assert export.main([str(dino_checkpoint), str(link)]) == 1
-    assert _one_line(capsys) == (
-        f"locatdino export: the output {link} is a link to a missing file "
-        f"{tmp_path / 'gone.pth'}: pass --overwrite to replace the link by the export, or "
-        "choose another file"
-    )
-    assert export.main([str(dino_checkpoint), str(link), "--overwrite"]) == 0
-    assert not link.is_symlink() and "blocks.1.mlp.fc2.weight" in torch.load(link, weights_only=True)
+    for overwrite in ([], ["--overwrite"]):
+        assert export.main([str(dino_checkpoint), str(link), *overwrite]) == 1
+        assert _one_line(capsys) == (
+            f"locatdino export: the output {link} is a link to a missing file "
+            f"{tmp_path / 'gone.pth'}, not an earlier export: remove the link, or choose another file"
+        )
+        assert link.is_symlink() and not link.exists()
 
 
 def test_truncated_and_empty_checkpoints_are_named(dino_checkpoint, tmp_path, capsys):
@@ -69,29 +72,57 @@ def test_truncated_and_empty_checkpoints_are_named(dino_checkpoint, tmp_path, ca
     assert not (tmp_path / "out.pth").exists()
 
 
-def test_an_existing_output_is_replaced_only_with_overwrite(dino_checkpoint, tmp_path, capsys):
+def test_only_an_earlier_export_is_replaced_and_only_with_overwrite(dino_checkpoint, tmp_path, capsys):
     """A released weights file (a plain state dict, as an export is) kept at OUT was once taken for an
-    earlier export and replaced; now any existing OUT needs --overwrite, and an earlier export is
-    named as such only by the metadata export wrote into it."""
+    earlier export and replaced, and ``--overwrite`` replaced any file at all; now a file export did
+    not write is never replaced, and an earlier export (known only by the metadata export wrote into
+    it) only with ``--overwrite``."""
     notes, released = tmp_path / "notes.pth", tmp_path / "released.pth"
     notes.write_text("my notes")
     torch.save(torch.load(dino_checkpoint, weights_only=True)["teacher"], released)
     kept = {path: path.read_bytes() for path in (notes, released)}
     for path in kept:
-        assert export.main([str(dino_checkpoint), str(path)]) == 1
-        assert _one_line(capsys) == (
-            f"locatdino export: the output {path} exists and was not written by export: "
-            "pass --overwrite to replace it, or choose another file"
-        )
-        assert path.read_bytes() == kept[path]
-    assert export.main([str(dino_checkpoint), str(released), "--overwrite"]) == 0
-    assert export.main([str(dino_checkpoint), str(released), "--which", "student"]) == 1
+        for overwrite in ([], ["--overwrite"]):
+            assert export.main([str(dino_checkpoint), str(path), *overwrite]) == 1
+            assert _one_line(capsys) == (
+                f"locatdino export: the output {path} exists and was not written by export, which never "
+                "replaces such a file: choose another file"
+            )
+            assert path.read_bytes() == kept[path]
+    out = tmp_path / "teacher.pth"
+    assert export.main([str(dino_checkpoint), str(out)]) == 0
+    assert export.main([str(dino_checkpoint), str(out), "--which", "student"]) == 1
     assert _one_line(capsys) == (
-        f"locatdino export: the output {released} is an earlier export (the teacher of "
-        f"{dino_checkpoint}): pass --overwrite to replace it, or choose another file"
+        f"locatdino export: the output {out} is an earlier export (the teacher of checkpoint.pth): "
+        "pass --overwrite to replace it, or choose another file"
     )
-    assert export.main([str(dino_checkpoint), str(notes), "--overwrite"]) == 0
-    assert "blocks.1.mlp.fc2.weight" in torch.load(notes, weights_only=True)
+    assert export.main([str(dino_checkpoint), str(out), "--which", "student", "--overwrite"]) == 0
+    assert export_metadata(out)["network"] == "student"
+
+
+def test_a_hugging_face_folder_is_exported_through_its_weights_file(dino_checkpoint, tmp_path, capsys):
+    """It was refused as "a sharded FSDP checkpoint?"; the folder's weights file is its input."""
+    weights = timm.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32).state_dict()
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    save_file(weights, folder / "model.safetensors")
+    assert export.main([str(folder), str(tmp_path / "plain.pth")]) == 0, capsys.readouterr().err
+    assert export.main([f"vit_tiny_patch16_224:{folder}", str(tmp_path / "vit.safetensors")]) == 0
+    for out in ("plain.pth", "vit.safetensors"):
+        exported = load_checkpoint(tmp_path / out)
+        assert exported.keys() == weights.keys() and all(torch.equal(exported[k], weights[k]) for k in weights)
+        assert export_metadata(tmp_path / out)["source"] == "repo"
+    capsys.readouterr()
+    assert export.main([f"vit_tiny_patch16_224:{folder}", str(folder), "--format", "hf-hub", "--overwrite"]) == 1
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {folder / 'model.safetensors'} is the input checkpoint: write the "
+        "export to another folder"
+    )
+    (tmp_path / "shards").mkdir()
+    assert export.main([str(tmp_path / "shards"), str(tmp_path / "x.pth")]) == 1
+    assert _one_line(capsys).startswith(
+        f"locatdino export: {tmp_path / 'shards'}: is a folder without model.safetensors or pytorch_model.bin"
+    )
 
 
 def test_a_checkpoint_with_non_finite_weights_is_refused(dino_checkpoint, tmp_path, capsys):

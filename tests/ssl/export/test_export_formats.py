@@ -18,6 +18,7 @@ from locatdino import cli as command_line
 from locatdino.models import create_backbone
 from locatdino.ssl.export import cli as export
 from locatdino.ssl.export.files import export_metadata
+from locatdino.ssl.export.model_card import model_card
 
 
 def fit_checkpoint(folder, name: str, step: int = 7, kwargs: dict = TINY_MODEL["backbone_kwargs"]):
@@ -97,7 +98,10 @@ def test_safetensors_and_hf_hub_exports_give_the_run_s_tokens_in_timm(tmp_path, 
     assert config["model_args"]["img_size"] == [32, 32] and config["pretrained_cfg"]["input_size"] == [3, 32, 32]
     written = {k: v for k, v in header.items() if k != "format"}  # safetensors' own key
     assert export_metadata(hub / "config.json") == export_metadata(hub / "model.safetensors") == written
-    assert written["source"] == str(ckpt)
+    assert written["source"] == "last.ckpt"  # never a local path: the files are pushed and shared
+    assert export_metadata(hub / "README.md") == written
+    for path in (out, tmp_path / "teacher.config.json", *hub.iterdir()):
+        assert str(tmp_path).encode() not in path.read_bytes(), path
     card = (hub / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: timm\n")
     assert "step 7, epoch 1" in card and "out_dim: 128" in card
@@ -176,11 +180,12 @@ def test_a_hub_folder_keeps_other_files_and_is_replaced_only_with_overwrite(tmp_
     assert export.main(args) == 1
     assert _one_line(capsys) == (
         f"locatdino export: the output {hub / 'model.safetensors'} is an earlier export (the "
-        f"vit_tiny_patch16_224 teacher of {ckpt}, step 7): pass --overwrite to replace it, "
+        "vit_tiny_patch16_224 teacher of last.ckpt, step 7): pass --overwrite to replace it, "
         "or choose another folder"
     )
     assert export.main([*args, "--which", "student", "--overwrite"]) == 0
     assert export_metadata(hub / "config.json")["network"] == "student"
+    assert export_metadata(hub / "README.md")["network"] == "student"
     assert sorted(p.name for p in hub.iterdir()) == [
         ".git",
         "README.md",
@@ -188,6 +193,37 @@ def test_a_hub_folder_keeps_other_files_and_is_replaced_only_with_overwrite(tmp_
         "model.safetensors",
         "notes.txt",
     ]
+    # the card the user wrote is theirs: never replaced, --overwrite or not, and nothing is written
+    weights = (hub / "model.safetensors").read_bytes()
+    (hub / "README.md").write_text("# my model\n")
+    assert export.main([*args, "--overwrite"]) == 1
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {hub / 'README.md'} exists and was not written by export, which "
+        "never replaces such a file: choose another folder"
+    )
+    assert (hub / "README.md").read_text() == "# my model\n" and (hub / "model.safetensors").read_bytes() == weights
+
+
+def test_a_hub_output_that_is_a_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    """A folder named config.json: the weights were written, then a raw ``[Errno 21]``."""
+    ckpt, _ = fit_checkpoint(tmp_path / "run", "vit_tiny_patch16_224")
+    (tmp_path / "hub" / "config.json").mkdir(parents=True)
+    assert export.main([str(ckpt), str(tmp_path / "hub"), "--format", "hf-hub", "--overwrite"]) == 1
+    assert _one_line(capsys) == (
+        f"locatdino export: the output {tmp_path / 'hub' / 'config.json'} is a folder, where export writes a "
+        "file: choose another folder"
+    )
+    assert [p.name for p in (tmp_path / "hub").iterdir()] == ["config.json"]
+
+
+def test_the_model_card_names_files_not_local_paths():
+    card = model_card(
+        {"model": "vit_tiny_patch16_224", "img_size": "32", "patch_size": "16", "source": "last.ckpt"},
+        {"backbone": "vit_tiny_patch16_224", "backbone_checkpoint": "/home/me/weights/dino.pth", "crops": ["/a/b"]},
+        {},
+        None,
+    )
+    assert "/home/me" not in card and "backbone_checkpoint: dino.pth" in card and "- b" in card
 
 
 REFUSALS = {
@@ -221,8 +257,8 @@ REFUSALS = {
     ),
     "a sidecar that is not ours": (
         ["{ckpt}", "{tmp}/side.safetensors"],
-        "the output {tmp}/side.config.json exists and was not written by export: pass "
-        "--overwrite to replace it, or choose another file",
+        "the output {tmp}/side.config.json exists and was not written by export, which never "
+        "replaces such a file: choose another file",
     ),
 }
 

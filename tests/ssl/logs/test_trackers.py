@@ -184,3 +184,29 @@ def test_curves_reach_tensorboard_as_an_image(tmp_path):
     (image,) = events.Images("curves")
     assert (image.step, image.width, image.height) == (7, 5, 6)
     assert not log_image(CSVLogger(tmp_path), "curves", png, step=7)  # the file itself is the record
+
+
+def test_a_tracker_whose_package_is_missing_names_the_extra(tmp_path, capsys, monkeypatch):
+    """It said "Not a valid subclass of Logger" for a Lightning logger that is one."""
+    import importlib.util
+
+    from locatdino import cli as command_line
+    from locatdino.ssl.logs.trackers import missing_tracker
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else find_spec(name, *a))
+    assert missing_tracker("lightning.pytorch.loggers.WandbLogger") is None or find_spec("wandb") is None
+    assert missing_tracker("a CSVLogger") is None
+    logger = "lightning.pytorch.loggers.MLFlowLogger"
+    assert missing_tracker(logger) == (
+        "trainer.logger: MLFlowLogger needs the mlflow package, which is not installed: pip install 'locatdino[mlflow]'"
+    )
+    if find_spec("mlflow") is None:  # as a user without mlflow meets it, before anything is built
+        capsys.readouterr()
+        try:
+            status = command_line.main(["fit", *tiny_overrides(tmp_path), "--trainer.logger", logger])
+        except SystemExit as done:  # the parser's usage errors
+            status = done.code
+        err = capsys.readouterr().err.strip()
+        assert status == 1 and "\n" not in err and "Traceback" not in err, err
+        assert err.startswith(f"locatdino fit: {missing_tracker(logger)}"), err
