@@ -7,7 +7,7 @@ The option block ``model.gram`` of the DINO and iBOT objectives (:class:`GramOpt
 file (``ckpt``) and/or copied from the EMA teacher before step ``it_load_ema_teacher``, re-copied
 after every ``update_frequency``-th step from ``it_first_update`` on (``rep_update``, at most
 ``max_updates`` times), or the EMA teacher itself (``ema_teacher``). It never trains, runs in
-eval mode and is saved in the run's checkpoints with the steps it was loaded and refreshed at, so
+eval mode and is saved in the run's checkpoints with whether it was loaded and how often refreshed, so
 a resumed run continues with the same Gram teacher.
 """
 
