@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,7 +19,9 @@ from locatdino.models import create_backbone
 from locatdino.ssl.dino.loss import DINOLoss
 from locatdino.ssl.objective.base import PretrainingObjective
 from locatdino.ssl.objective.collapse import ENTROPY_KEY, MARGINAL_ENTROPY_KEY, teacher_entropies
+from locatdino.ssl.objective.final_tokens import FinalTokens
 from locatdino.ssl.objective.grad_clip import clip_grad_per_tensor_
+from locatdino.ssl.objective.gram_anchor import GramAnchor, GramOptions
 from locatdino.ssl.objective.head import DINOHead
 from locatdino.ssl.objective.schedules import DINOSchedules
 from locatdino.ssl.objective.start_weights import load_start_weights, start_line
@@ -113,12 +116,19 @@ class DINOModule(PretrainingObjective):
             timm's ``set_grad_checkpointing``, per block under FSDP).
         compile: ``torch.compile`` the student and teacher backbones (in place: checkpoints keep
             their keys and resume compiled or eager); the first step of each crop size compiles.
+        gram: DINOv3's Gram anchoring (``None``: off), a mapping of
+            :class:`~locatdino.ssl.objective.gram_anchor.GramOptions` (``loss_weight``, ``ckpt``,
+            ``it_load_ema_teacher``, ``rep_update``, ``update_frequency``, …): the Gram loss of the
+            student's patch features of the global crops against a frozen Gram teacher's, weighted
+            and added to the loss, logged as ``gram_loss``; the Gram teacher is saved in the
+            checkpoints (``gram.teacher.backbone.*``).
     """
 
     evaluated_network = "teacher"
     loss_name = "DINO"  # in the messages of a non-finite loss
     # student parameters held fixed while the last layer is frozen (freeze_last_layer)
     last_layer_prefixes: tuple[str, ...] = ("head.last_layer.",)
+    masks_patches = False  # whether the student's global crops are masked (Gram's tokens_used)
 
     def __init__(
         self,
@@ -150,9 +160,16 @@ class DINOModule(PretrainingObjective):
         on_nonfinite: Literal["stop", "skip"] = "stop",
         grad_checkpointing: bool = False,
         compile: bool = False,
+        gram: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        gram_options = None if gram is None else GramOptions.parse(gram)  # (its one-line errors first)
+        if gram_options is not None and gram_options.tokens_used != "all" and not self.masks_patches:
+            raise ValueError(
+                f"model.gram.tokens_used: {type(self).__name__} masks no patches, use all "
+                f"(masked / unmasked are iBOT's), got {gram_options.tokens_used!r}"
+            )
         kwargs = dict(backbone_kwargs or {})
         # timm's position-embedding resampling for both (the local crops are trained with it); the
         # teacher is built without the pretrained tag a named student checkpoint may carry
@@ -183,7 +200,22 @@ class DINOModule(PretrainingObjective):
             branch.update(self.branch_extras(embed_dim))
         self.teacher.load_state_dict(self.student.state_dict())
         self.teacher.requires_grad_(False)
-        self.prepare_backbones(self.student["backbone"], self.teacher["backbone"])
+        self.gram: GramAnchor | None = None
+        if gram_options is not None:
+
+            def build(path: str | None) -> nn.Module:  # the teacher's architecture, from a file or not
+                return create_backbone(
+                    split_model_name_tag(backbone)[0], path, pos_embed="timm", drop_path_rate=0.0, **kwargs
+                )
+
+            self.gram = GramAnchor(gram_options, build, self.teacher["backbone"])
+        gram_teacher = () if self.gram is None or self.gram.teacher is None else (self.gram.teacher["backbone"],)
+        self.prepare_backbones(self.student["backbone"], self.teacher["backbone"], *gram_teacher)
+        self._final_tokens: dict[str, FinalTokens] = {}
+        if self.gram is not None:  # the patch tokens the Gram loss reads
+            self.final_tokens("student")
+            if self.gram.teacher is None:
+                self.final_tokens("teacher")
         self.dino_loss = DINOLoss(out_dim, student_temp, center_momentum)
         self._start_weights = load_start_weights(self, backbone_checkpoint) if backbone_checkpoint else None
         # Decided on the unwrapped shapes: FSDP flattens parameters to 1-D shards.
@@ -205,6 +237,12 @@ class DINOModule(PretrainingObjective):
         """``(name, parameter)`` of what the optimizer updates: the student's (an extended objective
         may add parameters that live outside both branches, e.g. iBOT's mask token)."""
         return list(self.student.named_parameters())
+
+    def final_tokens(self, branch: str) -> FinalTokens:
+        """The patch tokens of the ``"student"``'s or ``"teacher"``'s backbone forwards (made once)."""
+        if branch not in self._final_tokens:
+            self._final_tokens[branch] = FinalTokens(getattr(self, branch)["backbone"])
+        return self._final_tokens[branch]
 
     def branch_extras(self, embed_dim: int) -> dict[str, nn.Module]:
         """Modules an extended objective adds to both branches (built twice, then the teacher is
@@ -237,18 +275,48 @@ class DINOModule(PretrainingObjective):
     # ------------------------------------------------------------------ training
 
     def schedule_values(self, step: int) -> dict[str, float]:
-        """This optimizer step's scheduled values (:class:`DINOSchedules`)."""
-        return self.schedules.at(step)
+        """This optimizer step's scheduled values (:class:`DINOSchedules`; the Gram loss weight)."""
+        values = self.schedules.at(step)
+        if self.gram is not None:
+            values["gram_loss_weight"] = self.gram.weight(step)
+        return values
+
+    def _patch_tokens(self, branch: str, wanted: bool) -> AbstractContextManager[list[Tensor]]:
+        """The patch tokens of the ``branch``'s backbone forwards in the block, when ``wanted``."""
+        return self.final_tokens(branch).kept() if wanted else nullcontext([])
 
     def step_losses(self, batch: dict[str, Tensor], values: dict[str, float]) -> StepLosses:
-        """DINO's loss: teacher targets of the global crops, the student on every crop."""
-        with torch.no_grad():
+        """DINO's loss: teacher targets of the global crops, the student on every crop (plus the
+        Gram loss of the global crops' patch tokens)."""
+        gram = self.gram is not None and self.gram.active
+        with torch.no_grad(), self._patch_tokens("teacher", gram and self.gram.teacher is None) as t_patches:
             teacher_out = self.forward_branch(self.teacher, [batch["global"]])
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
-        student_out = self.forward_branch(
-            self.student, [batch["global"], *([batch["local"]] if "local" in batch else [])]
-        )
-        return StepLosses(self.dino_loss(student_out, teacher_probs), teacher_probs, [(self.dino_loss, teacher_out)])
+        with self._patch_tokens("student", gram) as s_patches:  # the global crops' forward comes first
+            student_out = self.forward_branch(
+                self.student, [batch["global"], *([batch["local"]] if "local" in batch else [])]
+            )
+        step = StepLosses(self.dino_loss(student_out, teacher_probs), teacher_probs, [(self.dino_loss, teacher_out)])
+        if gram:
+            step.parts["dino_loss"] = step.loss.detach()
+            self.add_gram_loss(step, batch["global"], s_patches[0], t_patches[0] if t_patches else None, values)
+        return step
+
+    def add_gram_loss(
+        self,
+        step: StepLosses,
+        crops: Tensor,
+        student_patches: Tensor,
+        ema_patches: Tensor | None,
+        values: dict[str, float],
+        masks: Tensor | None = None,
+    ) -> None:
+        """Add the weighted Gram loss of the global ``crops`` ``[V_g, B, 3, H, W]`` to ``step``
+        (student patch tokens ``[V_g·B, N, D]``, the EMA teacher's with ``ema_teacher``, iBOT's
+        ``masks`` ``[V_g·B, N]``) and to its logged parts."""
+        gram = self.gram(crops.flatten(0, 1), student_patches, ema_patches, masks)
+        step.loss = step.loss + values["gram_loss_weight"] * gram
+        step.parts.update(gram_loss=gram.detach(), gram_loss_weight=values["gram_loss_weight"])
 
     def centred_losses(self) -> tuple[DINOLoss, ...]:
         """The losses whose centre moves after every optimizer step (what :meth:`step_losses`
@@ -257,6 +325,8 @@ class DINOModule(PretrainingObjective):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         self._check_batch(batch["global"])
+        if self.gram is not None:
+            self.gram.before_step(self.trainer.global_step, self.teacher["backbone"])
         values = self.schedule_values(self.trainer.global_step)
         step = self.step_losses(batch, values)
         loss = step.loss
@@ -344,6 +414,8 @@ class DINOModule(PretrainingObjective):
                 criterion.apply_center_update()
         if not self._skip_update:
             update_teacher(self.student.parameters(), self.teacher.parameters(), values["teacher_momentum"])
+        if self.gram is not None:
+            self.gram.after_step(self.trainer.global_step, self.teacher["backbone"])
         self._skip_update = False
 
     # ------------------------------------------------------------------ optimiser and schedules
@@ -367,6 +439,8 @@ class DINOModule(PretrainingObjective):
             warmup_teacher_temp=h.warmup_teacher_temp,
             warmup_teacher_temp_epochs=h.warmup_teacher_temp_epochs,
         )
+        if self.gram is not None:
+            self.gram.build_schedule(length.total_steps, length.steps_per_epoch)
 
         if any(s.shape != t.shape for s, t in zip(self.student.parameters(), self.teacher.parameters())):
             raise ValueError(

@@ -22,31 +22,6 @@ from locatdino.ssl.objective.schedules import warmup_constant_schedule
 _MASK_SEED_KEY = "ibot_mask_seed"
 
 
-class _FinalTokens:
-    """While armed, keeps the output of ``backbone.norm``: ``forward_features``' output, every
-    token after the final norm. So one ordinary ``backbone(x)`` call — the call FSDP and
-    ``torch.compile`` wrap — yields both the image embedding and the patch tokens."""
-
-    def __init__(self, backbone: nn.Module) -> None:
-        self.tokens: Tensor | None = None
-        self.armed = False
-        backbone.norm.register_forward_hook(self._keep)
-
-    def _keep(self, module: nn.Module, args: tuple, out: Tensor) -> None:
-        if self.armed:
-            self.tokens = out
-
-    def __call__(self, backbone: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
-        """``backbone(images)`` ``[B, D]`` and the patch tokens ``[B, N, D]`` of the same forward."""
-        self.armed = True
-        try:
-            embedding = backbone(images)
-        finally:
-            self.armed = False
-        tokens, self.tokens = self.tokens, None
-        return embedding, tokens[:, backbone.num_prefix_tokens :]
-
-
 class IBOTModule(DINOModule):
     """iBOT pretraining of any timm ViT (LocAtViT or vanilla): DINO plus masked-patch prediction.
 
@@ -68,6 +43,9 @@ class IBOTModule(DINOModule):
     Extra checkpoint keys: ``mask_token.token`` (trained with the student, no EMA copy: the
     teacher never sees masks), ``{student,teacher}.patch_head.*`` with a separate head,
     ``ibot_loss.center``.
+
+    Gram anchoring (``gram``, :class:`DINOModule`'s) reads the student's patch tokens of the masked
+    global crops, as DINOv3 does, and ``gram.tokens_used`` may keep only the masked or unmasked ones.
 
     Args:
         mask_probability: share of the global crops that are masked (0.5).
@@ -94,6 +72,7 @@ class IBOTModule(DINOModule):
     """
 
     loss_name = "iBOT"
+    masks_patches = True
     last_layer_prefixes = ("head.last_layer.", "patch_head.last_layer.")
 
     def __init__(
@@ -132,7 +111,8 @@ class IBOTModule(DINOModule):
         # the root unit, unsharded for the whole step, where the patch-embedding hook reads it)
         self.mask_token = MaskToken(self.student["backbone"].embed_dim)
         self.mask_token.attach(self.student["backbone"])
-        self._final_tokens = {name: _FinalTokens(getattr(self, name)["backbone"]) for name in ("student", "teacher")}
+        for branch in ("student", "teacher"):
+            self.final_tokens(branch)
         self.mask_seed = torch.initial_seed() if mask_seed is None else mask_seed
         self._micro_batch = 0  # micro-batches since the last optimizer step (gradient accumulation)
         self._patch_temp: np.ndarray | None = None
@@ -190,14 +170,14 @@ class IBOTModule(DINOModule):
         self._micro_batch += 1
 
         with torch.no_grad():
-            t_embedding, t_patches = self._final_tokens["teacher"](self.teacher["backbone"], images)
+            t_embedding, t_patches = self.final_tokens("teacher")(images)
             teacher_out = self.teacher["head"](t_embedding).unflatten(0, (v_g, b))
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
             teacher_patch_out = self._patch_head(self.teacher)(t_patches[masks])
             teacher_patch_probs = self.ibot_loss.teacher_targets(teacher_patch_out, values["teacher_patch_temp"])
 
         with self.mask_token.masking(masks):
-            s_embedding, s_patches = self._final_tokens["student"](self.student["backbone"], images)
+            s_embedding, s_patches = self.final_tokens("student")(images)
         embeddings = [s_embedding]
         if "local" in batch and batch["local"].shape[0] > 0:
             embeddings.append(self.student["backbone"](batch["local"].flatten(0, 1)))
@@ -218,7 +198,10 @@ class IBOTModule(DINOModule):
         centered = [(self.dino_loss, teacher_out)]
         if self.ibot_loss.uses_center:
             centered.append((self.ibot_loss, teacher_patch_out))
-        return StepLosses(loss, teacher_probs, centered, parts)
+        step = StepLosses(loss, teacher_probs, centered, parts)
+        if self.gram is not None and self.gram.active:  # the student's masked crops, as in DINOv3
+            self.add_gram_loss(step, crops, s_patches, t_patches, values, masks)
+        return step
 
     def centred_losses(self) -> tuple[DINOLoss, ...]:
         return (self.dino_loss, self.ibot_loss) if self.ibot_loss.uses_center else (self.dino_loss,)

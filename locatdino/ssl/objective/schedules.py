@@ -39,6 +39,24 @@ def warmup_constant_schedule(start: float, value: float, total_steps: int, warmu
     return np.concatenate([warmup, np.full(total_steps - len(warmup), value)])
 
 
+def warmup_cosine_hold_schedule(
+    start: float, peak: float, end: float, total_steps: int, warmup_steps: int, cosine_steps: int | None = None
+) -> np.ndarray:
+    """``[total_steps]``: linear ``start → peak`` over ``warmup_steps`` (``peak`` itself not reached),
+    a half cosine ``peak → end`` over ``cosine_steps`` (both ends included; ``None``: the rest of
+    the run), then ``end`` (DINOv3's ``linear_warmup_cosine_decay``, its Gram-loss weight
+    schedule). ``ValueError`` when the warm-up and cosine do not fit the run."""
+    cosine_steps = total_steps - warmup_steps if cosine_steps is None else cosine_steps
+    if warmup_steps < 0 or cosine_steps < 0 or warmup_steps + cosine_steps > total_steps:
+        raise ValueError(
+            f"a schedule of {warmup_steps} warm-up and {cosine_steps} cosine steps does not fit "
+            f"a run of {total_steps} steps"
+        )
+    warmup = np.linspace(start, peak, warmup_steps, endpoint=False)
+    cosine = end + (peak - end) * (1 + np.cos(np.linspace(0, np.pi, cosine_steps))) / 2
+    return np.concatenate([warmup, cosine, np.full(total_steps - warmup_steps - cosine_steps, end)])
+
+
 @dataclass(frozen=True)
 class DINOSchedules:
     """The four per-step schedules of a run; :meth:`at` clamps steps past the end to the last value."""
