@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from locatdino.common.arguments import integer
 from locatdino.data.datasets.published_lists import (
     FRACTION_SEEDS,
     FRACTIONS,
@@ -48,7 +49,7 @@ def add_train_list_arguments(g: Any) -> None:
     )
     g.add_argument(
         "--fraction-seed",
-        type=int,
+        type=integer,
         choices=FRACTION_SEEDS,
         default=None,
         help="which published list of --fraction (default 42)",
