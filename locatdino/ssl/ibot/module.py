@@ -170,14 +170,14 @@ class IBOTModule(DINOModule):
         self._micro_batch += 1
 
         with torch.no_grad():
-            t_embedding, t_patches = self.final_tokens("teacher")(images)
+            t_embedding, t_patches = self.final_tokens("teacher")(self.teacher["backbone"], images)
             teacher_out = self.teacher["head"](t_embedding).unflatten(0, (v_g, b))
             teacher_probs = self.dino_loss.teacher_targets(teacher_out, values["teacher_temp"])
             teacher_patch_out = self._patch_head(self.teacher)(t_patches[masks])
             teacher_patch_probs = self.ibot_loss.teacher_targets(teacher_patch_out, values["teacher_patch_temp"])
 
         with self.mask_token.masking(masks):
-            s_embedding, s_patches = self.final_tokens("student")(images)
+            s_embedding, s_patches = self.final_tokens("student")(self.student["backbone"], images)
         embeddings = [s_embedding]
         if "local" in batch and batch["local"].shape[0] > 0:
             embeddings.append(self.student["backbone"](batch["local"].flatten(0, 1)))

@@ -36,8 +36,11 @@ class FinalTokens:
         finally:
             self._kept = None
 
-    def __call__(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """``backbone(images)`` ``[B, D]`` and the patch tokens ``[B, N, D]`` of the same forward."""
+    def __call__(self, backbone: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
+        """``backbone(images)`` ``[B, D]`` and the patch tokens ``[B, N, D]`` of the same forward.
+
+        ``backbone`` is the module as the step holds it now: under FSDP or ``torch.compile`` a
+        wrapper of the one this hook was put on, and only the wrapper's call gathers the weights."""
         with self.kept() as kept:
-            embedding = self.backbone(images)
+            embedding = backbone(images)
         return embedding, kept[-1]

@@ -269,7 +269,7 @@ class GramAnchor(nn.Module):
         # eval mode at the start of fit draws its warning about modules in eval mode
         self.teacher.eval()
         with torch.no_grad():
-            _, patches = self._tokens(images)
+            _, patches = self._tokens(self.teacher["backbone"], images)
             own = token_grid(self.teacher["backbone"], tuple(images.shape[-2:]))
             if own != grid:
                 maps = patches.transpose(1, 2).unflatten(-1, own)  # [B, D, h', w']

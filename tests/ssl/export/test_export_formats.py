@@ -134,7 +134,7 @@ def test_a_vanilla_export_loads_in_timm_without_this_package(tmp_path):
     out = tmp_path / "teacher.safetensors"
     assert export.main([str(ckpt), str(out)]) == 0
     export.main([str(ckpt), str(tmp_path / "hub"), "--format", "hf-hub"])
-    tokens = teacher.forward_features(IMAGES)
+    tokens = teacher.forward_features(IMAGES).detach()
     torch.save(tokens, tmp_path / "tokens.pt")
     script = (
         "import json, sys, timm, torch\n"

@@ -128,7 +128,7 @@ def test_unmasked_patch_tokens_are_the_backbones_and_the_token_changes_only_mask
     m = tiny_ibot(drop_path_rate=0.0).eval()
     x = torch.randn(2, 3, 32, 32)
     backbone = m.student["backbone"]
-    embedding, patches = m.final_tokens("student")(x)
+    embedding, patches = m.final_tokens("student")(m.student["backbone"], x)
     torch.testing.assert_close(embedding, backbone(x))
     torch.testing.assert_close(patches, backbone.forward_features(x)[:, 1:])
     masks = torch.zeros(2, 16, dtype=torch.bool)
