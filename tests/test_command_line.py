@@ -62,6 +62,7 @@ def test_usage_errors_are_one_line_with_status_2(capsys, argv, message):
     assert capsys.readouterr().err == f"{message} (locatdino {argv[0]} --help lists the options)\n"
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "locatdino", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -140,6 +141,7 @@ def _run_probe(*args: str, omp: str | None = None) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env)
 
 
+@pytest.mark.slow
 def test_threads_size_torch_faiss_and_child_processes():
     """torch, FAISS and the environment children inherit all get N; the command never sees the flag."""
     proc = _run_probe("probe", "--threads", "1", "--x")
@@ -151,6 +153,7 @@ def test_threads_size_torch_faiss_and_child_processes():
     assert _run_probe("probe", omp="1").stdout.split()[:3] == ["1"] * 3  # ... unless OMP_NUM_THREADS says
 
 
+@pytest.mark.slow
 def test_bad_threads_value_is_a_usage_error():
     proc = _run_probe("probe", "--threads", "0")
     assert proc.returncode == 2 and proc.stdout == ""
@@ -204,6 +207,7 @@ def test_odd_thread_counts_fall_back_with_one_line(monkeypatch, requested, omp, 
     assert os.environ.get("OMP_NUM_THREADS") == (None if omp in ("0", "-2", "abc") else omp)  # no count: removed
 
 
+@pytest.mark.slow
 def test_garbage_omp_num_threads_is_one_line_not_openmps_complaint():
     """OMP_NUM_THREADS=0 made OpenMP print its own two lines at import, then ran on every core silently."""
     proc = _run_probe("probe", omp="0")

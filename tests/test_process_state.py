@@ -3,6 +3,7 @@
 import os
 import re
 
+import pytest
 import torch
 
 from tests.process_state import ProcessState, owned_by_command, owned_by_library
@@ -21,6 +22,7 @@ def test_cleans_up(monkeypatch):
 """
 
 
+@pytest.mark.slow
 def test_a_test_that_leaves_omp_num_threads_set_fails_by_name_and_the_next_one_sees_it_restored(pytester):
     pytester.makeconftest("from tests.process_state import restore_module_state, restore_process_state\n")
     pytester.makepyfile(test_leaky=LEAKY.format(before=os.environ.get("OMP_NUM_THREADS")))

@@ -39,6 +39,7 @@ def test_a_results_file_records_command_date_machine_then_the_numbers(tmp_path, 
     assert json.loads(other.read_text())["rows"] == [] and len(json.loads(path.read_text())["rows"]) == 1
 
 
+@pytest.mark.slow
 def test_a_script_run_as_a_module_writes_its_rows_and_the_command_that_made_them(tmp_path):
     out = tmp_path / "knn.json"
     args = ["--memory", "300", "--dim", "8", "--queries", "4", "--k", "3", "--results", str(out)]
@@ -60,6 +61,7 @@ def test_a_script_run_as_a_module_writes_its_rows_and_the_command_that_made_them
     assert f"results: {out}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_without_results_keeps_the_committed_file_and_bad_paths_are_refused_before_measuring(tmp_path):
     """``python -m benchmarks.speed.linprobe`` from the repository root replaced the committed
     results with a toy run's rows; a --results that was a folder failed after the measuring."""

@@ -27,6 +27,7 @@ def test_every_run_starts_from_the_scored_random_init(objective, backbone):
     assert all(torch.equal(v, state[k]) for k, v in start.state_dict().items())
 
 
+@pytest.mark.slow
 def test_imports_without_jsonargparse():
     """A CUDA machine's preinstalled Python may lack jsonargparse: the study must not need it (it
     builds its modules and Trainers directly, not through ``locatdino fit``)."""

@@ -181,6 +181,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_the_previous_file(tmp_path):
     """On a real 256 KiB tmpfs: torch's enforce message, a report and a 6 MB memory bank each end in
     one line naming the file; the old checkpoint is intact, no temporary or staging folder left."""

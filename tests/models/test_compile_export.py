@@ -37,6 +37,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["separable", "mask"])
 def test_compiled_in_one_graph_equals_eager(path, monkeypatch):
     """Forward and every parameter gradient in training, one graph (``fullgraph``), two

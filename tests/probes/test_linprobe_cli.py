@@ -202,6 +202,7 @@ def test_sigterm_stops_with_one_line_and_removes_the_feature_cache(tmp_path):
     assert "Traceback" not in err and list(cache.iterdir()) == [] and not (out / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_a_feature_cache_left_by_a_killed_run_is_removed_by_the_next(tmp_path):
     import subprocess
     import sys

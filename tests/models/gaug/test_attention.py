@@ -88,6 +88,7 @@ def test_automatic_path_selection():
         layer._resolve_path(cpu, plain=True)
 
 
+@pytest.mark.slow
 def test_environment_variable_sets_the_default_path():
     code = "from locatdino.models import GAugAttention; print(GAugAttention.gaug_path)"
     env = {**os.environ, "LOCATDINO_GAUG_PATH": "mask"}

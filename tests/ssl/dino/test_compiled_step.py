@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from ssl_helpers import random_batch, tiny_module
 
@@ -15,6 +16,7 @@ def _step(module, batch) -> list[torch.Tensor]:
     return [loss, probs, *torch.autograd.grad(loss, params)]
 
 
+@pytest.mark.slow
 def test_step_with_compiled_backbones_equals_eager():
     torch.manual_seed(0)
     eager = tiny_module(backbone="locatvit_tiny_patch16_224", drop_path_rate=0.0)

@@ -129,6 +129,7 @@ def test_a_run_recorded_under_an_earlier_model_name_still_exports_and_loads(tmp_
     assert all(torch.equal(m.forward_features(IMAGES), tokens) for m in (exported, by_old_name))
 
 
+@pytest.mark.slow
 def test_a_vanilla_export_loads_in_timm_without_this_package(tmp_path):
     ckpt, teacher = fit_checkpoint(tmp_path / "run", "vit_tiny_patch16_224")
     out = tmp_path / "teacher.safetensors"
