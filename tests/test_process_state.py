@@ -2,6 +2,7 @@
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,9 @@ def test_cleans_up(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_test_that_leaves_omp_num_threads_set_fails_by_name_and_the_next_one_sees_it_restored(pytester):
+def test_a_test_that_leaves_omp_num_threads_set_fails_by_name_and_the_next_one_sees_it_restored(pytester, monkeypatch):
+    root = str(Path(__file__).parents[1])  # the child imports tests.process_state from this checkout
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     pytester.makeconftest("from tests.process_state import restore_module_state, restore_process_state\n")
     pytester.makepyfile(test_leaky=LEAKY.format(before=os.environ.get("OMP_NUM_THREADS")))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
