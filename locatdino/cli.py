@@ -31,14 +31,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("locatdino.ssl.run.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
     "export": ("locatdino.ssl.export.cli", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
-    "hbird": ("locatdino.retrieval.cli", "Hummingbird in-context segmentation benchmark"),
-    "linprobe": ("locatdino.probes.cli", "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)"),
-    "knn": ("locatdino.probes.knn_cli", "DINO's weighted k-NN classification of frozen class tokens (top-1, top-5)"),
+    "hbird": ("locatdino.evaluation.hbird.cli", "Hummingbird in-context segmentation benchmark"),
+    "linprobe": (
+        "locatdino.evaluation.linprobe.cli",
+        "the paper's dense linear probe on frozen patch tokens (segmentation mIoU)",
+    ),
+    "knn": (
+        "locatdino.evaluation.knn.cli",
+        "DINO's weighted k-NN classification of frozen class tokens (top-1, top-5)",
+    ),
     "lincls": (
-        "locatdino.probes.lincls.cli",
+        "locatdino.evaluation.lincls.cli",
         "linear classification of frozen class tokens (DINO's eval_linear; not the dense linprobe)",
     ),
-    "compare": ("locatdino.comparison.cli", "several models side by side: one report with figures and probes"),
+    "compare": ("locatdino.evaluation.compare.cli", "several models side by side: one report with figures and probes"),
 }
 
 

@@ -44,9 +44,9 @@ from locatdino.common.errors import UserError
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import atomic_write
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
-from locatdino.comparison.cli import REPORT_FILES
-from locatdino.comparison.intervals import difference_text, model_differences
 from locatdino.configs import CONFIG_DIR
+from locatdino.evaluation.compare.cli import REPORT_FILES
+from locatdino.evaluation.compare.intervals import difference_text, model_differences
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import fitting_sizes, patch_size
 

@@ -2,8 +2,8 @@ import pytest
 
 from locatdino.data import ScenesSegmentation
 from locatdino.evaluation.splits import CachedSplit
+from tests.evaluation.hbird.hbird_fixtures import tiny_vit_model
 from tests.process_state import restore_module_state, restore_process_state  # noqa: F401 - autouse, every test
-from tests.retrieval.hbird_fixtures import tiny_vit_model
 
 
 @pytest.fixture(scope="session")

@@ -224,7 +224,9 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"locatdino {locatdino.__version__}\n"
 
 
-@pytest.mark.parametrize("command", ["locatdino.demo", "locatdino.retrieval.cli", "locatdino.comparison.cli"])
+@pytest.mark.parametrize(
+    "command", ["locatdino.demo", "locatdino.evaluation.hbird.cli", "locatdino.evaluation.compare.cli"]
+)
 def test_help_shows_each_default_once(command):
     text = importlib.import_module(command)._parser().format_help()
     entries = re.split(r"\n  (?=-)", text.split("options:", 1)[1])  # one entry per option

@@ -1,20 +1,19 @@
 """The package imports downwards only, and never another package's private names.
 
 ``locatdino.common`` (every command's shared helpers) is the lowest floor: it imports nothing of
-locatdino outside itself. Above it the backbones and data, then ``locatdino.evaluation``, the floor
-every frozen-backbone evaluation stands on (splits, views, the frozen encoder, the mIoU, intervals,
-provenance, shared options); Hummingbird (``retrieval``), the probes and pretraining (``ssl``)
-build on it, ``compare`` on those, and the entry points (``cli``, ``demo``) on everything. Packages
-of one layer never import each other (the probes do not need Hummingbird). Inside ``ssl`` the same
-holds for its sub-packages: the objectives stand on what they share (``objective``), the ``fit``
-run (``run``) on all of them. Read from the source with ``ast``, so a lazy import inside a function
-counts as much as one at the top of a module.
+locatdino outside itself. Above it the backbones and data; above those pretraining (``ssl``) and
+the evaluation of frozen backbones (``evaluation``), which never import each other; the entry
+points (``cli``, ``demo``) stand on everything. Inside ``ssl`` and ``evaluation`` the same holds
+for their sub-packages (:data:`INNER`): the objectives stand on what they share (``objective``),
+the ``fit`` run (``run``) on all of them; each evaluation command (a folder named after it) on the
+evaluation floor (the modules of ``evaluation`` itself, ``""``), ``compare`` on the other commands
+too, and the floor on no command. Read from the source with ``ast``, so a lazy import inside a
+function counts as much as one at the top of a module. Each rule is one test that lists every
+offender.
 """
 
 import ast
 from pathlib import Path
-
-import pytest
 
 import locatdino
 
@@ -26,22 +25,30 @@ LAYERS = {
     "data": 1,
     "configs": 1,
     "evaluation": 2,
-    "retrieval": 3,
-    "probes": 3,
-    "ssl": 3,
-    "comparison": 4,
+    "ssl": 2,
 }
 ENTRY_POINTS = {"__init__", "__main__", "cli", "demo"}  # the package root holds these only
 ROOT_LAYER = 1.5  # ``import locatdino`` (the root __init__: version, timm registration) stands on common and models
-# what each sub-package of ``ssl`` may import of the others ("" is ``locatdino.ssl`` itself)
-SSL_LAYERS = {
-    "objective": set(),
-    "logs": set(),
-    "dino": {"objective"},
-    "supervised": {"objective"},
-    "ibot": {"objective", "dino"},
-    "export": {"logs"},
-    "run": {"", "objective", "dino", "ibot", "supervised", "logs"},
+# what each part of a layered package may import of its other parts ("": the package's own modules;
+# a part missing from the table, like ``ssl``'s own modules, may import every part)
+INNER: dict[str, dict[str, set[str]]] = {
+    "ssl": {
+        "objective": set(),
+        "logs": set(),
+        "dino": {"objective"},
+        "supervised": {"objective"},
+        "ibot": {"objective", "dino"},
+        "export": {"logs"},
+        "run": {"", "objective", "dino", "ibot", "supervised", "logs"},
+    },
+    "evaluation": {
+        "": set(),
+        "hbird": {""},
+        "linprobe": {""},
+        "knn": {""},
+        "lincls": {""},
+        "compare": {"", "hbird", "linprobe", "knn", "lincls"},
+    },
 }
 SSL_MOST_ENTRIES = 8
 
@@ -73,17 +80,18 @@ def imports(source: str, module: str) -> list[tuple[str, str | None]]:
 
 
 def subpackage(module: str) -> str | None:
-    """``retrieval`` of ``locatdino.retrieval.report`` (None for the package root and its modules)."""
+    """``evaluation`` of ``locatdino.evaluation.hbird.report`` (None for the package root and its modules)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
 
 
-def ssl_part(module: str) -> str | None:
-    """``run`` of ``locatdino.ssl.run.cli``, ``""`` of ``locatdino.ssl``, None outside ``ssl``."""
+def inner_part(module: str, package: str) -> str | None:
+    """``run`` of ``locatdino.ssl.run.cli`` (package ``ssl``), ``""`` of ``locatdino.ssl`` or
+    ``locatdino.evaluation.splits``, None outside ``package``."""
     parts = module.split(".")
-    if parts[1:2] != ["ssl"]:
+    if parts[1:2] != [package]:
         return None
-    return parts[2] if len(parts) > 3 or (len(parts) == 3 and (PACKAGE / "ssl" / parts[2]).is_dir()) else ""
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and (PACKAGE / package / parts[2]).is_dir()) else ""
 
 
 def layer(module: str, name: str | None) -> float | None:
@@ -108,19 +116,30 @@ def violations(source: str, module: str) -> list[str]:
             if reached is None or reached >= LAYERS[home]:
                 what = "an entry point" if reached is None else f"layer {reached}"
                 problems.append(f"{module} imports {target} ({what}; {home} is layer {LAYERS[home]})")
-        if home == "ssl" and there == "ssl" and ssl_part(module) != "":
-            inner = ssl_part(
-                target if name is None or not (PACKAGE / "ssl" / str(name)).is_dir() else f"{target}.{name}"
-            )
-            if inner != ssl_part(module) and inner not in SSL_LAYERS[ssl_part(module)]:
-                problems.append(
-                    f"{module} imports {target} (ssl.{ssl_part(module)} may import "
-                    f"{sorted(SSL_LAYERS[ssl_part(module)]) or 'no other part of ssl'})"
-                )
+        if home in INNER and there == home:
+            problems += inner_violations(module, target, name, home)
         private = name is not None and name.startswith("_") and not name.startswith("__")
-        if private and there != home:
+        if private and owner(target, there) != owner(module, home):
             problems.append(f"{module} imports the private {target}.{name} from another package")
     return problems
+
+
+def owner(module: str, package: str | None) -> tuple[str | None, str | None]:
+    """Whose private names ``module`` may use: its sub-package's, or in a layered package its part's."""
+    return package, inner_part(module, package) if package in INNER else None
+
+
+def inner_violations(module: str, target: str, name: str | None, package: str) -> list[str]:
+    """What ``from target import name`` in ``module`` breaks of :data:`INNER` inside ``package``."""
+    table, part = INNER[package], inner_part(module, package)
+    if part not in table:
+        return []
+    reached = target if name is None or not (PACKAGE / package / str(name)).is_dir() else f"{target}.{name}"
+    inner = inner_part(reached, package)
+    if inner == part or inner in table[part]:
+        return []
+    where = f"{package}.{part}" if part else f"{package}'s own modules"
+    return [f"{module} imports {target} ({where} may import {sorted(table[part]) or f'no other part of {package}'})"]
 
 
 def package_modules() -> list[tuple[str, Path]]:
@@ -131,22 +150,33 @@ def package_modules() -> list[tuple[str, Path]]:
 
 
 def test_the_checker_catches_what_it_forbids():
-    """Guards the test below from passing vacuously: each kind of violation is reported."""
-    assert violations("from locatdino.retrieval.report import _fmt\n", "locatdino.probes.probe_report") == [
-        "locatdino.probes.probe_report imports locatdino.retrieval.report (layer 3; probes is layer 3)",
-        "locatdino.probes.probe_report imports the private locatdino.retrieval.report._fmt from another package",
+    """Guards the tests below from passing vacuously: each kind of violation is reported."""
+    assert violations("from locatdino.evaluation.hbird.report import _fmt\n", "locatdino.evaluation.knn.report") == [
+        "locatdino.evaluation.knn.report imports locatdino.evaluation.hbird.report (evaluation.knn may import [''])",
+        "locatdino.evaluation.knn.report imports the private locatdino.evaluation.hbird.report._fmt "
+        "from another package",
     ]
-    assert violations(
-        "from locatdino.retrieval import report\nx = report._fmt(1.0)\n", "locatdino.comparison.report"
-    ) == ["locatdino.comparison.report imports the private locatdino.retrieval.report._fmt from another package"]
+    assert violations("from locatdino.evaluation.hbird.options import _x\n", "locatdino.evaluation.compare.cli") == [
+        "locatdino.evaluation.compare.cli imports the private locatdino.evaluation.hbird.options._x "
+        "from another package"
+    ]
+    assert violations("from locatdino.evaluation import hbird\nx = hbird._fmt(1.0)\n", "locatdino.ssl.run.cli") == [
+        "locatdino.ssl.run.cli imports locatdino.evaluation (layer 2; ssl is layer 2)",
+        "locatdino.ssl.run.cli imports locatdino.evaluation.hbird (layer 2; ssl is layer 2)",
+        "locatdino.ssl.run.cli imports the private locatdino.evaluation.hbird._fmt from another package",
+    ]
     assert violations("def f():\n    from locatdino.ssl import DINOModule\n", "locatdino.evaluation.features") == [
-        "locatdino.evaluation.features imports locatdino.ssl (layer 3; evaluation is layer 2)"
+        "locatdino.evaluation.features imports locatdino.ssl (layer 2; evaluation is layer 2)"
     ]
-    assert violations("from ..retrieval.evaluate import hummingbird\n", "locatdino.evaluation.splits") == [
-        "locatdino.evaluation.splits imports locatdino.retrieval.evaluate (layer 3; evaluation is layer 2)"
+    assert violations("from .hbird.evaluate import hummingbird\n", "locatdino.evaluation.splits") == [
+        "locatdino.evaluation.splits imports locatdino.evaluation.hbird.evaluate "
+        "(evaluation's own modules may import no other part of evaluation)"
     ]
-    assert violations("from locatdino import probes\n", "locatdino.evaluation.views") == [
-        "locatdino.evaluation.views imports locatdino (layer 3; evaluation is layer 2)"
+    assert violations("from locatdino.evaluation import knn\n", "locatdino.evaluation.lincls.cli") == [
+        "locatdino.evaluation.lincls.cli imports locatdino.evaluation (evaluation.lincls may import [''])"
+    ]
+    assert violations("from locatdino import evaluation\n", "locatdino.models.locatvit") == [
+        "locatdino.models.locatvit imports locatdino (layer 2; models is layer 1)"
     ]
     assert violations("from locatdino.models import create_backbone\n", "locatdino.common.arguments") == [
         "locatdino.common.arguments imports locatdino.models (layer 1; common is layer 0)"
@@ -155,7 +185,7 @@ def test_the_checker_catches_what_it_forbids():
         "locatdino.common.errors imports locatdino (layer 1.5; common is layer 0)"
     ]
     assert violations("from locatdino import cli\n", "locatdino.ssl.run.cli") == [
-        "locatdino.ssl.run.cli imports locatdino (an entry point; ssl is layer 3)"
+        "locatdino.ssl.run.cli imports locatdino (an entry point; ssl is layer 2)"
     ]
     assert violations("from locatdino.ssl.dino.loss import DINOLoss\n", "locatdino.ssl.objective.base") == [
         "locatdino.ssl.objective.base imports locatdino.ssl.dino.loss (ssl.objective may import no other part of ssl)"
@@ -166,28 +196,31 @@ def test_the_checker_catches_what_it_forbids():
     assert violations("from locatdino.ssl import DINOHead\n", "locatdino.ssl.ibot.module") == [
         "locatdino.ssl.ibot.module imports locatdino.ssl (ssl.ibot may import ['dino', 'objective'])"
     ]
-    assert (
-        violations("from locatdino.retrieval.report import _PHASES\n", "locatdino.retrieval.cli") == []
-    )  # own package
-    assert violations("from locatdino.evaluation.tables import number_cell\n", "locatdino.probes.probe_report") == []
-    assert violations("from locatdino.ssl.objective import DINOHead\n", "locatdino.ssl.ibot.module") == []
-    assert (
-        violations("from locatdino.common.errors import UserError\nimport locatdino\n", "locatdino.ssl.export.cli")
-        == []
-    )
+    allowed = [
+        ("from locatdino.evaluation.hbird.report import _PHASES\n", "locatdino.evaluation.hbird.cli"),  # own part
+        ("from locatdino.evaluation.tables import number_cell\n", "locatdino.evaluation.linprobe.report"),
+        ("from locatdino.evaluation.hbird import options\n", "locatdino.evaluation.compare.cli"),
+        ("from locatdino.ssl.objective import DINOHead\n", "locatdino.ssl.ibot.module"),
+        ("from locatdino.common.errors import UserError\nimport locatdino\n", "locatdino.ssl.export.cli"),
+    ]
+    assert [violations(source, module) for source, module in allowed] == [[]] * len(allowed)
 
 
 def test_the_layer_tables_cover_the_package_and_form_no_circle():
-    """Every sub-package has a layer (a new one must be placed), and the allowed imports inside
-    ``ssl`` can be ordered: no sub-package reaches itself through the others."""
+    """Every sub-package has a layer (a new one must be placed), every part of a layered package is
+    in its table, and the allowed imports inside each can be ordered: no part reaches itself
+    through the others."""
     assert set(LAYERS) == {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert set(SSL_LAYERS) == {p.name for p in (PACKAGE / "ssl").iterdir() if (p / "__init__.py").is_file()}
-    placed: list[str] = []
-    while len(placed) < len(SSL_LAYERS):  # Kahn's order; a circle leaves no part to place
-        ready = [part for part, below in SSL_LAYERS.items() if part not in placed and below - {""} <= set(placed)]
-        assert ready, f"circle among {sorted(set(SSL_LAYERS) - set(placed))}"
-        placed += ready
-    assert placed.index("run") == len(placed) - 1 and placed.index("objective") < placed.index("dino")
+    for package, table in INNER.items():
+        parts = {p.name for p in (PACKAGE / package).iterdir() if (p / "__init__.py").is_file()}
+        assert set(table) - {""} == parts, package
+        placed: list[str] = [] if "" in table else [""]
+        while len(placed) < len(table | {"": set()}):  # Kahn's order; a circle leaves no part to place
+            ready = [part for part, below in table.items() if part not in placed and below <= set(placed)]
+            assert ready, f"circle in {package} among {sorted(set(table) - set(placed))}"
+            placed += ready
+    assert INNER["ssl"]["run"] >= set(INNER["ssl"]) - {"run"} - {"export"}
+    assert INNER["evaluation"]["compare"] == set(INNER["evaluation"]) - {"compare"}
 
 
 def test_the_package_root_holds_the_entry_points_only():
@@ -205,15 +238,15 @@ def test_ssl_keeps_a_short_top_level():
     ] == []  # no folder outside the count
 
 
-@pytest.mark.parametrize("module, path", package_modules(), ids=lambda v: v if isinstance(v, str) else "")
-def test_imports_respect_the_layering(module, path):
-    assert violations(path.read_text(), module) == []
+def test_each_evaluation_command_lives_in_the_folder_named_after_it():
+    """``locatdino hbird`` runs ``locatdino.evaluation.hbird.cli``, and so on for every evaluation command."""
+    from locatdino.cli import COMMANDS
+
+    evaluation = {name: module for name, (module, _) in COMMANDS.items() if module.startswith("locatdino.evaluation")}
+    assert evaluation == {name: f"locatdino.evaluation.{name}.cli" for name in INNER["evaluation"] if name}
 
 
-def test_the_probes_do_not_need_hummingbird():
-    """Opening a dataset, running a frozen encoder or scoring an mIoU is the floor's, not Hummingbird's."""
-    probes = [(m, p) for m, p in package_modules() if subpackage(m) == "probes"]
-    assert len(probes) >= 8
-    assert [
-        (m, t) for m, p in probes for t, _ in imports(p.read_text(), m) if t.startswith("locatdino.retrieval")
-    ] == []
+def test_imports_respect_the_layering():
+    modules = package_modules()
+    assert len(modules) > 150
+    assert [problem for module, path in modules for problem in violations(path.read_text(), module)] == []

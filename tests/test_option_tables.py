@@ -11,26 +11,29 @@ import re
 import pytest
 
 from locatdino.common.arguments import GROUPS, ArgumentParser, ConfigTable, option_dest
-from locatdino.comparison.cli import PROBE_TABLE as COMPARE_PROBE_TABLE
-from locatdino.probes.cli import PROBE_TABLE
-from locatdino.probes.knn_cli import KNN_TABLE
-from locatdino.probes.lincls.cli import LINCLS_TABLE
-from locatdino.retrieval.evaluate import HummingbirdConfig
-from locatdino.retrieval.options import COMPARE_HBIRD_TABLE, HBIRD_TABLE, PROTOCOLS, parse_protocol_args
+from locatdino.evaluation.compare.cli import PROBE_TABLE as COMPARE_PROBE_TABLE
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig
+from locatdino.evaluation.hbird.options import COMPARE_HBIRD_TABLE, HBIRD_TABLE, PROTOCOLS, parse_protocol_args
+from locatdino.evaluation.knn.cli import KNN_TABLE
+from locatdino.evaluation.lincls.cli import LINCLS_TABLE
+from locatdino.evaluation.linprobe.cli import PROBE_TABLE
 
 DATA = {"--dataset", "--data-dir", "--train-split", "--val-split", "--num-train", "--num-val", "--scene-size"}
 LISTS = {"--train-list", "--fraction", "--fraction-seed"}  # the memory by id: hbird, linprobe, compare
 MODEL = {"--model", "--pos-embed", "--checkpoint"}  # --checkpoint: retired, hidden, caught with a hint
 # each command's options that set no protocol config field: models, data, device, outputs, presets
 COMMANDS = {
-    "locatdino.retrieval.cli": (
+    "locatdino.evaluation.hbird.cli": (
         [HBIRD_TABLE],
         MODEL | DATA | LISTS | {"--help", "--protocol", "--device", "--memory-dir", "--out", "--overwrite"},
     ),
-    "locatdino.probes.cli": ([PROBE_TABLE], MODEL | DATA | LISTS | {"--help", "--device", "--out", "--overwrite"}),
-    "locatdino.probes.knn_cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
-    "locatdino.probes.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
-    "locatdino.comparison.cli": (
+    "locatdino.evaluation.linprobe.cli": (
+        [PROBE_TABLE],
+        MODEL | DATA | LISTS | {"--help", "--device", "--out", "--overwrite"},
+    ),
+    "locatdino.evaluation.knn.cli": ([KNN_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
+    "locatdino.evaluation.lincls.cli": ([LINCLS_TABLE], MODEL | DATA | {"--help", "--device", "--out", "--overwrite"}),
+    "locatdino.evaluation.compare.cli": (
         [COMPARE_HBIRD_TABLE, COMPARE_PROBE_TABLE],
         MODEL
         | DATA
@@ -83,12 +86,12 @@ def test_a_table_reports_what_it_misses_and_an_option_gone_fails_loudly():
 
 
 PARSERS = {
-    "hbird": lambda: importlib.import_module("locatdino.retrieval.cli")._parser(),
-    "hbird report": lambda: importlib.import_module("locatdino.retrieval.cli")._report_parser(),
-    "linprobe": lambda: importlib.import_module("locatdino.probes.cli")._parser(),
-    "knn": lambda: importlib.import_module("locatdino.probes.knn_cli")._parser(),
-    "lincls": lambda: importlib.import_module("locatdino.probes.lincls.cli")._parser(),
-    "compare": lambda: importlib.import_module("locatdino.comparison.cli")._parser(),
+    "hbird": lambda: importlib.import_module("locatdino.evaluation.hbird.cli")._parser(),
+    "hbird report": lambda: importlib.import_module("locatdino.evaluation.hbird.cli")._report_parser(),
+    "linprobe": lambda: importlib.import_module("locatdino.evaluation.linprobe.cli")._parser(),
+    "knn": lambda: importlib.import_module("locatdino.evaluation.knn.cli")._parser(),
+    "lincls": lambda: importlib.import_module("locatdino.evaluation.lincls.cli")._parser(),
+    "compare": lambda: importlib.import_module("locatdino.evaluation.compare.cli")._parser(),
     "demo": lambda: importlib.import_module("locatdino.demo")._parser(),
     "shards": lambda: importlib.import_module("locatdino.data.shards.cli").build_parser(),
 }
@@ -119,8 +122,8 @@ def test_an_empty_group_is_left_out_of_the_help():
 
 
 def test_protocol_reference_sets_its_settings_and_options_beside_it_win():
-    from locatdino.comparison import cli as compare_cli
-    from locatdino.retrieval.options import config_from_args, protocol_record
+    from locatdino.evaluation.compare import cli as compare_cli
+    from locatdino.evaluation.hbird.options import config_from_args, protocol_record
 
     parser = compare_cli._parser()
     args = parse_protocol_args(parser, ["--model", "m", "--protocol", "reference", "--precision", "bf16"])
@@ -173,11 +176,11 @@ def test_documented_command_lines_use_the_current_grammar(where, argv):
     from locatdino.evaluation.model_runs import model_runs
 
     module = {
-        "hbird": "locatdino.retrieval.cli",
-        "linprobe": "locatdino.probes.cli",
-        "knn": "locatdino.probes.knn_cli",
-        "lincls": "locatdino.probes.lincls.cli",
-        "compare": "locatdino.comparison.cli",
+        "hbird": "locatdino.evaluation.hbird.cli",
+        "linprobe": "locatdino.evaluation.linprobe.cli",
+        "knn": "locatdino.evaluation.knn.cli",
+        "lincls": "locatdino.evaluation.lincls.cli",
+        "compare": "locatdino.evaluation.compare.cli",
     }[argv[0]]
     parser = importlib.import_module(module)._parser()
     assert model_runs(parser.parse_args(argv[1:]), parser)

@@ -34,8 +34,8 @@ UPSTREAM = ("lightning", "argparse", "jsonargparse")
 ALLOWED = {"locatdino.ssl.objective.fsdp.DINOFSDPStrategy._setup_model"}
 # private writes to objects that are not Lightning's, argparse's or jsonargparse's
 OTHER_OBJECTS = {
-    "locatdino.retrieval.memory sets bank._directory": "a MemoryBank, built by its own classmethods",
-    "locatdino.retrieval.memory sets bank._staging": "a MemoryBank, built by its own classmethods",
+    "locatdino.evaluation.hbird.memory sets bank._directory": "a MemoryBank, built by its own classmethods",
+    "locatdino.evaluation.hbird.memory sets bank._staging": "a MemoryBank, built by its own classmethods",
     "locatdino.models.checkpoints.pos_embed sets model._pos_embed": "timm's ViT, whose position-embedding step "
     "(a method of the instance) the dino rule replaces",
     "locatdino.ssl.export.files sets saved._metadata": "a torch state dict: torch.save keeps and "

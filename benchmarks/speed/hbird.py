@@ -237,7 +237,7 @@ def reference_style(size: int, n_train: int, n_val: int, model: str, workers: in
 # ----------------------------------------------------------------------------------- our cases
 def ours(size: int, n_train: int, n_val: int, model: str, **settings) -> dict:
     from locatdino.data import build_segmentation_dataset
-    from locatdino.retrieval import HummingbirdConfig, hummingbird
+    from locatdino.evaluation.hbird import HummingbirdConfig, hummingbird
 
     root = str(voc_scenes(n_train, n_val))
     train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))
@@ -370,14 +370,14 @@ def side_by_side_table(rows: list[dict], machine: dict) -> str:
 
 def _search_cell(search: dict | None) -> str:
     """Encoder precision and index of a case; the baseline (no record) is fp32 exact search."""
-    from locatdino.retrieval.report import search_text
+    from locatdino.evaluation.hbird.report import search_text
 
     return f"{search['precision']}, {search_text(search)}" if search else "fp32, Flat"
 
 
 # ------------------------------------------------------------------------------------- scaling
 def _ivf(m: int) -> str:
-    from locatdino.retrieval.index_choice import ivf_cells
+    from locatdino.evaluation.hbird.index_choice import ivf_cells
 
     return f"IVF{ivf_cells(m)},Flat"
 
@@ -387,10 +387,10 @@ def scaling_case(memory_size: int, n_val: int = 50) -> list[dict]:
     build time, the full query pass (features, search, transfer + metric), mIoU, recall@30."""
     from locatdino.data import build_segmentation_dataset
     from locatdino.evaluation.features import FeatureExtractor
+    from locatdino.evaluation.hbird import HummingbirdConfig, PatchIndex, build_memory, evaluate_queries
     from locatdino.evaluation.phase_clock import PhaseClock
     from locatdino.evaluation.splits import SubsetSplit
     from locatdino.evaluation.views import QueryViews, collate_views
-    from locatdino.retrieval import HummingbirdConfig, PatchIndex, build_memory, evaluate_queries
 
     train = build_segmentation_dataset("voc", str(voc_scenes()), "train")
     val = SubsetSplit(build_segmentation_dataset("voc", str(voc_scenes()), "val"), np.arange(n_val))
@@ -451,8 +451,8 @@ def index_sweep_case(size: int, n_train: int, n_val: int) -> list[dict]:
     from locatdino.data import build_segmentation_dataset
     from locatdino.evaluation.feature_cache import CachedExtractor
     from locatdino.evaluation.features import FeatureExtractor
-    from locatdino.retrieval import HummingbirdConfig, hummingbird
-    from locatdino.retrieval.index_choice import ivf_cells
+    from locatdino.evaluation.hbird import HummingbirdConfig, hummingbird
+    from locatdino.evaluation.hbird.index_choice import ivf_cells
 
     root = str(voc_scenes(n_train, n_val))
     train, val = (build_segmentation_dataset("voc", root, s) for s in ("train", "val"))

@@ -2,7 +2,7 @@
 
     python -m benchmarks.speed.knn                  # 100k x 384 train, 10k queries, k = 10 20 100 200
 
-Each search runs :func:`~locatdino.probes.knn.knn_classify` end to end (normalisation, neighbour
+Each search runs :func:`~locatdino.evaluation.knn_classifier.knn_classify` end to end (normalisation, neighbour
 search at the largest k, votes of every k) in a fresh process, once to load every kernel and once
 measured, so its peak memory is its own: Linux's peak resident size (``VmHWM``), reset just before
 the second search, minus the resident size then (the features themselves). Searches: ``torch``
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from benchmarks.results_io import add_results_option, results_file, write_results
-from locatdino.probes.knn import knn_classify
+from locatdino.evaluation.knn_classifier import knn_classify
 
 KS = (10, 20, 100, 200)
 SEARCHES = ("torch", "faiss", "reference")

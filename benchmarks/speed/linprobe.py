@@ -21,10 +21,10 @@ import torch
 
 from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.studies.scenes_ranking import supervised
-from locatdino.comparison.cli import LINPROBE_DEFAULTS
+from locatdino.evaluation.compare.cli import LINPROBE_DEFAULTS
+from locatdino.evaluation.linprobe.protocol import LinearProbeConfig, linear_probe
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
-from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
 
 
 def main() -> None:

@@ -139,7 +139,7 @@ def hummingbird_monitor() -> list[dict]:
     import timm
     import torch
 
-    from locatdino.retrieval import HummingbirdMonitor
+    from locatdino.evaluation.hbird import HummingbirdMonitor
 
     backbone = timm.create_model("vit_small_patch16_224", num_classes=0).eval()
     monitor = HummingbirdMonitor()

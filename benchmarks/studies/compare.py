@@ -6,7 +6,7 @@ prints markdown tables for ``benchmarks/RESULTS.md``: Hummingbird mIoU, Hungaria
 class-token probes of the four models (ViT / LocAtViT, DINO teacher / random init) as mean ±
 std over seeds, the paired differences LocAtViT − ViT and teacher − random init as mean ± std,
 and each seed's paired differences with their 95 % paired-bootstrap intervals over the query
-(test) images (docs/evaluation.md; ``locatdino.comparison.intervals``), with the time the bootstrap adds
+(test) images (docs/evaluation.md; ``locatdino.evaluation.compare.intervals``), with the time the bootstrap adds
 to each compare. The figures of the first seed are copied to ``--figures`` (small PNGs to commit
 next to the tables).
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.results_io import add_results_option, results_file, write_results
-from locatdino.comparison.intervals import attach_differences, model_differences
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED
+from locatdino.evaluation.compare.intervals import attach_differences, model_differences
 
 MODELS = ("vit-dino", "locatvit-dino", "vit-random", "locatvit-random")
 METRICS = (

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.studies.supervised import _confusions, seed_mean_miou_interval
-from locatdino.comparison.intervals import model_differences
+from locatdino.evaluation.compare.intervals import model_differences
 
 # ibot.py --steps 80, seeds 0 1 2 (benchmarks/RESULTS.md, "Does pretraining help on the built-in scenes?"):
 # mean ± std over seeds, and the seed-mean Δ to random init [95 %] over the query scenes

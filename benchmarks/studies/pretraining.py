@@ -38,18 +38,18 @@ import yaml
 
 from benchmarks.results_io import add_results_option, results_file, write_results
 from benchmarks.speed.dino_step import lightning_round
-from locatdino.comparison.runner import ShownImages
 from locatdino.data import MultiCropTransform, collate_multicrop
 from locatdino.data.scenes import ScenesSegmentation, scene_class
 from locatdino.data.scenes import render as scene_render
 from locatdino.data.shards import sources as shard_sources
 from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.class_token import knn_accuracy
+from locatdino.evaluation.compare.runner import ShownImages
 from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.hbird import HummingbirdMonitor
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
-from locatdino.probes.class_token import knn_accuracy
-from locatdino.retrieval import HummingbirdMonitor
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.ssl import DINOModule
 from locatdino.ssl.run import cli as fit_cli
 

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.data.scenes import SCENE_CLASSES, ScenesSegmentation
 from locatdino.evaluation.augment import normalize
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
+from locatdino.evaluation.hbird.patch_labels import patch_class_counts
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
 from locatdino.models.token_grid import patch_size
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
-from locatdino.retrieval.patch_labels import patch_class_counts
 
 
 def supervised(name: str, img_size: int, steps: int, images: int, seed: int) -> torch.nn.Module:

@@ -44,11 +44,11 @@ import yaml
 
 from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.evaluation.bootstrap import miou_interval, seed_mean_miou_interval
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
 from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.linprobe.protocol import LinearProbeConfig, linear_probe
 from locatdino.evaluation.splits import CachedSplit, open_split
 from locatdino.models import create_backbone
-from locatdino.probes.dense_probe import LinearProbeConfig, linear_probe
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from locatdino.ssl.export.cli import export_backbone
 from locatdino.ssl.logs.curves import stitched_metrics
 

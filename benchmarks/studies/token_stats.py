@@ -26,11 +26,11 @@ import argparse
 import torch
 
 from benchmarks.results_io import add_results_option, results_file, write_results
-from locatdino.comparison.measure import ShownImages
+from locatdino.evaluation.compare.measure import ShownImages
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
-from locatdino.evaluation.model_runs import MODEL_METAVAR, parse_model
 from locatdino.evaluation.splits import open_split
 from locatdino.models.baselines import PixelPatches
+from locatdino.models.model_spec import MODEL_METAVAR, parse_model
 from locatdino.models.token_grid import patch_size
 
 

@@ -1,15 +1,21 @@
-"""What every evaluation of a frozen backbone shares, whatever the protocol: the floor under
-Hummingbird (:mod:`locatdino.retrieval`), the probes (:mod:`locatdino.probes`) and
-``locatdino compare`` (:mod:`locatdino.comparison`), which import from here and never the other
-way round.
+"""Evaluation of frozen backbones: one sub-package per command on one floor.
 
-- data: labelled splits by dataset name (``splits``), image views, normalisation, resizing and the
-  paired memory augmentation (``views``, ``augment``);
+The commands, each in the folder named after it: ``hbird`` (Hummingbird in-context
+segmentation), ``linprobe`` (the paper's dense linear probe), ``knn`` (DINO's weighted k-NN),
+``lincls`` (linear classification of class tokens) and ``compare`` (several models side by side,
+built on the others). They import from the floor below and never from each other, except
+``compare``, which stands on all of them.
+
+The floor (the modules of this package itself), whatever the protocol:
+
+- data: labelled splits by dataset name (``splits``, ``class_splits``, ``train_lists``), image
+  views, normalisation, resizing and the paired memory augmentation (``views``, ``augment``);
 - the frozen encoder: ``load_backbone``, ``FeatureExtractor`` with its precision and device
-  choice (``features``, ``precision``), a batch cache (``feature_cache``), ``eval_mode``;
+  choice (``features``, ``precision``), a batch cache (``feature_cache``), ``eval_mode``, the class
+  embeddings of a labelled split (``class_features``, ``class_token``);
 - scores: the streaming confusion-matrix mIoU (``metric``), one confusion matrix per image in one
-  file format (``image_confusions``), paired-bootstrap and Wilson intervals (``bootstrap``,
-  ``wilson``);
+  file format (``image_confusions``), DINO's weighted k-NN vote (``knn_classifier``) on the k-NN
+  search (``torch_knn``), paired-bootstrap and Wilson intervals (``bootstrap``, ``wilson``);
 - records: provenance (``provenance``), wall time per phase (``phase_clock``), shared markdown
   cells (``tables``), and the command-line options every evaluation command shares (``options``;
   the ``--model`` grammar and the backbones it names: ``model_runs``).

@@ -25,7 +25,7 @@ Three memory-view modes (``PairedAugmentation.mode``, ``locatdino hbird --augmen
   same, whatever the seed (the memory the reference builds with augmentation disabled).
 
 Queries are only resized to the input size (the mask keeps its original resolution, see
-:mod:`locatdino.retrieval.evaluate`). All randomness comes from an explicit ``torch.Generator``
+:mod:`locatdino.evaluation.hbird.evaluate`). All randomness comes from an explicit ``torch.Generator``
 so memory views are reproducible and identical for every model compared.
 """
 
@@ -48,7 +48,7 @@ NEAREST_EXACT = InterpolationMode.NEAREST_EXACT
 AUGMENT_MODES = ("zoom-out", "reference", "off")
 PAD = -1
 """Mask value of canvas pixels that lie outside the source image (zoom-out crops). Never a class:
-Hummingbird's soft labels (``locatdino.retrieval.patch_labels``) leave padded pixels out."""
+Hummingbird's soft labels (``locatdino.evaluation.hbird.patch_labels``) leave padded pixels out."""
 
 
 def _uniform(low: float, high: float, generator: torch.Generator) -> float:

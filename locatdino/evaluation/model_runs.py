@@ -27,9 +27,9 @@ from locatdino.evaluation.features import check_layer, load_backbone
 from locatdino.evaluation.labels import check_labels
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES
 from locatdino.models.dense_features import feature_layers
+from locatdino.models.model_spec import MODEL_METAVAR, parse_model
 from locatdino.models.token_grid import fitting_sizes, patch_size
 
-MODEL_METAVAR = "[LABEL=]NAME[:CHECKPOINT]"
 POS_EMBED_CHOICES = ("auto", *POS_EMBED_RULES)
 POS_EMBED_HELP = (
     "position-embedding resampling at other grids: dino (the reference ViT's), timm, or auto "
@@ -47,19 +47,6 @@ class ModelRun:
     name: str
     checkpoint: str | None
     pos_embed: str = "auto"
-
-
-def parse_model(text: str) -> tuple[str | None, str, str | None]:
-    """``(label or None, name, checkpoint or None)`` of ``[LABEL=]NAME[:CHECKPOINT]``
-    (``ValueError`` naming the text when it has no name or an empty label)."""
-    head, _, checkpoint = text.partition(":")
-    label, has_label, name = head.partition("=") if "=" in head else (None, "", head)
-    if not name or (has_label and not label):
-        raise ValueError(
-            f"--model {text!r}: expected {MODEL_METAVAR}, e.g. vit_small_patch16_224:dino.pth "
-            "or vanilla=vit_small_patch16_224:dino.pth"
-        )
-    return label, name, None if checkpoint in ("", "none") else checkpoint
 
 
 def add_model_arguments(group: Any, positional_hint: bool = False) -> None:

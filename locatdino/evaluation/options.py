@@ -7,7 +7,7 @@ what a ``results.json`` records of the run). The models are named by ``--model``
 encoders on the same datasets, so a user who learns ``--layer 10 --norm`` on one must find it,
 with the same meaning, default and ``--help`` group, on the others; defining the options once
 keeps them from drifting apart. Each command adds only what is its own (Hummingbird's protocol:
-``locatdino.retrieval.options``; the probe's budget, outputs, figures).
+``locatdino.evaluation.hbird.options``; the probe's budget, outputs, figures).
 Every number is range-checked as it is parsed, before any work, and an option several commands
 take is defined once, with one type, range and help (``locatdino.common.arguments.SHARED_OPTIONS``).
 """

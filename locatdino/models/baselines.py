@@ -10,7 +10,7 @@ linear probe run on them unchanged:
 - :class:`PixelPatches`: the patch's own pixels, as the network sees them (after its input
   normalisation), flattened — what a network adds over its input;
 - :class:`PatchPosition`: a one-hot of the patch's place in the token grid — how far the layout
-  of the images alone goes (the position prior, ``locatdino.retrieval.position_prior``).
+  of the images alone goes (the position prior, ``locatdino.evaluation.hbird.position_prior``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from locatdino.common.output_files import (
     reserve_space,
     temporary_sibling,
 )
-from locatdino.retrieval.memory import MemoryBank
-from locatdino.retrieval.report import write_run
+from locatdino.evaluation.hbird.memory import MemoryBank
+from locatdino.evaluation.hbird.report import write_run
 from locatdino.ssl import atomic_torch_save
 from tests.tiny_disk import python, run_on_tiny_disk
 
@@ -161,7 +161,7 @@ def test_ensure_writable_names_the_folder_in_one_line(tmp_path):
 _FULL_DISK_SCRIPT = r"""
 import json, os, sys, torch
 from locatdino.common.output_files import DiskFullError, atomic_write, atomic_write_text
-from locatdino.retrieval.memory import MemoryBank
+from locatdino.evaluation.hbird.memory import MemoryBank
 def atomic_torch_save(obj, path):  # locatdino.ssl's, without importing Lightning (seconds)
     atomic_write(path, lambda f: torch.save(obj, f))
 disk = sys.argv[1]

@@ -8,7 +8,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from locatdino.data.image_files import image_files
 from locatdino.data.shards.sources import FolderSource
-from locatdino.probes.class_splits import open_class_split
+from locatdino.evaluation.class_splits import open_class_split
 
 
 def _tree(root, classes=("a", "b", "c"), per_class=4):

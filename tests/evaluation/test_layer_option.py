@@ -4,10 +4,10 @@ are built, before any feature is computed; negative indices count from the end, 
 import pytest
 
 from locatdino import cli
-from locatdino.comparison import cli as compare_cli
+from locatdino.evaluation.compare import cli as compare_cli
 from locatdino.evaluation.features import check_layer
-from locatdino.probes import cli as probe_cli
-from locatdino.retrieval import cli as hbird_cli
+from locatdino.evaluation.hbird import cli as hbird_cli
+from locatdino.evaluation.linprobe import cli as probe_cli
 
 DATA = [
     "--num-train",

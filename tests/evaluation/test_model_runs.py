@@ -5,7 +5,8 @@ import pytest
 
 from locatdino import cli
 from locatdino.common.arguments import ArgumentParser, option_groups
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, model_runs, parse_model
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, model_runs
+from locatdino.models.model_spec import parse_model
 
 
 def test_the_grammar_splits_at_the_first_colon():

@@ -107,8 +107,8 @@ def test_a_bad_sample_among_good_ones_is_skipped_and_named(tmp_path):
 
 @pytest.mark.parametrize("command", ["hbird", "compare"])
 def test_index_device_gpu_without_a_gpu_search_is_refused_before_the_memory_pass(capsys, monkeypatch, command):
-    import locatdino.retrieval.evaluate as evaluate
-    import locatdino.retrieval.index as index
+    import locatdino.evaluation.hbird.evaluate as evaluate
+    import locatdino.evaluation.hbird.index as index
 
     monkeypatch.setattr(index, "faiss_gpu_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -5,11 +5,11 @@ import torch
 import torch.nn.functional as F
 
 from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
+from locatdino.evaluation.lincls import LinearInput
 from locatdino.models import create_backbone, dense_features
 from locatdino.models.dense_features import feature_layers, feature_map
 from locatdino.models.token_grid import patch_size
-from locatdino.probes.lincls import LinearInput
-from locatdino.retrieval.evaluate import HummingbirdConfig, hummingbird
 from tests.models.tiny import TINY_SWIN
 
 # built at 64 px (stages of 16, 8, 4, 2 tokens per side), run at any multiple of 32 px

@@ -11,8 +11,8 @@ from PIL import Image
 from locatdino import cli as command_line
 from locatdino.data import ScenesSegmentation
 from locatdino.data.datasets.published_lists import FRACTION_SEEDS, FRACTIONS, published_ids, published_list_path
+from locatdino.evaluation.hbird import cli as hbird_cli
 from locatdino.evaluation.options import open_splits
-from locatdino.retrieval import cli as hbird_cli
 
 # ids per published list, as open-hummingbird-eval ships them (the same for every seed)
 PUBLISHED_COUNTS = {

@@ -41,7 +41,7 @@ class DINOLoss(nn.Module):
     @torch.no_grad()
     def teacher_targets(self, teacher_out: Tensor, temp: float) -> Tensor:
         """``softmax((t − center) / τ_t)`` in fp32 (or fp64): ``[V_t, B, K]`` logits → probabilities."""
-        return F.softmax((_at_least_fp32(teacher_out) - self.center) / temp, dim=-1)
+        return F.softmax((at_least_fp32(teacher_out) - self.center) / temp, dim=-1)
 
     def forward(self, student_out: Tensor, teacher_probs: Tensor) -> Tensor:
         """Mean over cross-view pairs of ``−Σ_k p_t log softmax(s / τ_s)``, averaged over the batch.
@@ -56,7 +56,7 @@ class DINOLoss(nn.Module):
                 f"DINOLoss: need student [V_s, B, K] with V_s >= V_t and at least one cross-view pair, "
                 f"got student {tuple(student_out.shape)} and teacher {tuple(teacher_probs.shape)}"
             )
-        log_q = F.log_softmax(_at_least_fp32(student_out) / self.student_temp, dim=-1)
+        log_q = F.log_softmax(at_least_fp32(student_out) / self.student_temp, dim=-1)
         # Σ_t Σ_s p_t·log q_s = (Σ_t p_t)·(Σ_s log q_s); then drop the V_t same-view pairs.
         all_pairs = (teacher_probs.sum(0) * log_q.sum(0)).sum()
         same_view = (teacher_probs * log_q[:v_t]).sum()
@@ -72,7 +72,7 @@ class DINOLoss(nn.Module):
         micro-batches, as one larger batch would (docs/pretraining.md): accumulate here, then
         :meth:`apply_center_update` after the step.
         """
-        flat = _at_least_fp32(teacher_out).flatten(0, -2)
+        flat = at_least_fp32(teacher_out).flatten(0, -2)
         stats = torch.cat([flat.sum(0), flat.new_tensor([flat.shape[0]])])
         self._pending = stats if self._pending is None else self._pending + stats
 
@@ -105,6 +105,6 @@ class DINOLoss(nn.Module):
         self.apply_center_update()
 
 
-def _at_least_fp32(x: Tensor) -> Tensor:
+def at_least_fp32(x: Tensor) -> Tensor:
     """``x`` in fp32, or as it is when already fp32 / fp64 (a 64-true run stays in fp64)."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()

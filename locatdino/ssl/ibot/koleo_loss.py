@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from locatdino.ssl.dino.loss import _at_least_fp32
+from locatdino.ssl.dino.loss import at_least_fp32
 
 
 class KoLeoLoss(nn.Module):
@@ -28,7 +28,7 @@ class KoLeoLoss(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 2 or x.shape[0] < 2:
             raise ValueError(f"KoLeoLoss: need embeddings [B, D] with B >= 2, got {tuple(x.shape)}")
-        x = F.normalize(_at_least_fp32(x), dim=-1, eps=self.eps)
+        x = F.normalize(at_least_fp32(x), dim=-1, eps=self.eps)
         with torch.no_grad():
             similarity = x @ x.T
             similarity.fill_diagonal_(-torch.inf)

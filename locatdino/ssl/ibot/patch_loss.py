@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from locatdino.ssl.dino.loss import DINOLoss, _at_least_fp32
+from locatdino.ssl.dino.loss import DINOLoss, at_least_fp32
 from locatdino.ssl.ibot.sinkhorn import sinkhorn_knopp
 
 CENTERINGS = ("center", "sinkhorn_knopp")
@@ -79,7 +79,7 @@ class IBOTPatchLoss(DINOLoss):
                 f"masks [C, N], got student {tuple(student_out.shape)}, teacher "
                 f"{tuple(teacher_probs.shape)}, masks {tuple(masks.shape)}"
             )
-        log_q = F.log_softmax(_at_least_fp32(student_out) / self.student_temp, dim=-1)
+        log_q = F.log_softmax(at_least_fp32(student_out) / self.student_temp, dim=-1)
         per_patch = -(teacher_probs * log_q).sum(-1)
         counts = masks.sum(-1, keepdim=True).expand_as(masks)[masks]  # each patch's crop count
         return (per_patch / counts.to(per_patch.dtype)).sum() / masks.shape[0]

@@ -92,7 +92,7 @@ def test_wandb_offline_and_mlflow_get_the_csv_metrics_and_the_curves(tmp_path, m
                     "logger": loggers,
                     "callbacks": [
                         {
-                            "class_path": "locatdino.retrieval.HummingbirdMonitor",
+                            "class_path": "locatdino.evaluation.hbird.HummingbirdMonitor",
                             "init_args": {
                                 "every_n_steps": 2,
                                 "num_train": 4,

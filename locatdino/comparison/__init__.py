@@ -1,8 +1,0 @@
-"""``locatdino compare``: several frozen models on one dataset, one report with figures.
-
-Built on the two evaluation protocols, never the other way: Hummingbird
-(:mod:`locatdino.retrieval`) and the probes (:mod:`locatdino.probes`), both on the shared
-evaluation floor (:mod:`locatdino.evaluation`). ``runner`` measures,
-``cli`` parses and writes, ``report`` renders ``report.md``, ``figures`` draws; the pictures'
-inputs come from ``attention_maps``, ``pca_maps`` and ``forward_cost``.
-"""
