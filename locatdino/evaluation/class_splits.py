@@ -7,7 +7,7 @@ image is decoded (so a split that cannot be scored is refused before the long wo
 - ``imagefolder``: ``ROOT/<split>/<class>/<image>``, classes sorted by folder name and images
   listed as torchvision's ``ImageFolder`` does (its extensions, its order, links followed), but each
   real file once (:func:`~locatdino.data.image_files.image_files`: a link loop is not walked again);
-- ``shards``: ``ROOT/<split>/`` of ``locatdino shards`` of such a tree (a ``cls`` per sample and
+- ``shard-splits``: ``ROOT/<split>/`` of ``locatdino shards`` of such a tree (a ``cls`` per sample and
   the class names in ``index.json``), the supervised recipe's format;
 - ``scenes``: the built-in scenes, one class per scene (its dominant object), as ``compare``.
 
@@ -37,7 +37,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from locatdino.data.image_files import image_files
 from locatdino.data.transforms.decode import decode_rgb
 
-CLASS_DATASETS = ("imagefolder", "shards", "scenes")
+CLASS_DATASETS = ("imagefolder", "shard-splits", "scenes")
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,11 @@ def open_class_split(
     """Split ``split`` of ``dataset``, limited to a seeded random subset of ``count`` images
     (scenes: ``count`` scenes are rendered, ``default_scenes`` when None); a ``count`` above the
     split's size is refused naming ``option``, the other options named as ``names`` says."""
+    if dataset == "shards":
+        raise ValueError(
+            f"{names.dataset} 'shards' is a URL pattern of segmentation shards; class-labelled shards in "
+            f"ROOT/<split>/*.tar are {names.dataset} shard-splits"
+        )
     if dataset not in CLASS_DATASETS:
         raise ValueError(f"{names.dataset} {dataset!r}: not one of {', '.join(CLASS_DATASETS)}")
     if dataset == "scenes":

@@ -33,26 +33,51 @@ from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.train_lists import listed_ids, select_listed, train_list_record
 from locatdino.evaluation.views import check_usable
 
+# what each command's memory (training) split is for, in its --help
+TRAIN_SPLIT_USE = {
+    "hbird": "the memory split: the images Hummingbird retrieves labelled patches from (VOC: trainaug, as the paper)",
+    "linprobe": "the training split: the images the linear head is trained on (VOC: trainaug, as the paper)",
+    "compare": "the memory / training split of Hummingbird and the probes (VOC: trainaug, as the paper)",
+    "knn": "the train split: the images whose class tokens vote",
+    "lincls": "the train split: the images the linear classifier is trained on",
+}
 
-def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS) -> None:
+
+def _dataset(choices: tuple[str, ...]) -> Any:
+    """argparse ``type`` of ``--dataset``: ``shards`` is a shard URL pattern of segmentation samples;
+    the classification commands name their folder of shards per split ``shard-splits``."""
+
+    def parse(text: str) -> str:
+        if text == "shards" and "shards" not in choices:
+            raise argparse.ArgumentTypeError(
+                "'shards' is a URL pattern of segmentation shards (hbird, linprobe, compare); class-labelled "
+                "shards in ROOT/<split>/*.tar are --dataset shard-splits"
+            )
+        return text
+
+    return parse
+
+
+def add_data_arguments(g: Any, datasets: tuple[str, ...] = DATASETS, command: str = "hbird") -> None:
     """The labelled dataset (one of ``datasets``: the segmentation sets by default, the
     class-labelled sources for ``knn`` and ``lincls``) and its memory (training) / query splits
-    (``g``: the data group), with one help per option for every command."""
-    text = {
-        "--dataset": "labelled dataset: a segmentation set, class-labelled images (imagefolder: "
-        "ROOT/<split>/<class>/<image>), shards or the built-in scenes (the choices: what this "
-        "command reads)",
-        "--data-dir": "dataset root (shards: a shard URL pattern for hbird, linprobe and compare; ROOT of "
-        "ROOT/<split>/*.tar, locatdino shards of an image-folder tree, for knn and lincls); not "
-        "needed for the built-in scenes",
-        "--train-split": "memory (training) split: the images Hummingbird retrieves from, a probe trains on, a "
-        "k-NN votes with (VOC: trainaug as in the paper)",
-        "--val-split": "query split: the images that are scored",
-    }
-    g.add_argument("--dataset", choices=datasets, default="scenes", help=text["--dataset"])
-    g.add_argument("--data-dir", default=None, help=text["--data-dir"])
-    g.add_argument("--train-split", default="train", help=text["--train-split"])
-    g.add_argument("--val-split", default="val", help=text["--val-split"])
+    (``g``: the data group), each help saying what ``command`` does with it."""
+    if "imagefolder" in datasets:
+        what = (
+            "class-labelled images: imagefolder (ROOT/<split>/<class>/<image>), shard-splits (ROOT/<split>/*.tar, "
+            "`locatdino shards` of such a tree) or the built-in scenes (one class per scene)"
+        )
+        where = "ROOT of the splits; not needed for the built-in scenes"
+    else:
+        what = "a segmentation dataset, segmentation shards or the built-in scenes"
+        where = (
+            "dataset root (shards: a shard URL pattern, e.g. data/voc-{000000..000009}.tar); not needed for the "
+            "built-in scenes"
+        )
+    g.add_argument("--dataset", type=_dataset(datasets), choices=datasets, default="scenes", help=what)
+    g.add_argument("--data-dir", default=None, help=where)
+    g.add_argument("--train-split", default="train", help=TRAIN_SPLIT_USE[command])
+    g.add_argument("--val-split", default="val", help="the query split: the images that are scored")
     add_shared_option(g, "--num-train", note="the whole split; the built-in scenes: 300")
     add_shared_option(g, "--num-val", note="the whole split; the built-in scenes: 100")
     g.add_argument("--scene-size", type=at_least(1), default=224, help="side of the built-in scenes in px")

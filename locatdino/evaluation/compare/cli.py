@@ -121,7 +121,7 @@ def _parser() -> ArgumentParser:
         "position-prior (the memory's class frequencies at each patch's place), on the first model's token "
         "grid, through the same Hummingbird and linear probe (docs/evaluation.md)",
     )
-    add_data_arguments(groups.data)
+    add_data_arguments(groups.data, command="compare")
     add_train_list_arguments(groups.data)
     add_protocol_arguments(groups)
     protocol = groups.protocol

@@ -15,9 +15,6 @@ is kept unless ``--overwrite`` (checked before any work; ``locatdino.common.outp
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -26,17 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from locatdino.common.arguments import (
-    ArgumentParser,
-    ConfigTable,
-    add_shared_option,
-    at_least,
-    option_groups,
-    positive_float,
-)
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.output_files import DiskFullError
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.arguments import ConfigTable, OptionGroups, add_shared_option, at_least, positive_float
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.class_features import class_token_embeddings
 from locatdino.evaluation.class_splits import (
@@ -46,18 +33,13 @@ from locatdino.evaluation.class_splits import (
     open_class_splits,
     split_record,
 )
-from locatdino.evaluation.knn.report import KNN_FILES, knn_report, knn_table
+from locatdino.evaluation.knn.report import KNN_LAYOUT
 from locatdino.evaluation.knn_classifier import RANKED, check_knn_settings, check_temperature, knn_classify, topk_hits
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import (
-    add_data_arguments,
-    add_encoder_arguments,
-    add_loader_arguments,
-    check_outputs,
-    encoder_device,
-    record_run,
-)
+from locatdino.evaluation.model_runs import ModelRun
+from locatdino.evaluation.options import add_data_arguments, add_encoder_arguments, add_loader_arguments
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.results import ReportLayout, score
+from locatdino.evaluation.runner import Protocol, Scored, fail, run
 from locatdino.evaluation.wilson import wilson_interval
 
 
@@ -108,113 +90,100 @@ def _temperature(text: str) -> float:
     return value
 
 
-def _parser() -> ArgumentParser:
-    d = KnnConfig()
-    p = ArgumentParser(
-        prog="locatdino knn",
-        description="DINO's weighted k-NN on frozen class tokens: each validation image is labelled by the "
-        "vote exp(cos / T) of its k most similar train images; top-1 and top-5 per k, written to OUT/results.json "
-        "and OUT/report.md.",
-        formatter_class=DefaultsOnceHelpFormatter,
+@dataclass(frozen=True)
+class KnnSetup:
+    """What every model of a run is scored with."""
+
+    cfg: KnnConfig
+    train: LabelledImages
+    val: LabelledImages
+
+
+class KnnProtocol(Protocol):
+    command = "knn"
+    description = (
+        "DINO's weighted k-NN on frozen class tokens: each validation image is labelled by the vote "
+        "exp(cos / T) of its k most similar train images; top-1 and top-5 per k, written to OUT/results.json "
+        "and OUT/report.md."
     )
-    groups = option_groups(p)
-    add_model_arguments(groups.model)
-    add_data_arguments(groups.data, CLASS_DATASETS)
-    protocol, runtime = groups.protocol, groups.runtime
-    protocol.add_argument(
-        "--neighbours",
-        type=at_least(1),
-        nargs="+",
-        default=list(d.ks),
-        metavar="K",
-        help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)",
-    )
-    protocol.add_argument(
-        "--temperature", type=_temperature, default=d.temperature, metavar="T", help="vote weight exp(cos / T)"
-    )
-    add_shared_option(protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224")
-    add_shared_option(protocol, "--seed", d.seed)
-    add_shared_option(runtime, "--knn-backend", d.backend)
-    add_encoder_arguments(runtime, d.precision)
-    add_shared_option(runtime, "--batch-size", d.batch_size)
-    add_shared_option(runtime, "--cache-dir")
-    add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
-    add_loader_arguments(runtime)
-    add_shared_option(groups.output, "--out", "knn_results")
-    add_overwrite_option(groups.output)
-    return p
+    out_default = "knn_results"
+
+    @property
+    def layout(self) -> ReportLayout:
+        return KNN_LAYOUT
+
+    def add_arguments(self, groups: OptionGroups) -> None:
+        d = KnnConfig()
+        add_data_arguments(groups.data, CLASS_DATASETS, command=self.command)
+        protocol, runtime = groups.protocol, groups.runtime
+        protocol.add_argument(
+            "--neighbours",
+            type=at_least(1),
+            nargs="+",
+            default=list(d.ks),
+            metavar="K",
+            help="neighbour counts k, all from one search (the reference: 10 20 100 200; 20 headline)",
+        )
+        protocol.add_argument(
+            "--temperature", type=_temperature, default=d.temperature, metavar="T", help="vote weight exp(cos / T)"
+        )
+        add_shared_option(
+            protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224"
+        )
+        add_shared_option(protocol, "--seed", d.seed)
+        add_shared_option(runtime, "--knn-backend", d.backend)
+        add_encoder_arguments(runtime, d.precision)
+        add_shared_option(runtime, "--batch-size", d.batch_size)
+        add_shared_option(runtime, "--cache-dir")
+        add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
+        add_loader_arguments(runtime)
+
+    def prepare(self, args: argparse.Namespace) -> KnnSetup:
+        cfg = replace(KNN_TABLE.build(args), ks=tuple(sorted(set(args.neighbours))))
+        train, val = open_class_splits(args)
+        if max(cfg.ks) > len(train):
+            raise ValueError(
+                f"--neighbours {max(cfg.ks)}: the train split {args.train_split!r} holds "
+                f"{len(train)} images (use k <= {len(train)})"
+            )
+        return KnnSetup(cfg, train, val)
+
+    def load_options(self, args: argparse.Namespace, setup: KnnSetup) -> dict[str, Any]:
+        return {"input_size": setup.cfg.input_size}
+
+    def announce(self, run: ModelRun, setup: KnnSetup) -> str:
+        cfg, train, val = setup.cfg, setup.train, setup.val
+        return (
+            f"{len(train)} train / {len(val)} validation images, {split_record(train)['classes']} classes, "
+            f"{cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}"
+        )
+
+    def score(self, model: nn.Module, run: ModelRun, setup: KnnSetup, device: torch.device) -> Scored:
+        record, hits = _score(setup.cfg, model, setup.train, setup.val)
+        return Scored(record, paired=hits)
+
+    def difference(self, scored: Scored, first: Scored, setup: KnnSetup) -> dict[str, Any] | None:
+        hits, reference = scored.paired, first.paired
+        k0 = setup.cfg.ks[0]
+        if len(hits[k0][0]) != len(reference[k0][0]):  # not the same images decoded
+            return None
+        return {
+            f"k={k}": {
+                name: accuracy_interval(hits[k][i], reference[k][i]).to_dict()
+                for i, name in enumerate(("top1", "top5"))
+                if hits[k][i] is not None
+            }
+            for k in setup.cfg.ks
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    runs = model_runs(args, parser, KNN_FILES)
-    device = encoder_device(args.device, "knn")
-    cfg = replace(KNN_TABLE.build(args), ks=tuple(sorted(set(args.neighbours))))
-    try:
-        train, val = open_class_splits(args)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"locatdino knn: {err}") from None
-    if max(cfg.ks) > len(train):
-        raise SystemExit(
-            f"locatdino knn: --neighbours {max(cfg.ks)}: the train split {args.train_split!r} holds "
-            f"{len(train)} images (use k <= {len(train)})"
-        )
-    models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    folder = check_outputs(args.out, "knn", KNN_FILES, cfg.cache_dir, args.overwrite)
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        return _score_all(argv, args, cfg, runs, models, train, val, device, folder)
-
-
-def _score_all(
-    argv: list[str],
-    args: argparse.Namespace,
-    cfg: KnnConfig,
-    runs: list[ModelRun],
-    models: list[nn.Module],
-    train: LabelledImages,
-    val: LabelledImages,
-    device: torch.device,
-    folder: OutputFolder,
-) -> int:
-    """Every model's k-NN with its Δ to the first; the reports are rewritten (and recorded) as
-    each model finishes, so a later model's failure keeps the earlier ones' results."""
-    results, hits = [], []
-    for run, model in zip(runs, models):
-        print(
-            f"[knn] {run.label}: {len(train)} train / {len(val)} validation images, {split_record(train)['classes']} "
-            f"classes, {cfg.input_size} px, k {' '.join(map(str, cfg.ks))}, T {cfg.temperature:g}",
-            file=sys.stderr,
-            flush=True,
-        )
-        result, model_hits = _score(cfg, model.to(device), train, val)
-        model.cpu()
-        if hits and len(model_hits[cfg.ks[0]][0]) == len(hits[0][cfg.ks[0]][0]):  # the same images decoded
-            result["differences"] = {
-                str(k): {
-                    name: accuracy_interval(model_hits[k][i], hits[0][k][i]).to_dict()
-                    for i, name in enumerate(("top1", "top5"))
-                    if model_hits[k][i] is not None
-                }
-                for k in cfg.ks
-            }
-        results.append(record_run(result, args, run, model))
-        hits.append(model_hits)
-        report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
-        try:
-            folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
-            folder.write_text("report.md", knn_report(report))
-        except DiskFullError as err:
-            raise SystemExit(f"locatdino knn: {err}") from None
-    print(knn_table(results))
-    print(f"[knn] results written to {folder.path}", file=sys.stderr)
-    return 0
+    return run(KnnProtocol(), argv)
 
 
 def _score(
     cfg: KnnConfig, model: nn.Module, train: LabelledImages, val: LabelledImages
-) -> tuple[dict[str, Any], dict[int, tuple[np.ndarray, np.ndarray]]]:
+) -> tuple[dict[str, Any], dict[int, tuple[np.ndarray, np.ndarray | None]]]:
     """One model's record (``results.json``) and its per-image top-1 / top-5 hits per k."""
     start, timings = time.perf_counter(), {}
     embed = dict(
@@ -237,7 +206,7 @@ def _score(
         try:
             check_knn_settings(cfg.ks, cfg.temperature, len(memory.labels))
         except ValueError as err:
-            raise SystemExit(f"locatdino knn: {err} (after skipping images that do not decode)") from None
+            raise fail("knn", f"{err} (after skipping images that do not decode)") from None
         search_start, backend = time.perf_counter(), _backend(cfg.backend, model)
         device = next(model.parameters()).device if backend == "torch" else torch.device("cpu")  # search there
         rankings = knn_classify(
@@ -264,14 +233,14 @@ def _score(
             "val": {**split_record(val), "scored": len(queries.labels), "skipped": queries.skipped},
         }
     timings["total"] = time.perf_counter() - start
-    scores = {str(k): {**_accuracy("top1", top1), **_accuracy("top5", top5)} for k, (top1, top5) in hits.items()}
+    scores = {f"k={k}": {"top1": _accuracy(top1), "top5": _accuracy(top5)} for k, (top1, top5) in hits.items()}
     config = {
         **asdict(cfg),
         "ks": list(cfg.ks),
         "search": backend,
         "resize": "short side floor(S * 256 / 224), bicubic; centre crop S",
     }
-    return {"knn": scores, "data": data, "config": config, "timings": timings, "provenance": run_provenance()}, hits
+    return {"scores": scores, "data": data, "config": config, "timings": timings, "provenance": run_provenance()}, hits
 
 
 def _backend(name: str, model: nn.Module) -> str:
@@ -285,16 +254,16 @@ def _backend(name: str, model: nn.Module) -> str:
 def _check_decoded(images: LabelledImages, decoded: Any, split: str, use: str) -> None:
     """One line when no image of ``split`` decoded (the first named): nothing to ``use``."""
     if not len(decoded.labels):
-        raise SystemExit(
-            f"locatdino knn: none of the {len(images)} {split} images decodes (first: {decoded.skipped[0]}): "
-            f"nothing to {use}"
+        raise fail(
+            "knn",
+            f"none of the {len(images)} {split} images decodes (first: {decoded.skipped[0]}): nothing to {use}",
         )
 
 
-def _accuracy(name: str, hits: np.ndarray | None) -> dict[str, Any]:
-    """``{name}`` in percent and ``{name}_interval``, its 95 % Wilson interval over the images
-    (both None where ``hits`` is: top-5 of at most 5 classes, right by construction)."""
+def _accuracy(hits: np.ndarray | None) -> dict[str, Any]:
+    """A score in percent with its 95 % Wilson interval over the images (None where ``hits`` is:
+    top-5 of at most 5 classes, right by construction)."""
     if hits is None:
-        return {name: None, f"{name}_interval": None}
+        return score(None)
     low, high = wilson_interval(int(hits.sum()), len(hits))
-    return {name: 100 * float(hits.mean()), f"{name}_interval": [100 * low, 100 * high]}
+    return score(100 * float(hits.mean()), (100 * low, 100 * high))

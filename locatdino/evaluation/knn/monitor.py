@@ -59,7 +59,7 @@ class KnnMonitor(PeriodicMonitor):
 
     Args:
         every_n_steps: evaluation period in optimizer steps (``trainer.global_step``).
-        dataset: ``"scenes"`` (built-in, default), ``"imagefolder"`` or ``"shards"`` with
+        dataset: ``"scenes"`` (built-in, default), ``"imagefolder"`` or ``"shard-splits"`` with
             ``data_dir`` (``locatdino knn``'s datasets and splits).
         num_train, num_val: train (neighbour) and validation images: a seeded subset of a real
             dataset, or how many scenes to render.

@@ -17,40 +17,27 @@ there is kept unless ``--overwrite`` (checked before any work; ``locatdino.commo
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
 
-from locatdino.common.arguments import (
-    ArgumentParser,
-    ConfigTable,
-    add_shared_option,
-    at_least,
-    option_groups,
-    positive_float,
-)
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.output_files import DiskFullError
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.arguments import ConfigTable, OptionGroups, add_shared_option, at_least, positive_float
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.evaluation.lincls.features import LinearInput
 from locatdino.evaluation.lincls.protocol import EPOCHS, PROTOCOLS, LinclsConfig, linear_classification
-from locatdino.evaluation.lincls.report import LINCLS_FILES, lincls_report, lincls_table
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
+from locatdino.evaluation.lincls.report import LINCLS_LAYOUT
+from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.options import (
     add_data_arguments,
     add_encoder_arguments,
     add_loader_arguments,
     add_prr_argument,
-    check_outputs,
-    encoder_device,
-    record_run,
 )
+from locatdino.evaluation.results import ReportLayout
+from locatdino.evaluation.runner import Protocol, Scored, run
 
 LINCLS_TABLE = ConfigTable(
     LinclsConfig,
@@ -85,18 +72,9 @@ def _holdout(text: str) -> float:
     return value
 
 
-def _parser() -> ArgumentParser:
+def _add_arguments(groups: OptionGroups) -> None:
     d = LinclsConfig()
-    p = ArgumentParser(
-        prog="locatdino lincls",
-        description="Linear classification on frozen class tokens (DINO's eval_linear; --variant fast: DINOv2's "
-        "lr grid on cached features): top-1 / top-5 on the validation images, written to OUT/results.json and "
-        "OUT/report.md. Not the dense linprobe.",
-        formatter_class=DefaultsOnceHelpFormatter,
-    )
-    groups = option_groups(p)
-    add_model_arguments(groups.model)
-    add_data_arguments(groups.data, CLASS_DATASETS)
+    add_data_arguments(groups.data, CLASS_DATASETS, command="lincls")
     protocol, runtime = groups.protocol, groups.runtime
     protocol.add_argument(
         "--variant",
@@ -155,71 +133,63 @@ def _parser() -> ArgumentParser:
     add_shared_option(runtime, "--cache-dir")
     add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_loader_arguments(runtime)
-    add_shared_option(groups.output, "--out", "lincls_results")
-    add_overwrite_option(groups.output)
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    runs = model_runs(args, parser, LINCLS_FILES)
-    device = encoder_device(args.device, "lincls")
-    try:
+@dataclass(frozen=True)
+class LinclsSetup:
+    """What every model of a run is trained and scored with."""
+
+    cfg: LinclsConfig
+    train: LabelledImages
+    val: LabelledImages
+
+
+class LinclsProtocol(Protocol):
+    command = "lincls"
+    description = (
+        "Linear classification on frozen class tokens (DINO's eval_linear; --variant fast: DINOv2's lr grid on "
+        "cached features): top-1 / top-5 on the validation images, written to OUT/results.json and OUT/report.md. "
+        "Not the dense linprobe."
+    )
+    out_default = "lincls_results"
+
+    @property
+    def layout(self) -> ReportLayout:
+        return LINCLS_LAYOUT
+
+    def add_arguments(self, groups: OptionGroups) -> None:
+        _add_arguments(groups)
+
+    def prepare(self, args: argparse.Namespace) -> LinclsSetup:
         cfg = replace(LINCLS_TABLE.build(args), lr_grid=tuple(args.lr_grid))
         train, val = open_class_splits(args)
         cfg.check_train_size(len(train))
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"locatdino lincls: {err}") from None
-    models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    for run, model in zip(runs, models):
-        try:
-            LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
-        except ValueError as err:
-            raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
-    folder = check_outputs(args.out, "lincls", LINCLS_FILES, cfg.cache_dir, args.overwrite)
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        return _evaluate_all(argv, args, cfg, runs, models, train, val, device, folder)
+        return LinclsSetup(cfg, train, val)
 
+    def load_options(self, args: argparse.Namespace, setup: LinclsSetup) -> dict[str, Any]:
+        return {"input_size": setup.cfg.input_size}
 
-def _evaluate_all(
-    argv: list[str],
-    args: argparse.Namespace,
-    cfg: LinclsConfig,
-    runs: list[ModelRun],
-    models: list[nn.Module],
-    train: LabelledImages,
-    val: LabelledImages,
-    device: torch.device,
-    folder: OutputFolder,
-) -> int:
-    """Every model's linear evaluation with its Δ top-1 to the first; the reports are rewritten (and
-    recorded) as each model finishes, so a stop or a failure in a later model keeps the earlier ones' results."""
-    results, hits = [], []
-    for run, model in zip(runs, models):
-        print(
-            f"[lincls] {run.label}: {len(train)} train / {len(val)} validation images, {len(train.class_names)} "
-            f"classes, {cfg.input_size} px, variant {cfg.protocol}, {cfg.total_epochs} epochs x batch "
-            f"{cfg.batch_size}",
-            file=sys.stderr,
-            flush=True,
+    def check_model(self, model: nn.Module, setup: LinclsSetup) -> None:
+        LinearInput.reference(model, setup.cfg.last_blocks, setup.cfg.avgpool, setup.cfg.prr)
+
+    def announce(self, run: ModelRun, setup: LinclsSetup) -> str:
+        cfg = setup.cfg
+        return (
+            f"{len(setup.train)} train / {len(setup.val)} validation images, {len(setup.train.class_names)} "
+            f"classes, {cfg.input_size} px, variant {cfg.protocol}, {cfg.total_epochs} epochs x batch {cfg.batch_size}"
         )
-        scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
+
+    def score(self, model: nn.Module, run: ModelRun, setup: LinclsSetup, device: torch.device) -> Scored:
+        scored = linear_classification(model, setup.train, setup.val, len(setup.train.class_names), setup.cfg, device)
         for split, names in scored.skipped.items():
             note_skipped("lincls", split, names)
-        result = record_run(scored.to_dict(), args, run, model)
-        if hits and len(scored.hits) == len(hits[0]):  # the same validation images decoded for both
-            result["difference"] = accuracy_interval(scored.hits, hits[0]).to_dict()
-        results.append(result)
-        hits.append(scored.hits)
-        model.cpu()
-        report = {"command": "locatdino lincls " + shlex.join(argv), "models": results}
-        try:
-            folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
-            folder.write_text("report.md", lincls_report(report))
-        except DiskFullError as err:
-            raise SystemExit(f"locatdino lincls: {err}") from None
-    print(lincls_table(results))
-    print(f"[lincls] results written to {folder.path}", file=sys.stderr)
-    return 0
+        return Scored(scored.to_dict(), paired=scored.hits)
+
+    def difference(self, scored: Scored, first: Scored, setup: LinclsSetup) -> dict[str, Any] | None:
+        if len(scored.paired) != len(first.paired):  # not the same validation images decoded
+            return None
+        return {"": {"top1": accuracy_interval(scored.paired, first.paired).to_dict()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(LinclsProtocol(), argv)

@@ -45,6 +45,7 @@ from locatdino.evaluation.lincls.features import LinearInput
 from locatdino.evaluation.lincls.views import ClassViews, collate_views, train_transform
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.results import score
 from locatdino.evaluation.views import sample_name
 from locatdino.evaluation.wilson import wilson_interval
 
@@ -147,7 +148,12 @@ class LinclsResult:
     hits: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "hits"}
+        """The model's record in ``results.json`` (:mod:`locatdino.evaluation.results`)."""
+        kept = {
+            k: v for k, v in asdict(self).items() if k not in ("hits", "top1", "top5", "top1_interval", "top5_interval")
+        }
+        scores = {"top1": score(self.top1, self.top1_interval), "top5": score(self.top5, self.top5_interval)}
+        return {"scores": {"": scores}, **kept}
 
 
 def linear_layer(dim: int, num_classes: int) -> nn.Linear:

@@ -1,20 +1,13 @@
-"""Markdown of ``locatdino lincls`` runs: one row per model, every Δ with its interval, and for the
-lr-grid variant every learning rate's held-out and validation top-1."""
+"""What ``locatdino lincls``'s ``report.md`` says around its table (a row per model, every Δ with its
+interval; :mod:`locatdino.evaluation.results` writes it), and for the lr-grid variant every learning
+rate's held-out and validation top-1."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
-from locatdino.evaluation.tables import number_cell, score_cell
-
-LINCLS_FILES = ("results.json", "report.md")  # what a run writes into --out
-
-
-def _delta_cell(result: dict[str, Any]) -> str:
-    record = result.get("difference")
-    return "—" if record is None else PairedInterval.from_dict(record).text()
+from locatdino.evaluation.results import ReportLayout, delta_column, score_column, value_column
+from locatdino.evaluation.tables import number_cell
 
 
 def _input_cell(linear_input: dict[str, Any]) -> str:
@@ -24,20 +17,6 @@ def _input_cell(linear_input: dict[str, Any]) -> str:
     if linear_input.get("pooled"):
         text = "mean of the last stage"
     return text + (", PRR" if linear_input["prr"] else "")
-
-
-def lincls_table(results: Sequence[dict[str, Any]]) -> str:
-    """One row per model: top-1 and top-5 in % with 95 % intervals, Δ top-1 to the first model."""
-    rows = [
-        "| model | protocol | input | lr used | top-1 [95 %] | Δ top-1 [95 %] | top-5 [95 %] |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        rows.append(
-            f"| {r['model']['label']} | {r['config']['protocol']} | {_input_cell(r['linear_input'])} | "
-            f"{r['lr']:.3g} | {score_cell(r, 'top1')} | {_delta_cell(r)} | {score_cell(r, 'top5')} |"
-        )
-    return "\n".join(rows)
 
 
 def _lr_table(result: dict[str, Any]) -> list[str]:
@@ -60,9 +39,8 @@ def _lr_table(result: dict[str, Any]) -> list[str]:
     return rows + [""]
 
 
-def lincls_report(report: dict[str, Any]) -> str:
-    """``report.md`` of a run (``report``: its ``results.json``)."""
-    first = report["models"][0]
+def _about(document: dict[str, Any]) -> list[str]:
+    first = document["models"][0]
     cfg = first["config"]
     if cfg["protocol"] == "full":
         how = (
@@ -75,21 +53,15 @@ def lincls_report(report: dict[str, Any]) -> str:
             f"once for {cfg['epochs']} epochs, batch {cfg['batch_size']}, the best on "
             f"{100 * cfg['holdout']:g} % of the training images held out"
         )
-    lines = [
-        "# Linear classification on frozen features",
-        "",
-        f"Command: `{report['command']}`",
-        "",
+    return [
         f"Dataset: {cfg['dataset']} — {first['num_train']} training images, {first['num_val']} validation "
-        f"images scored from their {cfg['input_size']} px centre crop; {how}; encoder {cfg['precision']}.",
-        "",
-        lincls_table(report["models"]),
-        "",
-        "Top-1 / top-5 in % with 95 % Wilson intervals over the validation images (top-5 n/a with at most 5 "
-        "classes: every image is in it); Δ = model − first model with its 95 % paired-bootstrap interval "
-        f"({RESAMPLES:,} resamples of the validation images, the same draws for both models, seed {SEED}).",
-        "",
+        f"images scored from their {cfg['input_size']} px centre crop; {how}; encoder {cfg['precision']}."
     ]
+
+
+def _notes(document: dict[str, Any]) -> list[str]:
+    first = document["models"][0]
+    lines = ["Top-1 / top-5 in % (Wilson intervals); top-5 n/a with at most 5 classes: every image is in it.", ""]
     skipped = [
         f"{len(first['skipped'][split])} {split} images that do not decode were skipped (named in results.json)"
         for split in ("train", "val")
@@ -97,8 +69,23 @@ def lincls_report(report: dict[str, Any]) -> str:
     ]
     if skipped:
         lines += ["; ".join(skipped) + ".", ""]
-    if cfg["protocol"] == "fast":
+    if first["config"]["protocol"] == "fast":
         lines += ["## Learning rates", ""]
-        for result in report["models"]:
-            lines += _lr_table(result)
-    return "\n".join(lines)
+        for record in document["models"]:
+            lines += _lr_table(record)
+    return lines
+
+
+LINCLS_LAYOUT = ReportLayout(
+    title="Linear classification on frozen features",
+    about=_about,
+    columns=(
+        value_column("protocol", lambda record: record["config"]["protocol"]),
+        value_column("input", lambda record: _input_cell(record["linear_input"])),
+        value_column("lr used", lambda record: f"{record['lr']:.3g}"),
+        score_column("top1", "top-1"),
+        delta_column("top1", "top-1"),
+        score_column("top5", "top-5"),
+    ),
+    notes=_notes,
+)

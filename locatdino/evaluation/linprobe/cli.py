@@ -84,7 +84,7 @@ def _parser() -> ArgumentParser:
     )
     groups = option_groups(p)
     add_model_arguments(groups.model)
-    add_data_arguments(groups.data)
+    add_data_arguments(groups.data, command="linprobe")
     add_train_list_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
     add_shared_option(protocol, "--input-size", d.input_size)

@@ -111,9 +111,10 @@ def expected(folder):
 def _assert_reference_counts(result, expected):
     """Top-1 within one image of the reference's; top-5 not applicable: 3 classes are all in it."""
     for k in KS:
-        scores = result["knn"][str(k)]
-        assert abs(scores["top1"] * 9 / 100 - expected[k][0]) <= 1 + 1e-6, (k, scores, expected[k])  # within one image
-        assert scores["top5"] is None and scores["top5_interval"] is None
+        scores = result["scores"][f"k={k}"]
+        top1 = scores["top1"]["value"]
+        assert abs(top1 * 9 / 100 - expected[k][0]) <= 1 + 1e-6, (k, scores, expected[k])  # within one image
+        assert scores["top5"] == {"value": None, "interval": None}
 
 
 def test_imagefolder_gives_the_reference_top1_top5(folder, expected, tmp_path, capsys):
@@ -133,11 +134,11 @@ def test_imagefolder_gives_the_reference_top1_top5(folder, expected, tmp_path, c
     _assert_reference_counts(model, expected)
     assert model["data"]["train"] == {"images": 18, "classes": 3, "skipped": []}
     assert model["config"]["precision"] == "fp32" and model["config"]["temperature"] == 0.07
-    low, high = model["knn"]["10"]["top1_interval"]
-    assert low <= model["knn"]["10"]["top1"] <= high
-    assert "| vit_tiny_patch16_224-vit_tiny | 10 |" in (out / "report.md").read_text()
+    low, high = model["scores"]["k=10"]["top1"]["interval"]
+    assert low <= model["scores"]["k=10"]["top1"]["value"] <= high
+    assert "| vit_tiny_patch16_224-vit_tiny | k=10 |" in (out / "report.md").read_text()
     assert (out / "report.md").read_text().count("| n/a |") == len(KS)  # top-5 of 3 classes
-    assert "| vit_tiny_patch16_224-vit_tiny | 10 |" in capsys.readouterr().out
+    assert "| vit_tiny_patch16_224-vit_tiny | k=10 |" in capsys.readouterr().out
 
 
 def test_labelled_shards_give_the_same_numbers_and_a_second_model_a_paired_delta(folder, expected, tmp_path):
@@ -154,7 +155,7 @@ def test_labelled_shards_give_the_same_numbers_and_a_second_model_a_paired_delta
             "--model",
             f"again=vit_tiny_patch16_224:{weights}",
             "--dataset",
-            "shards",
+            "shard-splits",
             "--data-dir",
             str(tmp_path / "shards"),
         ],
@@ -162,9 +163,9 @@ def test_labelled_shards_give_the_same_numbers_and_a_second_model_a_paired_delta
     )
     first, second = result["models"]
     _assert_reference_counts(first, expected)
-    assert "differences" not in first and second["knn"] == first["knn"]
-    assert second["differences"]["10"]["top1"]["delta"] == 0 and second["differences"]["10"]["top1"]["low"] == 0
-    assert "top5" not in second["differences"]["10"]  # not applicable to 3 classes
+    assert "differences" not in first and second["scores"] == first["scores"]
+    assert second["differences"]["k=10"]["top1"]["delta"] == 0 and second["differences"]["k=10"]["top1"]["low"] == 0
+    assert "top5" not in second["differences"]["k=10"]  # not applicable to 3 classes
 
 
 def test_an_image_that_does_not_decode_is_skipped_counted_and_named(folder, tmp_path, capsys):

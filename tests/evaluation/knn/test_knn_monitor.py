@@ -105,7 +105,7 @@ BUILT = {
     ),
     "an unknown dataset": (
         {"dataset": "imagenet"},
-        r"^KnnMonitor init_args.dataset: must be one of imagefolder, shards, scenes, got 'imagenet'$",
+        r"^KnnMonitor init_args.dataset: must be one of imagefolder, shard-splits, scenes, got 'imagenet'$",
     ),
     "no validation image": ({"num_val": 0}, r"^KnnMonitor init_args.num_val: must be at least 1, got 0$"),
 }

@@ -38,10 +38,12 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
     for result in report["models"]:
         assert result["num_train"] == 18 and result["num_val"] == 6 and result["config"]["epochs"] == 2
         assert result["skipped"] == {"train": [str(root / "train" / "class1" / "broken.png")], "val": []}
-        assert result["top1_interval"][0] <= result["top1"] <= result["top1_interval"][1]
+        top1 = result["scores"][""]["top1"]
+        assert top1["interval"][0] <= top1["value"] <= top1["interval"][1]
         assert result["lr"] == pytest.approx(1e-3 * 6 / 256) and result["config"]["dataset"] == "imagefolder"
-    assert "difference" not in first and second["difference"]["resamples"] == 1000
-    assert second["difference"]["delta"] == pytest.approx(second["top1"] - first["top1"], abs=1e-3)
+    assert "differences" not in first and second["differences"][""]["top1"]["resamples"] == 1000
+    delta = second["scores"][""]["top1"]["value"] - first["scores"][""]["top1"]["value"]
+    assert second["differences"][""]["top1"]["delta"] == pytest.approx(delta, abs=1e-3)
     text = (out / "report.md").read_text()
     assert text.startswith("# Linear classification on frozen features") and "1 train images that do not decode" in text
 
@@ -227,7 +229,7 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
         *SMALL,
     ]
     results = []
-    for dataset, data_dir in (("imagefolder", root), ("shards", tmp_path / "shards")):
+    for dataset, data_dir in (("imagefolder", root), ("shard-splits", tmp_path / "shards")):
         assert (
             cli.main([*common, "--dataset", dataset, "--data-dir", str(data_dir), "--out", str(tmp_path / dataset)])
             == 0
@@ -236,7 +238,7 @@ def test_labelled_shards_of_a_folder_give_the_folder_s_numbers(tmp_path):
         results.append(result)
     folder, shards = results
     assert shards["num_train"] == folder["num_train"] == 18 and shards["num_val"] == folder["num_val"] == 6
-    assert shards["lr_table"] == folder["lr_table"] and shards["top1"] == folder["top1"]
+    assert shards["lr_table"] == folder["lr_table"] and shards["scores"] == folder["scores"]
 
 
 def test_a_second_run_replaces_only_with_overwrite_and_only_what_lincls_wrote(tmp_path):
@@ -342,7 +344,10 @@ def test_a_diverged_rate_of_the_grid_is_marked_and_never_picked(tmp_path):
     (result,) = json.loads((out / "results.json").read_text())["models"]
     assert [(row["holdout_top1"], row["val_top1"]) for row in result["lr_table"]][0] == (None, None)
     assert result["lr"] == pytest.approx(0.01 * 6 / 256) and result["lr_table"][1]["holdout_top1"] is not None
-    assert result["top5"] is None and "| 1e+38 | diverged | diverged |" in (out / "report.md").read_text()
+    assert (
+        result["scores"][""]["top5"]["value"] is None
+        and "| 1e+38 | diverged | diverged |" in (out / "report.md").read_text()
+    )
     assert "| vit_tiny_patch16_224 | fast | 4 class tokens | 0.000234 |" in (out / "report.md").read_text()
 
 

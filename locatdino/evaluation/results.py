@@ -1,0 +1,213 @@
+"""The one output of every evaluation command: ``OUT/results.json`` in one schema, and ``OUT/report.md``
+written from it by one writer.
+
+``results.json`` (:data:`RESULTS_SCHEMA`, a JSON Schema)::
+
+    {"schema": "locatdino-evaluation/1", "command": "locatdino knn --model ...", "protocol": "knn",
+     "models": [{"model": {"label", "name", "checkpoint", "pos_embed"},
+                 "scores": {SETTING: {METRIC: {"value": 74.5, "interval": [74.1, 74.9]}}},
+                 "differences": {SETTING: {METRIC: {"delta", "low", "high", ...}}},  # Δ to the first model
+                 "config": {...}, "data": {...}, "timings": {...}, "provenance": {...},
+                 ...what the protocol records besides (per-class IoU, the lr grid...)}]}
+
+A SETTING is what one protocol scores several of per model (k-NN's ``k=20``; ``""`` when there
+is one), a METRIC a number in the report's table (``miou``, ``top1``), with its 95 % interval
+over the scored images (None where the protocol has none); ``differences`` hold the paired
+intervals of each model's Δ to the first model, on the same images. Per-image artefacts
+(confusion matrices, memory banks, figures) go to ``OUT/<label>/``.
+
+The report's table has one row per model and setting; its columns are the protocol's
+(:class:`Column`): the writer knows no protocol.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
+from locatdino.evaluation.tables import NOT_APPLICABLE, number_cell
+
+SCHEMA_ID = "locatdino-evaluation/1"
+RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
+OUTPUT_FILES = (RESULTS_FILE, REPORT_FILE)
+
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_INTERVAL = {"oneOf": [{"type": "null"}, {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}]}
+RESULTS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "results.json of a locatdino evaluation command",
+    "type": "object",
+    "required": ["schema", "command", "protocol", "models"],
+    "properties": {
+        "schema": {"const": SCHEMA_ID},
+        "command": {"type": "string"},
+        "protocol": {"enum": ["hbird", "linprobe", "knn", "lincls", "compare"]},
+        "models": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["model", "scores", "config", "provenance"],
+                "properties": {
+                    "model": {
+                        "type": "object",
+                        "required": ["label", "name", "checkpoint"],
+                        "properties": {
+                            "label": {"type": "string"},
+                            "name": {"type": "string"},
+                            "checkpoint": {"type": ["string", "null"]},
+                        },
+                    },
+                    "scores": {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": {
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["value", "interval"],
+                                "properties": {"value": _NUMBER_OR_NULL, "interval": _INTERVAL},
+                            },
+                        },
+                    },
+                    "differences": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["delta", "low", "high"],
+                                "properties": {"delta": {"type": "number"}, "low": {"type": "number"}},
+                            },
+                        },
+                    },
+                    "config": {"type": "object"},
+                    "data": {"type": "object"},
+                    "timings": {"type": "object"},
+                    "provenance": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+
+
+def score(value: float | None, interval: Sequence[float] | None = None) -> dict[str, Any]:
+    """One METRIC of ``scores``: ``value`` with its interval (None: not applicable / none)."""
+    return {"value": value, "interval": None if interval is None else [float(interval[0]), float(interval[1])]}
+
+
+def results_document(command: str, protocol: str, models: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``results.json`` of a run: the command line, the protocol and one record per model."""
+    return {"schema": SCHEMA_ID, "command": command, "protocol": protocol, "models": models}
+
+
+def read_results(path: str | Path, protocol: str | None = None) -> dict[str, Any]:
+    """A ``results.json`` of this schema (of ``protocol`` when given), or one line saying what the file is."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a results.json ({err})") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA_ID:
+        raise ValueError(
+            f"{path}: written by an earlier version (one model per folder): rerun the command, which writes "
+            f"one {RESULTS_FILE} for all its models ({SCHEMA_ID})"
+        )
+    if protocol is not None and document.get("protocol") != protocol:
+        raise ValueError(f"{path}: results of `locatdino {document.get('protocol')}`, not `locatdino {protocol}`")
+    if not document.get("models"):
+        raise ValueError(f"{path}: no model was scored")
+    return document
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the report's table: its header and its cell for one model's SETTING row."""
+
+    header: str
+    cell: Callable[[dict[str, Any], str], str]
+
+
+def score_column(metric: str, header: str) -> Column:
+    """``74.52 [74.14, 74.90]``: METRIC with its interval (``n/a`` when it has no value)."""
+
+    def cell(record: dict[str, Any], setting: str) -> str:
+        found = record["scores"][setting].get(metric)
+        if found is None or found["value"] is None:
+            return NOT_APPLICABLE
+        if found["interval"] is None:
+            return number_cell(found["value"])
+        low, high = found["interval"]
+        return f"{number_cell(found['value'])} [{low:.2f}, {high:.2f}]"
+
+    return Column(f"{header} [95 %]" if header else header, cell)
+
+
+def delta_column(metric: str, header: str) -> Column:
+    """``+1.20 [0.40, 2.10]``: the Δ of METRIC to the first model with its paired interval
+    (``—`` for the first model and where the images differ; ``n/a`` where METRIC has no value)."""
+
+    def cell(record: dict[str, Any], setting: str) -> str:
+        found = record["scores"][setting].get(metric)
+        if found is None or found["value"] is None:
+            return NOT_APPLICABLE
+        interval = (record.get("differences") or {}).get(setting, {}).get(metric)
+        return "—" if interval is None else PairedInterval.from_dict(interval).text()
+
+    return Column(f"Δ {header} [95 %]", cell)
+
+
+def value_column(header: str, value: Callable[[dict[str, Any]], Any]) -> Column:
+    """A column of what the model's record holds besides its scores (a setting, the lr used)."""
+    return Column(header, lambda record, setting: str(value(record)).replace("|", "\\|"))
+
+
+@dataclass(frozen=True)
+class ReportLayout:
+    """What a protocol puts in ``report.md`` around the one table: its title, the sentence saying
+    what was measured (from the document), its columns, and sections after the table."""
+
+    title: str
+    about: Callable[[dict[str, Any]], list[str]]
+    columns: tuple[Column, ...]
+    notes: Callable[[dict[str, Any]], list[str]] = field(default=lambda document: [])
+    setting_header: str = ""  # the header of the SETTING column ("k"), none when one setting
+
+
+def results_table(document: dict[str, Any], layout: ReportLayout) -> str:
+    """The markdown table: one row per model and SETTING, the protocol's columns."""
+    setting = [layout.setting_header] if layout.setting_header else []
+    headers = ["model", *setting, *(column.header for column in layout.columns)]
+    rows = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for record in document["models"]:
+        label = record["model"]["label"].replace("|", "\\|")
+        for name in record["scores"]:
+            cells = [label, *([name] if setting else []), *(column.cell(record, name) for column in layout.columns)]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def report_markdown(document: dict[str, Any], layout: ReportLayout) -> str:
+    """``report.md``: the title, the command, what was measured, the table, how the intervals are
+    computed, then the protocol's own sections."""
+    paired = len(document["models"]) > 1
+    lines = [f"# {layout.title}", "", f"Command: `{document['command']}`", "", *layout.about(document), ""]
+    lines += [results_table(document, layout), ""]
+    lines.append(
+        "Scores with their 95 % intervals over the scored images"
+        + (
+            f"; Δ = model − first model with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of "
+            f"the scored images, the same draws for both models, seed {SEED})."
+            if paired
+            else "."
+        )
+    )
+    lines.append("")
+    return "\n".join(lines + layout.notes(document))
