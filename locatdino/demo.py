@@ -332,7 +332,7 @@ def _pretrain_and_compare(
             *(["--overwrite"] if args.overwrite else []),
         ]
     )
-    report = json.loads((report_dir / "report.json").read_text())
+    report = json.loads((report_dir / "results.json").read_text())
     steps = f"{budget['max_steps']} steps" if budget["max_steps"] is not None else "the recipe's budget"
     print("\nlocatdino demo: " + "\n".join(conclusion(report, steps, report_dir, tag)))
     minutes = (time.perf_counter() - started) / 60

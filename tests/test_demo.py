@@ -45,7 +45,7 @@ def test_quick_demo_compares_both_teachers_and_both_random_inits(tmp_path, capsy
         == 4
     )
     assert re.search(r"the layout alone .* scores \d+\.\d\d Hummingbird mIoU and \d+\.\d\d linear probe", printed)
-    report = json.loads((out / "compare" / "report.json").read_text())
+    report = json.loads((out / "compare" / "results.json").read_text())
     assert [m["spec"]["name"] for m in report["models"]] == NAMES + BASELINES and not report["failed"]
     assert [m["spec"]["model"] for m in report["models"]] == [*demo.BACKBONES] * 2 + BASELINES
     md = (out / "compare" / "report.md").read_text()

@@ -56,7 +56,7 @@ def run_demo(seed: int, out: Path, quick: bool) -> tuple[dict, float]:
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
-    return json.loads((out / "compare" / "report.json").read_text()), seconds
+    return json.loads((out / "compare" / "results.json").read_text()), seconds
 
 
 def _mean_std(values: list[float]) -> str:

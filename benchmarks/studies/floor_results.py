@@ -81,7 +81,7 @@ def _interval(record) -> list[float]:
 def compare_rows(folder: Path) -> dict[str, dict]:
     """Every row of a ``compare --baselines`` report: mIoU of both protocols, Δ to ``pixels`` and
     to ``<backbone>-random`` of the same backbone (the baselines: to the first random init)."""
-    models = {m["spec"]["name"]: m for m in json.loads((folder / "report.json").read_text())["models"]}
+    models = {m["spec"]["name"]: m for m in json.loads((folder / "results.json").read_text())["models"]}
     randoms = [n for n in models if n.endswith("-random")]
     rows = {}
     for name, m in models.items():

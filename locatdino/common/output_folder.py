@@ -109,10 +109,12 @@ class OutputFolder:
         return UserError(f"{self.option} {self.path} {problem}")
 
     def earlier_output(self, earlier: list[str]) -> UserError:
-        """The one refusal of a folder holding ``earlier`` output (relative paths) without ``--overwrite``."""
+        """The one refusal of a folder holding ``earlier`` output (relative paths) without ``--overwrite``;
+        the file it names is one at the top of the folder when there is one (a run's results, not a sub-folder's)."""
         more = f" and {len(earlier) - 1} more" if len(earlier) > 1 else ""
+        named = min(earlier, key=lambda name: name.count("/"))
         return self._refuse(
-            f"holds the output of an earlier run ({earlier[0]}{more}): pass --overwrite to replace "
+            f"holds the output of an earlier run ({named}{more}): pass --overwrite to replace "
             f"it, or choose another {self.option}"
         )
 

@@ -22,7 +22,6 @@ The report's table has one row per model and setting; its columns are the protoc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +46,7 @@ RESULTS_SCHEMA: dict[str, Any] = {
         "command": {"type": "string"},
         "protocol": {"enum": ["hbird", "linprobe", "knn", "lincls", "compare"]},
         "models": {
-            "type": "array",
-            "minItems": 1,
+            "type": "array",  # empty only where compare's every model failed
             "items": {
                 "type": "object",
                 "required": ["model", "scores", "config", "provenance"],
@@ -106,39 +104,36 @@ def results_document(command: str, protocol: str, models: list[dict[str, Any]]) 
     return {"schema": SCHEMA_ID, "command": command, "protocol": protocol, "models": models}
 
 
-def read_results(path: str | Path, protocol: str | None = None) -> dict[str, Any]:
-    """A ``results.json`` of this schema (of ``protocol`` when given), or one line saying what the file is."""
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a results.json ({err})") from None
+def check_document(document: Any, path: str | Path, protocol: str | None = None) -> None:
+    """``ValueError`` (one line naming ``path``) unless ``document`` is a ``results.json`` of this
+    schema (of ``protocol`` when given); the layout of earlier versions is named as such."""
     if not isinstance(document, dict) or document.get("schema") != SCHEMA_ID:
         raise ValueError(
-            f"{path}: written by an earlier version (one model per folder): rerun the command, which writes "
-            f"one {RESULTS_FILE} for all its models ({SCHEMA_ID})"
+            f"{path}: not a {RESULTS_FILE} of {SCHEMA_ID}; one written by an earlier version (one model per "
+            f"folder, or compare's report.json) is not read: rerun the command, which writes one {RESULTS_FILE} "
+            "for all its models"
         )
     if protocol is not None and document.get("protocol") != protocol:
-        raise ValueError(f"{path}: results of `locatdino {document.get('protocol')}`, not `locatdino {protocol}`")
-    if not document.get("models"):
-        raise ValueError(f"{path}: no model was scored")
-    return document
+        raise ValueError(f"{path}: results of `locatdino {document.get('protocol')}`, not of `locatdino {protocol}`")
+    models = document.get("models")
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) and "model" in m for m in models):
+        raise ValueError(f"{path}: no model record in it")
 
 
 @dataclass(frozen=True)
 class Column:
-    """A column of the report's table: its header and its cell for one model's SETTING row."""
+    """A column of the report's table: its header and its cell for one model's SETTING row,
+    ``cell(record, setting, first)`` (``first``: the first model's record, the reference of a Δ)."""
 
     header: str
-    cell: Callable[[dict[str, Any], str], str]
+    cell: Callable[[dict[str, Any], str, dict[str, Any]], str]
 
 
-def score_column(metric: str, header: str) -> Column:
-    """``74.52 [74.14, 74.90]``: METRIC with its interval (``n/a`` when it has no value)."""
+def score_column(metric: str, header: str, interval: bool = True) -> Column:
+    """``74.52 [74.14, 74.90]``: METRIC with its interval (``n/a`` when it has no value; the
+    number alone for a protocol without intervals of single runs, ``interval=False``)."""
 
-    def cell(record: dict[str, Any], setting: str) -> str:
+    def cell(record: dict[str, Any], setting: str, first: dict[str, Any]) -> str:
         found = record["scores"][setting].get(metric)
         if found is None or found["value"] is None:
             return NOT_APPLICABLE
@@ -147,14 +142,14 @@ def score_column(metric: str, header: str) -> Column:
         low, high = found["interval"]
         return f"{number_cell(found['value'])} [{low:.2f}, {high:.2f}]"
 
-    return Column(f"{header} [95 %]" if header else header, cell)
+    return Column(f"{header} [95 %]" if interval else header, cell)
 
 
 def delta_column(metric: str, header: str) -> Column:
     """``+1.20 [0.40, 2.10]``: the Δ of METRIC to the first model with its paired interval
     (``—`` for the first model and where the images differ; ``n/a`` where METRIC has no value)."""
 
-    def cell(record: dict[str, Any], setting: str) -> str:
+    def cell(record: dict[str, Any], setting: str, first: dict[str, Any]) -> str:
         found = record["scores"][setting].get(metric)
         if found is None or found["value"] is None:
             return NOT_APPLICABLE
@@ -166,7 +161,7 @@ def delta_column(metric: str, header: str) -> Column:
 
 def value_column(header: str, value: Callable[[dict[str, Any]], Any]) -> Column:
     """A column of what the model's record holds besides its scores (a setting, the lr used)."""
-    return Column(header, lambda record, setting: str(value(record)).replace("|", "\\|"))
+    return Column(header, lambda record, setting, first: str(value(record)).replace("|", "\\|"))
 
 
 @dataclass(frozen=True)
@@ -186,10 +181,12 @@ def results_table(document: dict[str, Any], layout: ReportLayout) -> str:
     setting = [layout.setting_header] if layout.setting_header else []
     headers = ["model", *setting, *(column.header for column in layout.columns)]
     rows = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    first = document["models"][0] if document["models"] else {}
     for record in document["models"]:
         label = record["model"]["label"].replace("|", "\\|")
         for name in record["scores"]:
-            cells = [label, *([name] if setting else []), *(column.cell(record, name) for column in layout.columns)]
+            cells = [label, *([name] if setting else [])]
+            cells += [column.cell(record, name, first) for column in layout.columns]
             rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -200,14 +197,11 @@ def report_markdown(document: dict[str, Any], layout: ReportLayout) -> str:
     paired = len(document["models"]) > 1
     lines = [f"# {layout.title}", "", f"Command: `{document['command']}`", "", *layout.about(document), ""]
     lines += [results_table(document, layout), ""]
-    lines.append(
-        "Scores with their 95 % intervals over the scored images"
-        + (
-            f"; Δ = model − first model with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of "
-            f"the scored images, the same draws for both models, seed {SEED})."
-            if paired
-            else "."
-        )
-    )
-    lines.append("")
+    if paired:
+        lines += [
+            f"Δ = model − first model with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the "
+            f"scored images, the same draws for both models, seed {SEED}); an interval that holds 0 means no "
+            "measurable difference.",
+            "",
+        ]
     return "\n".join(lines + layout.notes(document))

@@ -1,11 +1,13 @@
 """One label check for every command that names runs (``--model LABEL=...``, ``hbird report --label``)."""
 
+import json
 import re
 
 import pytest
 
 from locatdino import cli
 from locatdino.evaluation.labels import check_labels
+from locatdino.evaluation.results import results_document
 
 
 @pytest.mark.parametrize(
@@ -45,7 +47,14 @@ def _refused(capsys, argv):
 
 
 @pytest.mark.parametrize(
-    "command, own", [("hbird", "summary.md"), ("linprobe", "results.json"), ("compare", "report.md")]
+    "command, own",
+    [
+        ("hbird", "report.md"),
+        ("linprobe", "results.json"),
+        ("knn", "Results.json"),
+        ("lincls", "report.md"),
+        ("compare", "report.md"),
+    ],
 )
 def test_every_command_refuses_its_own_file_names_and_separators_before_any_work(tmp_path, capsys, command, own):
     """LABEL summary.md evaluated every model, then failed on '[Errno 21] Is a directory'; a '|'
@@ -86,7 +95,8 @@ def test_hbird_report_labels_are_checked_like_model_labels(tmp_path, capsys):
     """``hbird report --label a --label a`` gave two rows named a."""
     for name in ("x", "y"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text('{"miou": 40.0}')
+        record = {"miou": 40.0, "model": {"label": name, "name": "m", "checkpoint": None}, "scores": {}}
+        (tmp_path / name / "results.json").write_text(json.dumps(results_document("c", "hbird", [record])))
     with pytest.raises(
         SystemExit, match="^locatdino hbird report: --label label 'a' is given twice: give each run its own label$"
     ):

@@ -64,7 +64,7 @@ def test_a_negative_layer_counts_from_the_end(tmp_path, capsys):
     )
     import json
 
-    assert json.loads((out / "results.json").read_text())["config"]["layer"] == -2
+    assert json.loads((out / "results.json").read_text())["models"][0]["config"]["layer"] == -2
 
 
 @pytest.mark.parametrize("command", ["hbird", "linprobe", "compare"])

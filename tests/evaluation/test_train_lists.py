@@ -139,6 +139,6 @@ def test_hbird_on_a_listed_memory_records_the_list(tmp_path):
     out = tmp_path / "out"
     argv = ["--model", "vit_tiny_patch16_224", "--train-list", str(listed), "--input-size", "32", "--k", "5"]
     assert hbird_cli.main([*argv, *SCENES, "--workers", "0", "--no-progress", "--out", str(out)]) == 0
-    run = json.loads((out / "results.json").read_text())
+    (run,) = json.loads((out / "results.json").read_text())["models"]
     assert run["config"]["train_list"] == {"file": str(listed)}
     assert run["num_train"] == 3

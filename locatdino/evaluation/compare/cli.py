@@ -3,7 +3,9 @@
     locatdino compare --model vanilla=vit_small_patch16_224:dino_deitsmall16_pretrain.pth \\
         --model locat=locatvit_small_patch16_224:runs/x/checkpoints/last.ckpt --dataset voc --data-dir VOCdevkit/VOC2012
 
-Writes into ``--out``: ``report.md``, ``report.json``, ``figures/*.png`` (per-class IoU, mIoU vs
+Writes into ``--out``: ``results.json`` (the schema of every evaluation command,
+:mod:`locatdino.evaluation.results`, with the comparison's dataset, config, probes, failures and
+figures beside the models), ``report.md``, ``figures/*.png`` (per-class IoU, mIoU vs
 memory size, predictions, PCA feature maps, class-token attention, LocAtViT locality) and
 ``per_image_confusion/`` (each model's per-image confusion matrices, for intervals between any two
 models). The first model is the reference of every Δ, each with its 95 % interval. ``--baselines``
@@ -47,6 +49,8 @@ from locatdino.evaluation.linprobe.one_cycle import MIN_STEPS
 from locatdino.evaluation.linprobe.protocol import PROBE_AUGMENT, LinearProbeConfig
 from locatdino.evaluation.model_runs import add_model_arguments, model_runs
 from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
+from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.results import REPORT_FILE, RESULTS_FILE, results_document
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments, listed_ids, train_list_record
 from locatdino.evaluation.views import BadSample
@@ -86,7 +90,7 @@ PROBE_TABLE = ConfigTable(
     negated=frozenset({"--no-progress"}),
 )
 # what a report consists of: every file under its two folders is the report's (locatdino.common.output_folder)
-REPORT_FILES = ("report.json", "report.md", "figures/", "per_image_confusion/")
+REPORT_FILES = (RESULTS_FILE, REPORT_FILE, "figures/", "per_image_confusion/")
 DEFAULT_FRACTIONS = (Fraction(1, 16), Fraction(1, 4), Fraction(1))
 SHARD_LABEL_RULE = "shards: image label = the samples' cls (class folder)"
 SCENE_LABEL_RULE = (
@@ -294,8 +298,17 @@ def main(argv: list[str] | None = None) -> int:
                     folder.wrote(outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe")))
                     model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
         attach_differences(models, out, cfg.hungarian)
+        run_config = {
+            **{k: v for k, v in vars(cfg).items() if k != "progress"},
+            "protocol": protocol_record(args),
+            "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
+            "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None,
+        }
+        provenance = run_provenance()
+        for model in models:  # what every results.json model record holds
+            model.update(config=run_config, provenance=provenance)
         report = {
-            "command": "locatdino compare " + shlex.join(argv),
+            **results_document("locatdino compare " + shlex.join(argv), "compare", models),
             "dataset": {
                 "name": args.dataset,
                 "data_dir": args.data_dir,
@@ -306,20 +319,14 @@ def main(argv: list[str] | None = None) -> int:
                 "num_val": len(val) if val is not None else len(probes.test_labels),
                 "class_names": classes,
             },
-            "config": {
-                **{k: v for k, v in vars(cfg).items() if k != "progress"},
-                "protocol": protocol_record(args),
-                "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
-                "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None,
-            },
+            "config": run_config,
             "probes": probe_info,
-            "models": models,
             "failed": failed,
             "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
         }
         folder.wrote(*(out / path for path in report["figures"].values()))
-        folder.write_text("report.json", json.dumps(report, indent=2, default=str) + "\n")
-        folder.write_text("report.md", report_markdown(report))
+        folder.write_text(RESULTS_FILE, json.dumps(report, indent=2, default=str) + "\n")
+        folder.write_text(REPORT_FILE, report_markdown(report))
         if outcomes:
             print(headline_table(report["models"]))
         print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Each is readable without the report: titles name the models, axes carry units, colours of
 classes come with a legend. One function per figure, each taking plain measured values (the
-``report.json`` dicts and the arrays of :class:`~locatdino.evaluation.compare.runner.ModelOutcome`).
+``results.json`` model records and the arrays of :class:`~locatdino.evaluation.compare.runner.ModelOutcome`).
 """
 
 from __future__ import annotations

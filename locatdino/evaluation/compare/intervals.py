@@ -4,7 +4,7 @@ Between two models of one ``locatdino compare`` run (same query and test images)
 Hungarian-matched mIoU) with its paired bootstrap over the query images (from each model's per-image
 confusion matrices, written under ``per_image_confusion/`` of the report folder) and Δ top-1 of each
 class-token probe with the same bootstrap over the test images (from each model's per-image hits,
-kept in ``report.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
+kept in ``results.json``). Each model's top-1 also gets its own binomial (Wilson) interval.
 
 "A beats B" is said only when the interval excludes 0; otherwise the text says "no measurable
 difference". The report, the demo's conclusion and ``benchmarks/studies/compare.py`` all word a
@@ -45,7 +45,7 @@ def probe_record(name: str, hits: np.ndarray) -> dict[str, Any]:
 def model_differences(
     a: dict[str, Any], b: dict[str, Any], folder: str | Path, hungarian: str = "iou"
 ) -> dict[str, PairedInterval]:
-    """Δ of model ``a`` over model ``b`` (``report.json`` model records of the report in ``folder``)
+    """Δ of model ``a`` over model ``b`` (``results.json`` model records of the report in ``folder``)
     with intervals: ``miou`` and ``miou_matched`` (Hummingbird, identity and Hungarian-matched
     under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU) and
     ``{probe}_top1``, for whatever both models measured."""
@@ -66,9 +66,10 @@ def model_differences(
 
 def attach_differences(models: list[dict[str, Any]], folder: str | Path, hungarian: str = "iou") -> None:
     """Give every model record after the first its ``differences`` to the first (the reference of
-    the comparison): ``{metric: PairedInterval.to_dict()}``."""
+    the comparison), in the schema of every command's ``results.json``: ``{"": {metric: PairedInterval.to_dict()}}``."""
     for m in models[1:]:
-        m["differences"] = {k: v.to_dict() for k, v in model_differences(m, models[0], folder, hungarian).items()}
+        differences = model_differences(m, models[0], folder, hungarian)
+        m["differences"] = {"": {k: v.to_dict() for k, v in differences.items()}}
 
 
 def difference_text(a: str, b: str, interval: PairedInterval, unit: str = "points") -> str:

@@ -25,6 +25,7 @@ from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, patch_scores
 from locatdino.evaluation.hbird.transfer import predict
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.linprobe.protocol import LinearProbeConfig, linear_probe, predict_images
+from locatdino.evaluation.results import score
 from locatdino.evaluation.views import load_pair
 
 
@@ -106,8 +107,29 @@ class ModelOutcome:
     pos_embed: str | None = None  # the network's position-embedding rule at other grids (None: no network)
 
     def to_dict(self) -> dict[str, Any]:
+        """The model's record in ``results.json``: the model and the headline scores in the schema every
+        command shares (:mod:`locatdino.evaluation.results`), then every measurement."""
         kept = replace(self, visuals={}, image_confusions=None, linprobe_confusion=None)
-        return {k: v for k, v in asdict(kept).items() if k not in ("visuals", "image_confusions", "linprobe_confusion")}
+        fields_ = {
+            k: v for k, v in asdict(kept).items() if k not in ("visuals", "image_confusions", "linprobe_confusion")
+        }
+        spec = self.spec
+        model = {"label": spec.name, "name": spec.model, "checkpoint": spec.checkpoint, "pos_embed": self.pos_embed}
+        return {"model": model, "scores": {"": self._scores()}, **fields_}
+
+    def _scores(self) -> dict[str, Any]:
+        """The report's headline numbers: Hummingbird's mIoU (identity and Hungarian-matched), the linear
+        probe's, and each class-token probe's top-1 with its Wilson interval (None: not measured)."""
+        hbird, linear, probes = self.hbird or {}, self.linprobe or {}, self.probes or {}
+        return {
+            "miou": score(hbird.get("miou")),
+            "miou_matched": score(hbird.get("miou_matched")),
+            "linprobe": score(linear.get("miou")),
+            **{
+                f"{p}_top1": score(probes.get(f"{p}_top1"), probes.get(f"{p}_top1_interval"))
+                for p in ("knn", "logistic")
+            },
+        }
 
 
 def memory_sizes(fractions: list[Fraction], full: int, num_views: int, k: int) -> list[tuple[Fraction, int]]:

@@ -1,4 +1,5 @@
-"""``report.md`` of ``locatdino compare``, written from the same dict as ``report.json``.
+"""What ``locatdino compare``'s ``report.md`` says around its table (:mod:`locatdino.evaluation.results`
+writes it from ``results.json``).
 
 Scores in percent. Δ columns are differences to the first model that ran (the reference of the
 comparison: put the vanilla model first); Δ mIoU and Δ top-1 carry their 95 % paired-bootstrap
@@ -14,6 +15,8 @@ from typing import Any
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
 from locatdino.evaluation.compare.intervals import difference_text
 from locatdino.evaluation.hbird.report import search_text
+from locatdino.evaluation.results import Column, ReportLayout, results_table
+from locatdino.evaluation.results import report_markdown as results_markdown
 from locatdino.evaluation.tables import number_cell
 
 _METRICS = {
@@ -47,7 +50,7 @@ def _cell(m: dict[str, Any], part: str, text: str) -> str:
 
 
 def _difference(m: dict[str, Any], metric: str) -> PairedInterval | None:
-    record = (m.get("differences") or {}).get(metric)
+    record = (m.get("differences") or {}).get("", {}).get(metric)
     return None if record is None else PairedInterval.from_dict(record)
 
 
@@ -63,33 +66,51 @@ def _delta_cell(m: dict[str, Any], metric: str, value: float | None, ref: float 
     return interval.text() if interval is not None else _delta(value, ref)
 
 
+def _parameters(m: dict[str, Any]) -> str:
+    return _cell(m, "parameters", "" if m["parameters"] is None else f"{m['parameters']:,}")
+
+
+def _forward(key: str, digits: int) -> Any:
+    return lambda m, _, first: _cell(m, "forward", number_cell((m.get("forward") or {}).get(key), digits))
+
+
+def _score(part: str, key: str) -> Any:
+    return lambda m, _, first: number_cell((m.get(part) or {}).get(key))
+
+
+def _delta_column(metric: str, part: str) -> Any:
+    """Δ to the first model with its paired interval where one was computed, else the bare Δ."""
+
+    def cell(m: dict[str, Any], _: str, first: dict[str, Any]) -> str:
+        return _delta_cell(m, metric, (m.get(part) or {}).get("miou"), (first.get(part) or {}).get("miou"))
+
+    return cell
+
+
+def _probe(name: str) -> Any:
+    return lambda m, _, first: _cell(m, "probes", _top1(m.get("probes") or {}, name))
+
+
+COLUMNS = (
+    Column("backbone", lambda m, _, first: m["spec"]["model"]),
+    Column("weights", lambda m, _, first: _weights_cell(m)),
+    Column("mIoU", _score("hbird", "miou")),
+    Column("Δ mIoU [95 % interval]", _delta_column("miou", "hbird")),
+    Column("mIoU (Hungarian)", _score("hbird", "miou_matched")),
+    Column("linear probe mIoU", _score("linprobe", "miou")),
+    Column("Δ linear probe [95 %]", _delta_column("linprobe", "linprobe")),
+    Column("k-NN top-1 [95 %]", _probe("knn")),
+    Column("logistic top-1 [95 %]", _probe("logistic")),
+    Column("parameters", lambda m, _, first: _parameters(m)),
+    Column("images/s", _forward("images_per_s", 1)),
+    Column("peak forward MB", _forward("peak_forward_mb", 0)),
+)
+
+
 def headline_table(models: list[dict[str, Any]]) -> str:
     """One row per model: Hummingbird mIoU (Δ to the first, with its interval), Hungarian mIoU,
     linear-probe mIoU (Δ, with its interval), class-token probes (with their intervals), size and speed."""
-    ref = models[0]
-    rows = [
-        "| model | backbone | weights | mIoU | Δ mIoU [95 % interval] | mIoU (Hungarian) | linear probe mIoU | "
-        "Δ linear probe [95 %] | k-NN top-1 [95 %] | logistic top-1 [95 %] | parameters | images/s | "
-        "peak forward MB |",
-        "|" + "---|" * 13,
-    ]
-    for m in models:
-        probes = m.get("probes") or {}
-        fwd = m.get("forward") or {}
-        hbird, ref_hbird = m.get("hbird") or {}, ref.get("hbird") or {}
-        linear, ref_linear = m.get("linprobe") or {}, ref.get("linprobe") or {}
-        parameters = "" if m["parameters"] is None else f"{m['parameters']:,}"
-        rows.append(
-            f"| {_model_cell(m)} | {m['spec']['model']} | {_weights_cell(m)} | "
-            f"{number_cell(hbird.get('miou'))} | {_delta_cell(m, 'miou', hbird.get('miou'), ref_hbird.get('miou'))} | "
-            f"{number_cell(hbird.get('miou_matched'))} | {number_cell(linear.get('miou'))} | "
-            f"{_delta_cell(m, 'linprobe', linear.get('miou'), ref_linear.get('miou'))} | "
-            f"{_cell(m, 'probes', _top1(probes, 'knn'))} | {_cell(m, 'probes', _top1(probes, 'logistic'))} | "
-            f"{_cell(m, 'parameters', parameters)} | "
-            f"{_cell(m, 'forward', number_cell(fwd.get('images_per_s'), 1))} | "
-            f"{_cell(m, 'forward', number_cell(fwd.get('peak_forward_mb'), 0))} |"
-        )
-    return "\n".join(rows)
+    return results_table({"models": models}, COMPARE_LAYOUT)
 
 
 def difference_lines(models: list[dict[str, Any]]) -> list[str]:
@@ -159,8 +180,8 @@ def _arithmetic(cfg: dict[str, Any], models: list[dict[str, Any]]) -> str:
     return f"index {search_text(search, recall=False)} ({cfg['index']}), {search['precision']} ({cfg['precision']})"
 
 
-def report_markdown(report: dict[str, Any]) -> str:
-    """The whole markdown report of a comparison."""
+def _about(report: dict[str, Any]) -> list[str]:
+    """The dataset and settings, and each model that failed with its one-line error."""
     models, data, cfg = report["models"], report["dataset"], report["config"]
     if any(m.get("hbird") for m in models) or not models:
         setting = (
@@ -174,22 +195,20 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"no segmentation masks, class-token probes only: {data['num_train']} train / {data['num_val']} "
             f"test images at {cfg['input_size']} px, {cfg['precision']}."
         )
-    lines = [
-        "# Model comparison",
-        "",
-        f"Command: `{report['command']}`",
-        "",
-        f"Dataset: {data['name']} — {setting}",
-        "",
-    ]
-    for name, error in report.get("failed", {}).items():
-        lines.append(f"**{name} failed**: {error}")
-    if report.get("failed"):
-        lines.append("")
+    lines = [f"Dataset: {data['name']} — {setting}"]
+    failed = [f"**{name} failed**: {error}" for name, error in report.get("failed", {}).items()]
+    lines += ["", *failed] if failed else []
+    return lines + ([] if models else ["", "No model finished."])
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """Everything after the table: baselines, differences in words, the probes' protocols, mIoU per
+    memory size, per-class IoU, learned locality, figures and the config."""
+    models, cfg = report["models"], report["config"]
     if not models:
-        return "\n".join(lines + ["No model finished.", ""])
+        return []
+    lines: list[str] = []
     probes = report.get("probes") or {}
-    lines += ["## Summary", "", headline_table(models), ""]
     baselines = [m for m in models if m.get("baseline")]
     if baselines:
         lines += (
@@ -258,4 +277,16 @@ def report_markdown(report: dict[str, Any]) -> str:
     if report.get("figures"):
         lines += ["## Figures", ""] + [f"![{name}]({path})" for name, path in report["figures"].items()] + [""]
     lines += ["## Config", "", "```json", json.dumps(report["config"], indent=2, default=str), "```", ""]
-    return "\n".join(lines)
+    return lines
+
+
+COMPARE_LAYOUT = ReportLayout(title="Model comparison", about=_about, columns=COLUMNS, notes=_notes)
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """The whole markdown report of a comparison (``report``: its ``results.json``)."""
+    return (
+        results_markdown(report, COMPARE_LAYOUT)
+        if report["models"]
+        else "\n".join([f"# {COMPARE_LAYOUT.title}", "", f"Command: `{report['command']}`", "", *_about(report), ""])
+    )

@@ -25,11 +25,12 @@ from locatdino.evaluation.hbird.evaluate import (
 from locatdino.evaluation.hbird.index import PatchIndex
 from locatdino.evaluation.hbird.memory import MemoryBank
 from locatdino.evaluation.hbird.patch_labels import patch_class_counts, soft_labels
-from locatdino.evaluation.hbird.report import load_results, summary_markdown
+from locatdino.evaluation.hbird.report import HBIRD_LAYOUT, load_results
 from locatdino.evaluation.hbird.sampling import patches_per_image, rare_class_first
 from locatdino.evaluation.hbird.transfer import predict, transfer_labels
 
 __all__ = [
+    "HBIRD_LAYOUT",
     "HummingbirdConfig",
     "HummingbirdMonitor",
     "HummingbirdResult",
@@ -44,7 +45,6 @@ __all__ = [
     "predict",
     "rare_class_first",
     "soft_labels",
-    "summary_markdown",
     "transfer_labels",
 ]
 

@@ -51,6 +51,7 @@ from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.results import score
 from locatdino.evaluation.torch_knn import TorchExactSearch
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
 
@@ -141,8 +142,12 @@ class HummingbirdResult:
     image_confusions: ImageConfusions | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (without the per-image matrices)."""
-        return {k: v for k, v in asdict(replace(self, image_confusions=None)).items() if k != "image_confusions"}
+        """The model's record in ``results.json`` (without the per-image matrices): the scores in the
+        schema every command shares (:mod:`locatdino.evaluation.results`; no single-run interval),
+        then every field."""
+        scores = {name: score(getattr(self, name)) for name in ("miou", "miou_matched", "pixel_accuracy")}
+        fields_ = {k: v for k, v in asdict(replace(self, image_confusions=None)).items() if k != "image_confusions"}
+        return {"scores": {"": scores}, **fields_}
 
 
 def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:

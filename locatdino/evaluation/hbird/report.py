@@ -1,10 +1,10 @@
-"""Hummingbird reports: ``results.json`` and markdown summaries, single runs and comparisons.
+"""What Hummingbird's ``report.md`` says around its table, and the comparison of finished runs.
 
-A run's ``results.json`` is :meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU,
-timings in seconds, memory size, the full config, the model); its per-image confusion matrices go
-beside it (``per_image_confusion.npz``, named in the JSON), so that a comparison of finished runs
-gives every Δ mIoU its paired-bootstrap interval (docs/evaluation.md). Files are written atomically
-(``locatdino.common.output_files``), so an interrupted run never leaves a truncated report.
+A model's record in ``results.json`` (:mod:`locatdino.evaluation.results`) is
+:meth:`HummingbirdResult.to_dict` (mIoU in percent, per-class IoU, timings in seconds, memory size,
+the full config, the model); its per-image confusion matrices go to ``OUT/<label>/`` (named in the
+record), so that a comparison of finished runs gives every Δ mIoU its paired-bootstrap interval
+(docs/evaluation.md).
 
 A comparison is refused when the runs did not score the same query images (dataset, folder,
 split, scene size, number of queries, class list, and the seed where it picks them: it renders the
@@ -18,16 +18,24 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from locatdino.common.input_files import read_bounded
-from locatdino.common.output_files import atomic_write_text
-from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval, matched_miou_interval, miou_interval
-from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.bootstrap import matched_miou_interval, miou_interval
+from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import images_miou
-from locatdino.evaluation.tables import number_cell, per_class_table, run_label
+from locatdino.evaluation.results import (
+    Column,
+    ReportLayout,
+    check_document,
+    delta_column,
+    score_column,
+    value_column,
+)
+from locatdino.evaluation.tables import number_cell, per_class_table
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
@@ -47,54 +55,22 @@ _SETTING_KEYS = (
     "seed",
     "train_split",
 )
-INTERVAL_NOTE = (
-    f"Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval over the query "
-    f"images ({RESAMPLES:,} resamples, seed {SEED}); an interval that holds 0 means no measurable "
-    "difference."
-)
 
 
-def miou_deltas(
-    confusions: Sequence[ImageConfusions | None], hungarian: str = "iou"
-) -> list[tuple[PairedInterval, PairedInterval] | None]:
-    """Δ mIoU and Δ Hungarian-matched mIoU (criterion ``hungarian``) of every run to the first,
-    each with its interval; None for the first run and for runs without per-image matrices (older
-    ``results.json``) or scored on other images."""
-    first = confusions[0]
-    deltas: list[tuple[PairedInterval, PairedInterval] | None] = [None]
-    for other in confusions[1:]:
-        paired = first is not None and other is not None and other.num_images == first.num_images
-        deltas.append((miou_interval(other, first), matched_miou_interval(other, first, hungarian)) if paired else None)
-    return deltas
-
-
-def results_table(
-    results: Sequence[dict[str, Any]], deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None
-) -> str:
-    """Markdown table, one row per run: scores, memory size, time split; with ``deltas``
-    (:func:`miou_deltas`), columns of Δ mIoU and Δ matched mIoU to the first run with their intervals."""
-    delta_head = "Δ mIoU [95 % interval] | " if deltas is not None else ""
-    matched_head = "Δ mIoU (Hungarian) [95 %] | " if deltas is not None else ""
-    head = (
-        f"| model | mIoU | {delta_head}mIoU (Hungarian) | {matched_head}pixel acc. | memory patches | "
-        + " | ".join(f"{p} s" for p in _PHASES)
-        + " | total s | peak RSS MB | encoder | index (recall@k) |"
-    )
-    rule = "|" + "---|" * (head.count("|") - 1)
-    rows = [head, rule]
-    for i, r in enumerate(results):
-        t = r.get("timings", {})
-        delta = matched = ""
-        if deltas is not None:
-            delta, matched = (f"{'–' if d is None else d.text()} | " for d in (deltas[i] or (None, None)))
-        rows.append(
-            f"| {run_label(r)} | {number_cell(r['miou'])} | {delta}{number_cell(r['miou_matched'])} | {matched}"
-            f"{number_cell(r['pixel_accuracy'])} | {r['memory_patches']:,} | "
-            + " | ".join(number_cell(t.get(p), 1) for p in _PHASES)
-            + f" | {number_cell(t.get('total'), 1)} | {number_cell(r.get('peak_rss_mb'), 0)} | "
-            f"{_search_cells(r.get('search'))} |"
-        )
-    return "\n".join(rows)
+def miou_differences(
+    confusions: ImageConfusions | None, first: ImageConfusions | None, hungarian: str = "iou"
+) -> dict[str, Any] | None:
+    """Δ mIoU and Δ Hungarian-matched mIoU (criterion ``hungarian``) of a run to the first, each
+    with its paired interval (the ``differences`` of its record); None without per-image matrices
+    or when the runs scored different images."""
+    if confusions is None or first is None or confusions.num_images != first.num_images:
+        return None
+    return {
+        "": {
+            "miou": miou_interval(confusions, first).to_dict(),
+            "miou_matched": matched_miou_interval(confusions, first, hungarian).to_dict(),
+        }
+    }
 
 
 def search_text(search: dict[str, Any], recall: bool = True) -> str:
@@ -106,11 +82,10 @@ def search_text(search: dict[str, Any], recall: bool = True) -> str:
     return text
 
 
-def _search_cells(search: dict[str, Any] | None) -> str:
-    """``precision | index`` cells of a run (older results without the record show dashes)."""
-    if not search:
-        return "– | –"
-    return f"{search.get('precision') or '–'} | {search_text(search)}"
+def _search_cell(record: dict[str, Any]) -> str:
+    """``precision, index`` of a run."""
+    search = record.get("search")
+    return f"{search.get('precision') or '–'}, {search_text(search)}" if search else "–"
 
 
 def _values(results: Sequence[dict[str, Any]], key: str) -> list[str]:
@@ -168,70 +143,75 @@ def _provenance_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
-def summary_markdown(
-    results: Sequence[dict[str, Any]],
-    title: str = "Hummingbird evaluation",
-    deltas: Sequence[tuple[PairedInterval, PairedInterval] | None] | None = None,
-) -> str:
-    """The markdown report of one or several runs (a comparison when several, with ``deltas``:
-    :func:`miou_deltas`)."""
+def _about(document: dict[str, Any]) -> list[str]:
+    results = document["models"]
 
     def common(key: str) -> str:
         values = _values(results, key)
         return json.loads(values[0]) if len(values) == 1 else "mixed ⚠"
 
     mixed = incompatibilities(results)
-    lines = [
-        f"# {title}",
-        "",
+    return [
         f"Dataset: {common('dataset')} — {common('num_train')} memory images, {common('num_val')} query "
-        "images. mIoU in %, identity class mapping (Hungarian-matched for comparison with published tables).",
+        "images. mIoU in %, identity class mapping (Hungarian-matched for comparison with published tables); "
+        "no interval of a single run's mIoU: the Δ between runs carries the paired one.",
         *(["", f"⚠ Not comparable, scored on different query images: {'; '.join(mixed)}."] if mixed else []),
         "",
         *_setting_lines(results),
-        "",
-        results_table(results, deltas),
-        "",
-        *([INTERVAL_NOTE, ""] if deltas is not None else []),
-        "## Per-class IoU",
-        "",
-        per_class_table(results),
-        "",
     ]
-    return "\n".join(lines)
 
 
-def write_run(result: dict[str, Any], out_dir: str | os.PathLike, confusions: ImageConfusions | None = None) -> Path:
-    """``results.json`` + ``summary.md`` of one run in ``out_dir``, and its per-image confusion
-    matrices when given (named in the JSON); returns the JSON path."""
-    out_dir = Path(out_dir)
-    if confusions is not None:
-        confusions.save(out_dir / CONFUSION_FILE)
-        result["per_image_confusion"] = CONFUSION_FILE
-    path = atomic_write_text(out_dir / "results.json", json.dumps(result, indent=2) + "\n")
-    atomic_write_text(out_dir / "summary.md", summary_markdown([result]))
-    return path
+def _notes(document: dict[str, Any]) -> list[str]:
+    return ["## Per-class IoU", "", per_class_table(document["models"]), ""]
+
+
+def _phase_column(phase: str) -> Column:
+    return value_column(f"{phase} s", lambda record: number_cell(record.get("timings", {}).get(phase), 1))
+
+
+HBIRD_LAYOUT = ReportLayout(
+    title="Hummingbird evaluation",
+    about=_about,
+    columns=(
+        score_column("miou", "mIoU", interval=False),
+        delta_column("miou", "mIoU"),
+        score_column("miou_matched", "mIoU (Hungarian)", interval=False),
+        delta_column("miou_matched", "mIoU (Hungarian)"),
+        score_column("pixel_accuracy", "pixel acc.", interval=False),
+        value_column("memory patches", lambda record: f"{record['memory_patches']:,}"),
+        *(_phase_column(phase) for phase in (*_PHASES, "total")),
+        value_column("peak RSS MB", lambda record: number_cell(record.get("peak_rss_mb"), 0)),
+        value_column("encoder, index (recall@k)", _search_cell),
+    ),
+    notes=_notes,
+)
 
 
 def label_by_folder(results: Sequence[dict[str, Any]]) -> list[str]:
-    """A label per loaded run: the name of its run folder, with as many parent folders as it
-    takes to tell runs apart (``a/vit``, ``b/vit``)."""
-    folders = [Path(r["source"]).resolve().parent.parts for r in results]
+    """A label per loaded model: its own when that tells the models apart, else prefixed by the
+    name of its run folder, with as many parent folders as it takes to tell runs apart (``a/vit``,
+    ``b/vit``)."""
+    own = [r["model"]["label"] for r in results]
+    if len(set(own)) == len(own):
+        return own
+    sources = sorted({r["source"] for r in results})
+    folders = {source: Path(source).resolve().parent.parts for source in sources}
 
     def tail(parts: tuple[str, ...], depth: int) -> str:
         return "/".join(parts[-depth:])
 
-    labels = []
-    for i, parts in enumerate(folders):
-        others = folders[:i] + folders[i + 1 :]
+    prefix = {}
+    for source, parts in folders.items():
+        others = [o for s, o in folders.items() if s != source]
         depth = next((d for d in range(1, len(parts)) if all(tail(parts, d) != tail(o, d) for o in others)), len(parts))
-        labels.append(tail(parts, depth))
-    return labels
+        prefix[source] = tail(parts, depth)
+    models = Counter(r["source"] for r in results)  # a file of one model is named by its folder alone
+    return [prefix[r["source"]] + (f"/{label}" if models[r["source"]] > 1 else "") for r, label in zip(results, own)]
 
 
 def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Runs from ``results.json`` files or directories holding them (searched recursively); each
-    gets ``source``, the file it came from."""
+    """Every model's record from ``results.json`` files of ``locatdino hbird``, or directories
+    holding them (searched recursively); each gets ``source``, the file it came from."""
     results = []
     for p in map(Path, paths):
         files = sorted(p.rglob("results.json")) if p.is_dir() else [p]
@@ -243,16 +223,17 @@ def load_results(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
             except OSError as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err.strerror or err})") from None
             try:
-                data = json.loads(text)
-                data["miou"]
-            except (OSError, ValueError, KeyError, TypeError) as err:
+                document = json.loads(text)
+            except ValueError as err:
                 raise ValueError(f"{f}: not a Hummingbird results.json ({err})") from None
-            for key in SCORES:
-                value = data.get(key)
-                if key == "miou" or value is not None:
-                    _check_percentage(f, key, value)
-            data["source"] = str(f)
-            results.append(data)
+            check_document(document, f, "hbird")
+            for record in document["models"]:
+                for key in SCORES:
+                    value = record.get(key)
+                    if key == "miou" or value is not None:
+                        _check_percentage(f, key, value)
+                record["source"] = str(f)
+                results.append(record)
     return results
 
 

@@ -23,7 +23,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from locatdino.common.arguments import ConfigTable, OptionGroups, add_shared_option, at_least, positive_float
+from locatdino.common.arguments import (
+    ArgumentParser,
+    ConfigTable,
+    OptionGroups,
+    add_shared_option,
+    at_least,
+    positive_float,
+)
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.class_features import class_token_embeddings
 from locatdino.evaluation.class_splits import (
@@ -39,7 +46,7 @@ from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.options import add_data_arguments, add_encoder_arguments, add_loader_arguments
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.results import ReportLayout, score
-from locatdino.evaluation.runner import Protocol, Scored, fail, run
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, fail, run
 from locatdino.evaluation.wilson import wilson_interval
 
 
@@ -175,6 +182,10 @@ class KnnProtocol(Protocol):
             }
             for k in setup.cfg.ks
         }
+
+
+def _parser() -> ArgumentParser:
+    return build_parser(KnnProtocol())
 
 
 def main(argv: list[str] | None = None) -> int:

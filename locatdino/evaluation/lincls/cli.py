@@ -23,7 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from locatdino.common.arguments import ConfigTable, OptionGroups, add_shared_option, at_least, positive_float
+from locatdino.common.arguments import (
+    ArgumentParser,
+    ConfigTable,
+    OptionGroups,
+    add_shared_option,
+    at_least,
+    positive_float,
+)
 from locatdino.evaluation.bootstrap import accuracy_interval
 from locatdino.evaluation.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.evaluation.lincls.features import LinearInput
@@ -37,7 +44,7 @@ from locatdino.evaluation.options import (
     add_prr_argument,
 )
 from locatdino.evaluation.results import ReportLayout
-from locatdino.evaluation.runner import Protocol, Scored, run
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, run
 
 LINCLS_TABLE = ConfigTable(
     LinclsConfig,
@@ -189,6 +196,10 @@ class LinclsProtocol(Protocol):
         if len(scored.paired) != len(first.paired):  # not the same validation images decoded
             return None
         return {"": {"top1": accuracy_interval(scored.paired, first.paired).to_dict()}}
+
+
+def _parser() -> ArgumentParser:
+    return build_parser(LinclsProtocol())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,16 +4,17 @@
         --data-dir data/ADEChallengeData2016 --out runs/linprobe-ade
 
 Several ``--model [LABEL=]NAME[:CHECKPOINT]`` (``none``: random init) are probed one after
-another on the same data, batches and seed. One model writes ``OUT/results.json``,
-``OUT/per_image_confusion.npz`` and ``OUT/summary.md``; several write them per run under
-``OUT/<model>/`` plus ``OUT/summary.md`` comparing them. An earlier run's output there is kept
-unless ``--overwrite`` (checked before any work; ``locatdino.common.output_folder``).
+another on the same data, batches and seed, the first the reference of every Δ mIoU. The
+evaluation runner (:mod:`locatdino.evaluation.runner`) writes ``OUT/results.json`` and
+``OUT/report.md`` for all of them, and each model's per-image confusion matrices to
+``OUT/<label>/per_image_confusion.npz``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,27 +23,20 @@ from torch import nn
 from locatdino.common.arguments import (
     ArgumentParser,
     ConfigTable,
+    OptionGroups,
     add_shared_option,
     at_least,
     non_negative_float,
-    option_groups,
 )
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.output_files import DiskFullError
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.evaluation.bootstrap import miou_interval
+from locatdino.evaluation.image_confusions import CONFUSION_FILE
 from locatdino.evaluation.linprobe.one_cycle import MIN_STEPS
 from locatdino.evaluation.linprobe.protocol import PROBE_AUGMENT, LinearProbeConfig, linear_probe
-from locatdino.evaluation.linprobe.report import PROBE_FILES, probe_summary, probe_table, write_probe_run
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
-from locatdino.evaluation.options import (
-    add_data_arguments,
-    add_feature_arguments,
-    add_loader_arguments,
-    check_outputs,
-    encoder_device,
-    open_splits,
-    record_run,
-)
+from locatdino.evaluation.linprobe.report import LINPROBE_LAYOUT
+from locatdino.evaluation.model_runs import ModelRun
+from locatdino.evaluation.options import add_data_arguments, add_feature_arguments, add_loader_arguments, open_splits
+from locatdino.evaluation.results import ReportLayout
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, run
 from locatdino.evaluation.splits import CachedSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments
 
@@ -74,16 +68,8 @@ PROBE_TABLE = ConfigTable(
 )
 
 
-def _parser() -> ArgumentParser:
+def _add_arguments(groups: OptionGroups) -> None:
     d = LinearProbeConfig()
-    p = ArgumentParser(
-        prog="locatdino linprobe",
-        description="The paper's segmentation metric: train a linear head (1x1 conv -> 512, GroupNorm(1, 512), "
-        "GELU, 1x1 conv) on the frozen last-block patch tokens, report the mIoU on the query split.",
-        formatter_class=DefaultsOnceHelpFormatter,
-    )
-    groups = option_groups(p)
-    add_model_arguments(groups.model)
     add_data_arguments(groups.data, command="linprobe")
     add_train_list_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
@@ -118,9 +104,6 @@ def _parser() -> ArgumentParser:
     add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_shared_option(runtime, "--batch-size", d.eval_batch_size)
     add_loader_arguments(runtime)
-    add_shared_option(groups.output, "--out", "linprobe_results")
-    add_overwrite_option(groups.output)
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
@@ -128,75 +111,75 @@ def config_from_args(args: argparse.Namespace) -> LinearProbeConfig:
     return PROBE_TABLE.build(args)
 
 
-def _planned(labels: list[str]) -> list[str]:
-    """The files of a run of ``labels``: one model's in ``--out``, several models' per label plus the comparison."""
-    return (
-        PROBE_FILES
-        if len(labels) == 1
-        else ["summary.md", *(f"{label}/{name}" for label in labels for name in PROBE_FILES)]
+@dataclass(frozen=True)
+class ProbeSetup:
+    """What every model of a run is probed with."""
+
+    cfg: LinearProbeConfig
+    train: Any
+    val: Any
+
+
+class LinprobeProtocol(Protocol):
+    command = "linprobe"
+    description = (
+        "The paper's segmentation metric: train a linear head (1x1 conv -> 512, GroupNorm(1, 512), GELU, 1x1 conv) "
+        "on the frozen last-block patch tokens, report the mIoU on the query split."
     )
+    out_default = "linprobe_results"
+    artefact_files = (CONFUSION_FILE,)
+
+    @property
+    def layout(self) -> ReportLayout:
+        return LINPROBE_LAYOUT
+
+    def add_arguments(self, groups: OptionGroups) -> None:
+        _add_arguments(groups)
+
+    def prepare(self, args: argparse.Namespace) -> ProbeSetup:
+        cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+        train, val = open_splits(args)
+        cfg.check_train_size(len(train))
+        asked = cfg.epoch_iterations(len(train))
+        if asked is not None and asked < MIN_STEPS:
+            print(
+                f"[linprobe] note: --epochs {args.epochs:g} is {asked} iteration{'s' * (asked != 1)} of "
+                f"{cfg.batch_size} over {len(train)} images; raised to {MIN_STEPS}, the OneCycle schedule's minimum",
+                file=sys.stderr,
+            )
+        if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
+            train, val = CachedSplit(train), CachedSplit(val)
+        return ProbeSetup(cfg, train, val)
+
+    def load_options(self, args: argparse.Namespace, setup: ProbeSetup) -> dict[str, Any]:
+        return {"input_size": args.input_size, "layer": args.layer}
+
+    def announce(self, run: ModelRun, setup: ProbeSetup) -> str:
+        cfg = setup.cfg
+        return (
+            f"{len(setup.train)} training images, {len(setup.val)} queries, {cfg.input_size} px, "
+            f"{cfg.total_iterations(len(setup.train)):,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
+            f"{' (features cached)' if cfg.cached else ''}"
+        )
+
+    def score(self, model: nn.Module, run: ModelRun, setup: ProbeSetup, device: torch.device) -> Scored:
+        probe = linear_probe(model, setup.train, setup.val, setup.cfg)
+        record, confusions = probe.to_dict(), probe.image_confusions
+        artefacts = {}
+        if confusions is not None:
+            record["per_image_confusion"] = f"{run.label}/{CONFUSION_FILE}"
+            artefacts[CONFUSION_FILE] = confusions.save
+        return Scored(record, paired=confusions, artefacts=artefacts)
+
+    def difference(self, scored: Scored, first: Scored, setup: ProbeSetup) -> dict[str, Any] | None:
+        if scored.paired is None or first.paired is None or scored.paired.num_images != first.paired.num_images:
+            return None
+        return {"": {"miou": miou_interval(scored.paired, first.paired).to_dict()}}
+
+
+def _parser() -> ArgumentParser:
+    return build_parser(LinprobeProtocol())
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    runs = model_runs(args, parser, PROBE_FILES)
-    device = encoder_device(args.device, "linprobe")
-    try:
-        cfg = config_from_args(args)  # inconsistent settings fail before any data is read
-        train_set, val_set = open_splits(args)
-        cfg.check_train_size(len(train_set))
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"locatdino linprobe: {err}") from None
-    asked = cfg.epoch_iterations(len(train_set))
-    if asked is not None and asked < MIN_STEPS:
-        print(
-            f"[linprobe] note: --epochs {args.epochs:g} is {asked} iteration{'s' * (asked != 1)} of {cfg.batch_size} "
-            f"over {len(train_set)} images; raised to {MIN_STEPS}, the OneCycle schedule's minimum",
-            file=sys.stderr,
-        )
-    if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
-        train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
-    models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
-    folder = check_outputs(args.out, "linprobe", _planned([run.label for run in runs]), args.cache_dir, args.overwrite)
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
-
-
-def _probe_all(
-    args: argparse.Namespace,
-    runs: list[ModelRun],
-    models: list[nn.Module],
-    train_set: Any,
-    val_set: Any,
-    cfg: LinearProbeConfig,
-    device: torch.device,
-    folder: OutputFolder,
-) -> int:
-    """Every model's probe, each written (and recorded) as it finishes, then the comparison of them all."""
-    out = folder.path
-    results = []
-    for run, model in zip(runs, models):
-        label, iterations = run.label, cfg.total_iterations(len(train_set))
-        print(
-            f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
-            f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
-            f"{' (features cached)' if cfg.cached else ''}",
-            file=sys.stderr,
-            flush=True,
-        )
-        probe = linear_probe(model.to(device), train_set, val_set, cfg)
-        result = record_run(probe.to_dict(), args, run, model)
-        try:
-            run_dir = out if len(runs) == 1 else out / label
-            write_probe_run(result, probe.image_confusions, run_dir)
-            folder.wrote(*(run_dir / name for name in PROBE_FILES))
-        except DiskFullError as err:
-            raise SystemExit(f"locatdino linprobe: {err}") from None
-        results.append(result)
-    if len(results) > 1:
-        folder.write_text("summary.md", probe_summary(results, "Dense linear probe comparison"))
-    print(probe_table(results))
-    print(f"[linprobe] results written to {out}", file=sys.stderr)
-    return 0
+    return run(LinprobeProtocol(), argv)

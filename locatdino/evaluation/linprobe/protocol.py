@@ -46,6 +46,7 @@ from locatdino.evaluation.linprobe.views import EvalViews, TrainViews, collate_i
 from locatdino.evaluation.metric import ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.results import score
 
 PROBE_AUGMENT = ("reference", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve
@@ -137,7 +138,10 @@ class LinearProbeResult:
     image_confusions: ImageConfusions | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "image_confusions"}
+        """The model's record in ``results.json``: the scores in the schema every command shares
+        (:mod:`locatdino.evaluation.results`; no single-run interval), then every field."""
+        scores = {"miou": score(self.miou), "pixel_accuracy": score(self.pixel_accuracy)}
+        return {"scores": {"": scores}, **{k: v for k, v in vars(self).items() if k != "image_confusions"}}
 
 
 def _workers(cfg: LinearProbeConfig, device: torch.device) -> int:

@@ -1,73 +1,57 @@
-"""``results.json``, ``per_image_confusion.npz`` and markdown of ``locatdino linprobe`` runs.
+"""What ``locatdino linprobe``'s ``report.md`` says around its table (:mod:`locatdino.evaluation.results`
+writes it): a row per model with its Δ mIoU to the first, then the per-class IoU.
 
-A run's ``results.json`` is :meth:`LinearProbeResult.to_dict` plus the model and the dataset; the
-per-image confusion matrices (one per scored query image, for paired bootstrap intervals) go beside
-it in Hummingbird's file format (:class:`~locatdino.evaluation.image_confusions.ImageConfusions`).
-Written atomically (``locatdino.common.output_files``).
+A model's record is :meth:`LinearProbeResult.to_dict` plus the model and the dataset; its per-image
+confusion matrices (one per scored query image, for paired bootstrap intervals) go to
+``OUT/<label>/`` in Hummingbird's file format
+(:class:`~locatdino.evaluation.image_confusions.ImageConfusions`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from locatdino.common.output_files import atomic_write_text
-from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from locatdino.evaluation.results import ReportLayout, delta_column, score_column, value_column
 from locatdino.evaluation.tables import number_cell, per_class_table
 
-PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe_run writes
 
-
-def probe_table(results: Sequence[dict[str, Any]]) -> str:
-    """One row per run: mIoU, pixel accuracy, budget, time split and precision."""
-    rows = [
-        "| model | mIoU | pixel acc. | iterations | final loss | features s | head s | data s | total s | "
-        "encoder | cached |",
-        "|" + "---|" * 11,
-    ]
-    for r in results:
-        t, curve = r.get("timings", {}), r.get("loss_curve") or [[0, None]]
-        rows.append(
-            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | "
-            f"{number_cell(r['pixel_accuracy'])} | {r['iterations']:,} | {number_cell(curve[-1][1], 3)} | "
-            f"{number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
-            f"{number_cell(t.get('data'), 1)} | {number_cell(t.get('total'), 1)} | {r['features'].get('precision')} | "
-            f"{r['features'].get('cached')} |"
-        )
-    return "\n".join(rows)
-
-
-def probe_summary(results: Sequence[dict[str, Any]], title: str = "Dense linear probe") -> str:
-    """The markdown report of one or several runs on the same data."""
-    first = results[0]
+def _about(document: dict[str, Any]) -> list[str]:
+    first = document["models"][0]
     cfg = first["config"]
     budget = f"{first['iterations']:,} iterations × batch {cfg['batch_size']}"
-    lines = [
-        f"# {title}",
-        "",
+    return [
         f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
         f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
-        "mIoU in % over every original pixel of the query images, identity class mapping.",
-        "",
-        probe_table(results),
-        "",
-        "## Per-class IoU",
-        "",
-        per_class_table([{**r, "label": r["model"].get("label")} for r in results]),
-        "",
+        "mIoU in % over every original pixel of the query images, identity class mapping; no interval of a "
+        "single run's mIoU: the Δ between runs carries the paired one."
     ]
-    return "\n".join(lines)
 
 
-def write_probe_run(result: dict[str, Any], confusions: ImageConfusions | None, out_dir: str | os.PathLike) -> Path:
-    """``results.json`` + ``summary.md`` (+ ``per_image_confusion.npz``, Hummingbird's format) of one
-    run; returns the JSON path."""
-    out_dir = Path(out_dir)
-    if confusions is not None:
-        confusions.save(out_dir / CONFUSION_FILE)
-    path = atomic_write_text(out_dir / "results.json", json.dumps(result, indent=2) + "\n")
-    atomic_write_text(out_dir / "summary.md", probe_summary([result]))
-    return path
+def _notes(document: dict[str, Any]) -> list[str]:
+    return ["## Per-class IoU", "", per_class_table(document["models"]), ""]
+
+
+def _final_loss(record: dict[str, Any]) -> str:
+    curve = record.get("loss_curve") or [[0, None]]
+    return number_cell(curve[-1][1], 3)
+
+
+def _seconds(phase: str) -> Any:
+    return value_column(f"{phase} s", lambda record: number_cell(record.get("timings", {}).get(phase), 1))
+
+
+LINPROBE_LAYOUT = ReportLayout(
+    title="Dense linear probe",
+    about=_about,
+    columns=(
+        score_column("miou", "mIoU", interval=False),
+        delta_column("miou", "mIoU"),
+        score_column("pixel_accuracy", "pixel acc.", interval=False),
+        value_column("iterations", lambda record: f"{record['iterations']:,}"),
+        value_column("final loss", _final_loss),
+        *(_seconds(phase) for phase in ("features", "head", "data", "total")),
+        value_column("encoder", lambda record: record["features"].get("precision")),
+        value_column("cached", lambda record: record["features"].get("cached")),
+    ),
+    notes=_notes,
+)

@@ -112,9 +112,9 @@ def test_shards_hbird_and_linprobe_run_on_a_published_layout(tmp_path):
         data = ["--dataset", dataset, "--data-dir", str(data_dir), "--no-progress", *tiny]
         out = tmp_path / f"hbird-{dataset}"
         assert command_line.main(["hbird", *data, "--k", "5", "--out", str(out)]) == 0
-        run = json.loads((out / "results.json").read_text())
+        (run,) = json.loads((out / "results.json").read_text())["models"]
         assert run["num_train"] == 4 and run["config"]["dataset"] == dataset
     probe = ["--iters", "6", "--train-batch-size", "2", "--train-augment", "off"]
     data = ["--dataset", "cityscapes", "--data-dir", str(tmp_path), "--no-progress", *tiny]
     assert command_line.main(["linprobe", *data, *probe, "--out", str(tmp_path / "lp")]) == 0
-    assert json.loads((tmp_path / "lp" / "results.json").read_text())["config"]["dataset"] == "cityscapes"
+    assert json.loads((tmp_path / "lp" / "results.json").read_text())["models"][0]["config"]["dataset"] == "cityscapes"

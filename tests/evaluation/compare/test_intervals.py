@@ -25,6 +25,8 @@ def test_no_measurable_difference_exactly_when_the_interval_holds_zero(low, high
 def _model(name, index, hits):
     return {
         "spec": {"name": name, "model": "m", "checkpoint": None},
+        "model": {"label": name, "name": "m", "checkpoint": None},
+        "scores": {"": {}},
         "parameters": 1,
         "forward": {},
         "hbird": {"miou": 0.0, "miou_matched": 0.0, "per_image_confusion": f"per_image_confusion/model{index}.npz"},
@@ -51,14 +53,14 @@ def test_report_and_demo_word_each_difference_by_its_interval(tmp_path):
         models.append(_model(name, i, hits))
     models[1]["probes"] = models[0]["probes"]  # same k-NN answers: exactly [0, 0]
     attach_differences(models, tmp_path)
-    same = models[1]["differences"]["knn_top1"]
+    same = models[1]["differences"][""]["knn_top1"]
     assert (same["delta"], same["low"], same["high"]) == (0.0, 0.0, 0.0)
-    assert models[2]["differences"]["miou"]["low"] > 0  # 0.8 vs 0.5 of the pixels right
+    assert models[2]["differences"][""]["miou"]["low"] > 0  # 0.8 vs 0.5 of the pixels right
     lines = difference_lines(models)
     assert "- Hummingbird mIoU: no measurable difference between locatvit-dino and vit-dino" in lines[0]
     assert any(line.startswith("- Hummingbird mIoU: vit-random ahead of vit-dino by") for line in lines)
     table = headline_table(models)
-    assert f"| {PairedInterval.from_dict(models[2]['differences']['miou']).text()} |" in table
+    assert f"| {PairedInterval.from_dict(models[2]['differences']['']['miou']).text()} |" in table
     low, high = models[0]["probes"]["knn_top1_interval"]
     assert f"{models[0]['probes']['knn_top1']:.1f} [{low:.1f}, {high:.1f}]" in table
 

@@ -61,7 +61,7 @@ def test_compare_a_dinov2_release_and_a_hugging_face_folder(tmp_path):
         str(out),
     ]
     assert compare_cli.main(argv) == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "results.json").read_text())
     dinov2, reg = report["models"]
     assert (dinov2["pos_embed"], reg["pos_embed"]) == ("dino", "timm")
     # every weight of the release but iBOT's mask token; the registers' model: 4 tokens, 1 position less

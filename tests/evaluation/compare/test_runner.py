@@ -9,6 +9,7 @@ from locatdino.evaluation.compare import cli as compare_cli
 from locatdino.evaluation.compare.measure import memory_sizes
 from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor
+from tests.evaluation.results_schema import valid_results
 
 TINY = [
     "--num-train",
@@ -82,14 +83,14 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     # every model is loaded and checked before the first evaluation: the failure is known at once
     assert err.index(err_lines[0]) < min(i for i, line in enumerate(err) if "Hummingbird" in line)
 
-    report = json.loads((out / "report.json").read_text())
+    report = valid_results(out / "results.json", "compare")
     assert [m["spec"]["name"] for m in report["models"]] == ["vit", "locat", "pixels", "position-prior"]
     assert list(report["failed"]) == ["bad"]
     vit, locat, pixels, prior = report["models"]
     # the baselines: on vit's 16 px grid, Δ to the first model with intervals, n/a where a network is needed
     assert pixels["hbird"]["memory_patches"] == vit["hbird"]["memory_patches"]  # the same memory views
     assert prior["hbird"]["memory_patches"] == 8 * 4 * 4  # every patch of the 8 whole memory images
-    assert set(pixels["differences"]) == set(prior["differences"]) == {"miou", "miou_matched", "linprobe"}
+    assert set(pixels["differences"][""]) == set(prior["differences"][""]) == {"miou", "miou_matched", "linprobe"}
     assert pixels["linprobe"]["features"]["dim"] == 3 * 16 * 16 and prior["linprobe"]["features"]["dim"] == 4 * 4
     assert pixels["parameters"] is None and pixels["not_applicable"]["probes"].startswith("no class token")
     assert vit["not_applicable"] == {} and vit["baseline"] is None
@@ -114,7 +115,7 @@ def test_one_unreadable_checkpoint_fails_alone(tmp_path, capsys):
     assert "| pixels | pixels | none (no network) |" in md and md.count("| n/a | n/a | n/a | n/a | n/a |") == 2
     # intervals to the first model, from per-image matrices of the 3 queries and hits of the 3 test images
     assert (
-        set(locat["differences"]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"}
+        set(locat["differences"][""]) == {"miou", "miou_matched", "linprobe", "knn_top1", "logistic_top1"}
         and "differences" not in vit
     )
     assert len(vit["probes"]["knn_hits"]) == 3 and (out / vit["hbird"]["per_image_confusion"]).is_file()
@@ -211,7 +212,7 @@ def test_imagefolder_shards_get_class_token_probes_only(tmp_path):
         "0",
     ]
     assert compare_cli.main(argv) == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "results.json").read_text())
     (vit,) = report["models"]
     assert vit["hbird"] is None and vit["probes"]["num_train"] == 12 and vit["probes"]["num_test"] == 12
     assert vit["linprobe"] is None and report["config"]["linprobe"] is None  # no masks: nothing to probe
@@ -231,6 +232,8 @@ def test_headline_table_has_the_linear_probe_and_its_delta():
     def model(name, hbird, linear):
         return {
             "spec": {"name": name, "model": "m", "checkpoint": None},
+            "model": {"label": name, "name": "m", "checkpoint": None},
+            "scores": {"": {}},
             "parameters": 1,
             "hbird": {"miou": hbird, "miou_matched": hbird},
             "linprobe": linear and {"miou": linear},

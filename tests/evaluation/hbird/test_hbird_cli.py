@@ -9,6 +9,7 @@ import torch
 from locatdino.evaluation.hbird import cli
 from locatdino.evaluation.hbird.options import HBIRD_TABLE, config_from_args
 from locatdino.evaluation.options import encoder_device
+from tests.evaluation.results_schema import valid_results
 
 TINY = [
     "--num-train",
@@ -37,14 +38,14 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "| vit_tiny_patch16_224-dino_vitt |" in table and "| vit_tiny_patch16_224 |" in table
-    runs = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.json")}
-    assert set(runs) == {"vit_tiny_patch16_224-dino_vitt", "vit_tiny_patch16_224"}
+    runs = {r["model"]["label"]: r for r in valid_results(out / "results.json", "hbird")["models"]}
+    assert list(runs) == ["vit_tiny_patch16_224-dino_vitt", "vit_tiny_patch16_224"]
     run = runs["vit_tiny_patch16_224-dino_vitt"]
     assert run["model"]["checkpoint"] == str(ckpt) and run["config"]["dataset"] == "scenes"
     assert run["num_train"] == 6 and run["memory_patches"] > 0 and 0 <= run["miou"] <= 100
     assert set(run["per_class_iou"]) >= {"sky", "animal"}
     assert run["miou"] != runs["vit_tiny_patch16_224"]["miou"]  # different weights, different score
-    assert "# Hummingbird comparison" in (out / "summary.md").read_text()
+    assert "# Hummingbird evaluation" in (out / "report.md").read_text()
     from locatdino.common.output_folder import RECORD_NAME, OutputFolder
 
     written = sorted(
@@ -52,15 +53,20 @@ def test_compares_two_checkpoints_of_one_model(tmp_path, capsys):
         for p in out.rglob("*")
         if p.is_file() and p.name not in (RECORD_NAME, ".locatdino.lock")
     )
-    assert sorted(OutputFolder(out, "hbird").earlier()) == written and len(written) == 7  # 2 x 3 + summary.md
+    assert sorted(OutputFolder(out, "hbird").earlier()) == written and written == [
+        "report.md",
+        "results.json",
+        "vit_tiny_patch16_224-dino_vitt/per_image_confusion.npz",
+        "vit_tiny_patch16_224/per_image_confusion.npz",
+    ]
 
     interval = r"\| ([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \|"
     delta, low, high = map(float, re.search(interval, table).groups())
     assert cli.main(["report", str(out), "--summary", str(tmp_path / "cmp.md")]) == 0
     reported = capsys.readouterr().out
     assert "| vit_tiny_patch16_224 |" in reported
-    # found sorted by folder: the same pair, the other way round, hence the same interval negated
-    assert list(map(float, re.search(interval, reported).groups())) == [-delta, -high, -low]
+    # read in the file's order: the same pair, hence the same interval
+    assert list(map(float, re.search(interval, reported).groups())) == [delta, low, high]
     assert "| class |" in (tmp_path / "cmp.md").read_text()
 
 
@@ -86,7 +92,7 @@ def test_random_init_is_drawn_from_the_seed(tmp_path, capsys):
         "timm",
     ]  # a plain ViT file would get the DINO rule under 'auto'
     assert cli.main(argv) == 0
-    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/results.json"))]
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["models"]
     assert len(runs) == 2 and runs[0]["miou"] == runs[1]["miou"]
     # the same weights on the same queries: Δ 0 with the interval [0, 0] (paired per-image matrices)
     assert "| +0.00 [+0.00, +0.00] |" in capsys.readouterr().out
@@ -198,8 +204,8 @@ def test_pos_embed_rule_per_model_is_recorded(tmp_path, capsys):
         *small,
     ]
     assert cli.main(argv) == 0
-    runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/results.json")}
-    assert {r["model"]["label"]: r["model"]["pos_embed"] for r in runs.values()} == {
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["models"]
+    assert {r["model"]["label"]: r["model"]["pos_embed"] for r in runs} == {
         "vit_tiny_patch16_224-dino_vitt": "dino",
         "vit_tiny_patch16_224-dino_vitt-2": "timm",
     }
@@ -283,7 +289,7 @@ def test_reference_settings_and_provenance_reach_results_json(tmp_path):
         *TINY,
     ]
     assert cli.main(argv) == 0
-    run = json.loads((out / "results.json").read_text())
+    (run,) = valid_results(out / "results.json", "hbird")["models"]
     # the reference protocol's settings, but for the options given beside it
     assert {k: run["config"][k] for k in ("augment", "norm", "hungarian", "eval_resolution", "precision", "index")} == {
         "augment": "off",
@@ -316,7 +322,7 @@ def test_reference_settings_and_provenance_reach_results_json(tmp_path):
     assert prov["software"]["torch"] == torch.__version__.split("+")[0] and prov["software"]["timm"] == timm.__version__
     assert prov["cpu"]["logical_cores"] == os.cpu_count() and prov["cpu"]["model"]
     assert prov["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert "- cpu: " in (out / "summary.md").read_text()
+    assert "- cpu: " in (out / "report.md").read_text()
     assert cli._parser().parse_args(["--model", "m"]).norm is False  # the project's default: no final norm
 
 
@@ -412,7 +418,7 @@ def test_memory_dir_may_not_be_the_out_folder(tmp_path, no_evaluation):
         )
 
 
-@pytest.mark.parametrize("name", ["results.json", "summary.md"])
+@pytest.mark.parametrize("name", ["results.json", "report.md"])
 def test_out_holding_other_files_of_those_names_is_refused(tmp_path, no_evaluation, name):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / name).write_text("# Hummingbird: my notes")  # its shape does not make it hbird's
@@ -429,8 +435,6 @@ def test_out_holding_other_files_of_those_names_is_refused(tmp_path, no_evaluati
 @pytest.fixture
 def scored(monkeypatch):
     """hbird's evaluation replaced by a fixed score per call (40, 41, ...): the command's files only."""
-    from types import SimpleNamespace
-
     from locatdino.evaluation.hbird.evaluate import HummingbirdResult
 
     calls = []
@@ -451,7 +455,7 @@ def scored(monkeypatch):
             config={},
             provenance={},
         )
-        return SimpleNamespace(to_dict=lambda: dict(result), image_confusions=None)
+        return HummingbirdResult(**result)
 
     monkeypatch.setattr(cli, "hummingbird", fake)
     return calls
@@ -474,7 +478,7 @@ def test_a_second_run_into_a_finished_out_needs_overwrite_which_leaves_nothing_s
     assert (out / "results.json").read_text() == first and len(scored) == 1  # refused before any evaluation
     two = ["--model", "a=vit_tiny_patch16_224", "--model", "b=vit_tiny_patch16_224", "--out", str(out), *TINY]
     assert cli.main([*two, "--overwrite"]) == 0
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("results.json")) == ["a/results.json", "b/results.json"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.json")) == [".locatdino-output.json", "results.json"]
     capsys.readouterr()
     assert cli.main(["report", str(out)]) == 0
     rows = [

@@ -78,7 +78,7 @@ def test_every_ddp_rank_evaluates_and_logs_the_same_miou(tmp_path):
     # Lightning's ddp re-executes the command line per rank: run it as a script in a subprocess
     script = tmp_path / "ddp_monitor.py"
     script.write_text(DDP_SCRIPT.format(out=str(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -7,21 +7,33 @@ import pytest
 from locatdino.common.output_files import atomic_write_text
 from locatdino.evaluation.bootstrap import miou_interval
 from locatdino.evaluation.hbird.report import (
+    HBIRD_LAYOUT,
     differing_settings,
     incompatibilities,
     label_by_folder,
     load_results,
-    results_table,
-    summary_markdown,
-    write_run,
 )
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.metric import images_miou
+from locatdino.evaluation.results import report_markdown, results_document, results_table, score
 from locatdino.evaluation.tables import per_class_table
+
+
+def _write_run(record, folder, confusions=None):
+    """A finished one-model ``locatdino hbird`` run in ``folder``, as the command leaves it."""
+    label = record["model"]["label"]
+    if confusions is not None:
+        (folder / label).mkdir(parents=True)
+        confusions.save(folder / label / CONFUSION_FILE)
+        record["per_image_confusion"] = f"{label}/{CONFUSION_FILE}"
+    document = results_document("locatdino hbird", "hbird", [record])
+    atomic_write_text(folder / "report.md", report_markdown(document, HBIRD_LAYOUT))
+    return atomic_write_text(folder / "results.json", json.dumps(document))
 
 
 def _result(label, miou, classes=(("a", 50.0), ("b", None))):
     return {
+        "scores": {"": {"miou": score(miou), "miou_matched": score(miou + 1), "pixel_accuracy": score(80.0)}},
         "miou": miou,
         "miou_matched": miou + 1,
         "pixel_accuracy": 80.0,
@@ -39,29 +51,32 @@ def _result(label, miou, classes=(("a", 50.0), ("b", None))):
 
 
 def test_write_and_compare(tmp_path):
-    write_run(_result("vit", 40.0), tmp_path / "vit")
-    write_run(_result("locatvit", 42.5, (("a", 55.0), ("b", None))), tmp_path / "locatvit")
-    assert json.loads((tmp_path / "vit" / "results.json").read_text())["miou"] == 40.0
-    assert "| vit | 40.00 | 41.00 | 80.00 | 12,345 |" in (tmp_path / "vit" / "summary.md").read_text()
+    _write_run(_result("vit", 40.0), tmp_path / "vit")
+    _write_run(_result("locatvit", 42.5, (("a", 55.0), ("b", None))), tmp_path / "locatvit")
+    assert json.loads((tmp_path / "vit" / "results.json").read_text())["models"][0]["miou"] == 40.0
+    assert "| vit | 40.00 | — | 41.00 | — | 80.00 | 12,345 |" in (tmp_path / "vit" / "report.md").read_text()
     results = load_results([tmp_path])  # found recursively, sorted by path
     assert [r["model"]["label"] for r in results] == ["locatvit", "vit"]
     table = per_class_table(results[::-1])
     assert "| a | 50.00 | 55.00 | +5.00 |" in table and "| b | – | – | – |" in table
-    assert results_table(results).count("\n") == 3
+    assert results_table(results_document("c", "hbird", results), HBIRD_LAYOUT).count("\n") == 3
 
 
 def test_load_results_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results.json"):
         load_results([tmp_path])
     atomic_write_text(tmp_path / "results.json", "{}")
-    with pytest.raises(ValueError, match="not a Hummingbird results.json"):
+    with pytest.raises(ValueError, match="results.json: not a results.json of locatdino-evaluation/1"):
+        load_results([tmp_path / "results.json"])
+    atomic_write_text(tmp_path / "results.json", json.dumps(_result("old", 40.0)))  # an earlier version's layout
+    with pytest.raises(ValueError, match="written by an earlier version .* rerun the command"):
         load_results([tmp_path / "results.json"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temporary files left
 
 
 def test_runs_are_labelled_by_their_run_folder(tmp_path):
     for folder in ("a/vit", "b/vit", "c/locatvit"):
-        write_run(_result("ignored", 40.0), tmp_path / folder)
+        _write_run(_result("ignored", 40.0), tmp_path / folder)
     results = load_results([tmp_path])
     assert label_by_folder(results) == ["a/vit", "b/vit", "locatvit"]
     assert label_by_folder(results[:1] + results[2:]) == ["vit", "locatvit"]
@@ -84,19 +99,18 @@ def test_incompatible_runs_are_named(tmp_path):
 def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
     from locatdino.evaluation.hbird import cli
 
-    write_run(_result("m", 40.0), tmp_path / "runs" / "base")
+    _write_run(_result("m", 40.0), tmp_path / "runs" / "base")
     larger = _result("m", 41.0)
     larger["config"]["input_size"] = 448
-    write_run(larger, tmp_path / "runs" / "seed7")
+    _write_run(larger, tmp_path / "runs" / "seed7")
     assert cli.main(["report", str(tmp_path / "runs"), "--summary", str(tmp_path / "cmp.md")]) == 0
     captured = capsys.readouterr()
     assert "| base | 40.00 |" in captured.out and "| seed7 | 41.00 |" in captured.out
     assert captured.err.strip().splitlines() == [
         "locatdino hbird report: warning: input_size 224 vs 448",
-        "locatdino hbird report: warning: no Δ mIoU interval for base, seed7: no per-image confusion matrices "
-        "(written before they were kept)",
+        "locatdino hbird report: warning: no Δ mIoU interval for base, seed7: no per-image confusion matrices",
     ]
-    assert "| seed7 | 41.00 | – |" in captured.out
+    assert "| seed7 | 41.00 | — |" in captured.out
     assert "- input_size: 224, 448  ⚠ differs between runs" in (tmp_path / "cmp.md").read_text()
     assert cli.main(["report", str(tmp_path / "runs"), "--label", "A", "--label", "B"]) == 0
     assert "| A | 40.00 |" in capsys.readouterr().out
@@ -105,7 +119,7 @@ def test_report_refuses_mixed_runs_and_labels_the_rest(tmp_path, capsys):
 
     voc = _result("m", 30.0)
     voc["config"]["dataset"] = "voc"
-    write_run(voc, tmp_path / "runs" / "voc")
+    _write_run(voc, tmp_path / "runs" / "voc")
     with pytest.raises(SystemExit) as refused:
         cli.main(["report", str(tmp_path / "runs")])
     assert str(refused.value) == (
@@ -131,8 +145,9 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
     for name, m in matrices.items():
         confusions = ImageConfusions.from_matrices(m)
         scores[name] = images_miou(confusions)  # the stored figure must be its matrices' (report checks)
-        write_run(_result(name, scores[name]), tmp_path / "runs" / name, confusions)
-    assert json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["per_image_confusion"] == CONFUSION_FILE
+        _write_run(_result(name, scores[name]), tmp_path / "runs" / name, confusions)
+    record = json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["models"][0]
+    assert record["per_image_confusion"] == f"a/{CONFUSION_FILE}"
     assert (
         cli.main(
             [
@@ -145,7 +160,7 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
         == 0
     )
     out = capsys.readouterr().out
-    loaded = [ImageConfusions.load(tmp_path / "runs" / n / CONFUSION_FILE) for n in ("a", "b")]
+    loaded = [ImageConfusions.load(tmp_path / "runs" / n / n / CONFUSION_FILE) for n in ("a", "b")]
     assert f"| b | {scores['b']:.2f} | {miou_interval(loaded[1], loaded[0]).text()} |" in out
     assert miou_interval(loaded[1], loaded[0]).low > 0  # 90 % vs 50 % of the pixels right
     assert (
@@ -154,10 +169,7 @@ def test_report_gives_each_delta_its_paired_interval(tmp_path, capsys):
     from locatdino.evaluation.bootstrap import matched_miou_interval
 
     assert f"| {matched_miou_interval(loaded[1], loaded[0]).text()} | 80.00 |" in out  # b's matched Δ
-    assert (
-        "Δ mIoU, Δ mIoU (Hungarian): difference to the first run, with its 95 % paired-bootstrap interval"
-        in (tmp_path / "cmp.md").read_text()
-    )
+    assert "Δ = model − first model with its 95 % paired-bootstrap interval" in (tmp_path / "cmp.md").read_text()
 
 
 def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
@@ -169,11 +181,11 @@ def test_comparison_flags_runs_from_different_machines_or_software(tmp_path):
         "gpus": [],
         "software": {"torch": "2.5.0", "faiss": "1.9"},
     }
-    lines = summary_markdown([a, b]).splitlines()
+    lines = report_markdown(results_document("c", "hbird", [a, b]), HBIRD_LAYOUT).splitlines()
     assert '- cpu: "AMD EPYC", "Intel Xeon"  ⚠ differs between runs' in lines
     assert '- torch: "2.5.0"' in lines and "- gpus: []" in lines
     old = _result("old", 1.0)  # written before results carried provenance
-    assert "- cpu: null" in summary_markdown([old]).splitlines()
+    assert "- cpu: null" in report_markdown(results_document("c", "hbird", [old]), HBIRD_LAYOUT).splitlines()
 
 
 @pytest.mark.parametrize("recorded", [True, False])
@@ -185,7 +197,7 @@ def test_runs_whose_seed_picked_other_queries_are_refused(tmp_path, recorded):
     for seed in (0, 1):
         run = _result("m", 40.0 + seed)
         run["config"].update(seed=seed, **({"query_seed": seed} if recorded else {}))
-        write_run(run, tmp_path / "runs" / f"seed{seed}")
+        _write_run(run, tmp_path / "runs" / f"seed{seed}")
     with pytest.raises(SystemExit) as refused:
         cli.main(["report", str(tmp_path / "runs")])
     assert str(refused.value) == (
@@ -197,10 +209,10 @@ def test_runs_whose_seed_picked_other_queries_are_refused(tmp_path, recorded):
 def test_report_summary_never_replaces_an_input_and_its_own_only_with_overwrite(tmp_path, capsys):
     from locatdino.evaluation.hbird import cli
 
-    results = write_run(_result("m", 40.0), tmp_path / "run")
-    before, own = results.read_text(), (tmp_path / "run" / "summary.md").read_text()
+    results = _write_run(_result("m", 40.0), tmp_path / "run")
+    before, own = results.read_text(), (tmp_path / "run" / "report.md").read_text()
     (tmp_path / "notes.md").write_text("# Hummingbird, my notes")  # its shape does not make it a report's
-    for target in (results, tmp_path / "notes.md", tmp_path / "run" / "summary.md"):  # an input run's own too
+    for target in (results, tmp_path / "notes.md", tmp_path / "run" / "report.md"):  # an input run's own too
         for overwrite in ([], ["--overwrite"]):
             with pytest.raises(
                 SystemExit,
@@ -209,7 +221,7 @@ def test_report_summary_never_replaces_an_input_and_its_own_only_with_overwrite(
             ):
                 cli.main(["report", str(results), "--summary", str(target), *overwrite])
     assert results.read_text() == before and (tmp_path / "notes.md").read_text() == "# Hummingbird, my notes"
-    assert (tmp_path / "run" / "summary.md").read_text() == own
+    assert (tmp_path / "run" / "report.md").read_text() == own
     assert cli.main(["report", str(results), "--summary", str(tmp_path / "cmp.md")]) == 0
     with pytest.raises(SystemExit, match="holds the output of an earlier run: pass --overwrite to replace it"):
         cli.main(["report", str(results), "--summary", str(tmp_path / "cmp.md")])
@@ -219,8 +231,10 @@ def test_report_summary_never_replaces_an_input_and_its_own_only_with_overwrite(
 def _run_with_matrices(folder, **changes):
     matrices = np.array([[[5, 1], [0, 4]], [[3, 0], [2, 5]]])
     confusions = ImageConfusions.from_matrices(matrices)
-    path = write_run(_result("m", images_miou(confusions)), folder, confusions)
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))  # an edited or damaged file
+    path = _write_run(_result("m", images_miou(confusions)), folder, confusions)
+    document = json.loads(path.read_text())
+    document["models"][0].update(changes)  # an edited or damaged file
+    path.write_text(json.dumps(document))
     return path
 
 
@@ -250,7 +264,8 @@ def test_report_checks_the_stored_miou_against_the_runs_own_matrices(tmp_path, c
     results = _run_with_matrices(tmp_path / "run")
     assert cli.main(["report", str(results)]) == 0
     data = json.loads(results.read_text())
-    true_miou, data["miou"] = data["miou"], data["miou"] + 5
+    true_miou = data["models"][0]["miou"]
+    data["models"][0]["miou"] = true_miou + 5
     results.write_text(json.dumps(data))
     with pytest.raises(SystemExit) as refused:
         cli.main(["report", str(results)])
@@ -276,7 +291,7 @@ def test_damaged_confusion_files_are_named_in_one_line(tmp_path, damage, expecte
     from locatdino.evaluation.hbird import cli
 
     results = _run_with_matrices(tmp_path / "run")
-    path = tmp_path / "run" / CONFUSION_FILE
+    path = tmp_path / "run" / "m" / CONFUSION_FILE
     if damage == "garbage":
         path.write_bytes(b"\x80\x04 not numpy at all")
     elif damage == "broken directory":  # a zip's end record pointing at a central directory that is not one
@@ -317,7 +332,7 @@ def test_a_fifo_a_device_or_a_huge_file_is_refused_not_read(tmp_path, name, kind
     from locatdino.evaluation.image_confusions import MAX_BYTES
 
     results = _run_with_matrices(tmp_path / "run")
-    path = tmp_path / "run" / name
+    path = tmp_path / "run" / (name if name == "results.json" else f"m/{name}")
     path.unlink()
     if kind == "fifo":
         os.mkfifo(path)

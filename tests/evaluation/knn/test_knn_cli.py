@@ -12,6 +12,7 @@ from PIL import Image
 from torchvision import transforms
 
 from locatdino import cli
+from tests.evaluation.results_schema import valid_results
 
 CLASSES = ("blue", "green", "red")
 KS = (1, 3, 10)
@@ -96,7 +97,7 @@ def _run(argv, out):
         cli.main(["knn", *argv, "--neighbours", *map(str, KS), "--out", str(out), "--no-progress", "--workers", "0"])
         == 0
     )
-    return json.loads((out / "results.json").read_text())
+    return valid_results(out / "results.json", "knn")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import pytest
 
 from locatdino import cli
 from tests.evaluation.lincls.test_lincls import toy_folder
+from tests.evaluation.results_schema import valid_results
 
 SMALL = ["--input-size", "32", "--train-batch-size", "6", "--precision", "fp32", "--workers", "0", "--no-progress"]
 
@@ -32,7 +33,7 @@ def test_two_models_write_results_with_intervals_a_delta_and_the_skipped_image(t
     ]
     assert cli.main(argv) == 0
     assert "| vit_tiny_patch16_224 | full | 4 class tokens |" in capsys.readouterr().out
-    report = json.loads((out / "results.json").read_text())
+    report = valid_results(out / "results.json", "lincls")
     first, second = report["models"]
     assert [m["model"]["label"] for m in report["models"]] == ["vit_tiny_patch16_224", "loc"]
     for result in report["models"]:

@@ -6,6 +6,7 @@ import pytest
 
 from locatdino import cli
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
+from tests.evaluation.results_schema import valid_results
 
 SMALL = [
     "--dataset",
@@ -47,8 +48,8 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "| vit_tiny_patch16_224 |" in table and "| locatvit_tiny_patch16_224 |" in table
-    for label in ("vit_tiny_patch16_224", "locatvit_tiny_patch16_224"):
-        result = json.loads((out / label / "results.json").read_text())
+    records = valid_results(out / "results.json", "linprobe")["models"]
+    for label, result in zip(("vit_tiny_patch16_224", "locatvit_tiny_patch16_224"), records, strict=True):
         assert result["model"] == {"name": label, "checkpoint": None, "label": label, "pos_embed": "timm"}
         assert result["iterations"] == 6 and result["num_train"] == 6 and result["num_val"] == 3
         assert 0 <= result["miou"] <= 100 and len(result["per_class_iou"]) == 10
@@ -57,7 +58,10 @@ def test_two_models_write_results_per_image_matrices_and_a_summary(tmp_path, cap
         assert result["provenance"]["software"]["torch"] and result["provenance"]["checkpoint"] is None
         confusion = ImageConfusions.load(out / label / CONFUSION_FILE).dense()  # Hummingbird's file format
         assert confusion.shape == (3, 10, 10) and confusion.sum() == 3 * 32 * 32
-    assert "Dense linear probe comparison" in (out / "summary.md").read_text()
+    second = records[1]
+    assert "differences" not in records[0] and second["differences"][""]["miou"]["resamples"] == 1000
+    assert second["differences"][""]["miou"]["delta"] == pytest.approx(second["miou"] - records[0]["miou"], abs=1e-3)
+    assert "# Dense linear probe" in (out / "report.md").read_text()
 
 
 def test_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
@@ -96,7 +100,8 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     out = tmp_path / "out"
     argv = ["linprobe", "--model", "vit_tiny_patch16_224", "--out", str(out), *SMALL]
     assert cli.main(argv) == 0
-    first = {name: (out / name).read_bytes() for name in ("results.json", "per_image_confusion.npz", "summary.md")}
+    files = ("results.json", "report.md", f"vit_tiny_patch16_224/{CONFUSION_FILE}")
+    first = {name: (out / name).read_bytes() for name in files}
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         cli.main([*argv, "--seed", "1"])
@@ -106,7 +111,7 @@ def test_a_second_run_keeps_the_first_ones_results_unless_overwrite(tmp_path, ca
     )
     assert {name: (out / name).read_bytes() for name in first} == first and "[linprobe]" not in capsys.readouterr().err
     assert cli.main([*argv, "--seed", "1", "--overwrite"]) == 0
-    assert json.loads((out / "results.json").read_text())["config"]["seed"] == 1
+    assert json.loads((out / "results.json").read_text())["models"][0]["config"]["seed"] == 1
 
 
 BUDGET_ERRORS = {
@@ -130,9 +135,9 @@ def test_budget_and_optimiser_settings_are_refused_at_parse_time(tmp_path, capsy
 
 def test_a_batch_larger_than_the_training_set_is_refused_before_any_model(tmp_path, capsys, monkeypatch):
     """``--train-batch-size 100000`` on 16 images was killed for memory after ~50 s."""
-    from locatdino.evaluation.linprobe import cli as probe_cli
+    from locatdino.evaluation import runner
 
-    monkeypatch.setattr(probe_cli, "load_backbones", lambda *a: pytest.fail("built a model first"))
+    monkeypatch.setattr(runner, "load_backbones", lambda *a, **k: pytest.fail("built a model first"))
     with pytest.raises(
         SystemExit,
         match="batch size \\(--train-batch-size\\) 100000 is more than the 6 training images: use at most 6$",
@@ -163,7 +168,7 @@ def test_epochs_below_the_schedule_minimum_are_raised_with_a_note(tmp_path, caps
     assert (
         "[linprobe] note: --epochs 0.01 is 1 iteration of 4 over 6 images; raised to 5, the OneCycle schedule's minimum"
     ) in capsys.readouterr().err
-    assert json.loads((tmp_path / "o" / "results.json").read_text())["iterations"] == 5
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["models"][0]["iterations"] == 5
 
 
 @pytest.mark.slow
