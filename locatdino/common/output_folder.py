@@ -28,7 +28,7 @@ wrote), so a file put there later is refused, not removed.
 A command adopts the rule with :func:`add_overwrite_option` on its parser and::
 
     folder = OutputFolder(args.out, "knn")
-    folder.check(["results.json", "summary.md"], args.overwrite)  # before the work
+    folder.check(["results.json", "report.md"], args.overwrite)  # before the work
     with folder.writing(args.overwrite):  # the folder's lock held, the earlier output removed
         folder.write_text("results.json", text)  # atomic, and recorded
 

@@ -9,7 +9,7 @@ it is refused, in one line naming it, when it
 - starts with ``.`` (``.``, ``..``, and hidden names where the output folder keeps its lock and
   record) or with or ends in a space;
 - is the name of a file or folder the command itself writes into its output folder (``reserved``:
-  ``summary.md``, ``results.json``, ...), compared without case;
+  ``results.json``, ``report.md``, ...), compared without case;
 - is given twice, also when two differ in case only (one folder on a case-insensitive file system).
 """
 

@@ -1,6 +1,5 @@
-"""Markdown cells and tables that every evaluation report shares (Hummingbird's ``summary.md``, the
-linear probe's, ``locatdino compare``'s ``report.md``): one way to write a missing number and to
-name a run, so the reports read alike."""
+"""Markdown cells and tables that every evaluation command's ``report.md`` shares: one way to
+write a missing number and to name a run, so the reports read alike."""
 
 from __future__ import annotations
 
