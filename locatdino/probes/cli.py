@@ -43,6 +43,7 @@ from locatdino.evaluation.options import (
 from locatdino.evaluation.splits import CachedSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments
 from locatdino.probes.dense_probe import PROBE_AUGMENT, LinearProbeConfig, linear_probe
+from locatdino.probes.dinov2_protocol import VARIANTS, check_variant_models, parse_variant_args
 from locatdino.probes.one_cycle import MIN_STEPS
 from locatdino.probes.probe_report import PROBE_FILES, probe_summary, probe_table, write_probe_run
 
@@ -68,6 +69,7 @@ PROBE_TABLE = ConfigTable(
         "--workers": "num_workers",
         "--seed": "seed",
         "--no-progress": "progress",
+        "--variant": "variant",
     },
     internal={},
     negated=frozenset({"--no-cache", "--no-progress"}),
@@ -87,6 +89,14 @@ def _parser() -> ArgumentParser:
     add_data_arguments(groups.data)
     add_train_list_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
+    protocol.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=d.variant,
+        help="paper: the head above; dinov2 / dinov2-ms: DINOv2's linear segmentation ('lin.' / '+ms': BatchNorm "
+        "+ 1x1 conv on the last block / last 4 blocks, its schedule, sliding-window evaluation at one scale / 5 "
+        "scales with flips), whose settings become the defaults of the options below (docs/evaluation.md)",
+    )
     add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument(
@@ -140,7 +150,7 @@ def _planned(labels: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_variant_args(parser, argv)
     runs = model_runs(args, parser, PROBE_FILES)
     device = encoder_device(args.device, "linprobe")
     try:
@@ -159,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
+    check_variant_models(cfg, [run.name for run in runs], models)
     folder = check_outputs(args.out, "linprobe", _planned([run.label for run in runs]), args.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
@@ -181,7 +192,7 @@ def _probe_all(
         label, iterations = run.label, cfg.total_iterations(len(train_set))
         print(
             f"[linprobe] {label}: {len(train_set)} training images, {len(val_set)} queries, {args.input_size} px, "
-            f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
+            f"{iterations:,} iterations x {cfg.batch_size}, augmentation {cfg.augment}, protocol {cfg.variant}"
             f"{' (features cached)' if cfg.cached else ''}",
             file=sys.stderr,
             flush=True,

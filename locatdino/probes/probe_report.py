@@ -22,16 +22,18 @@ PROBE_FILES = ("results.json", CONFUSION_FILE, "summary.md")  # what write_probe
 
 
 def probe_table(results: Sequence[dict[str, Any]]) -> str:
-    """One row per run: mIoU, pixel accuracy, budget, time split and precision."""
+    """One row per run: protocol, mIoU (and a DINOv2 variant's one-scale mIoU), pixel accuracy, budget,
+    time split and precision."""
     rows = [
-        "| model | mIoU | pixel acc. | iterations | final loss | features s | head s | data s | total s | "
-        "encoder | cached |",
-        "|" + "---|" * 11,
+        "| model | protocol | mIoU | one-scale mIoU | pixel acc. | iterations | final loss | features s | head s | "
+        "data s | total s | encoder | cached |",
+        "|" + "---|" * 13,
     ]
     for r in results:
         t, curve = r.get("timings", {}), r.get("loss_curve") or [[0, None]]
         rows.append(
-            f"| {r['model'].get('label', r['model'].get('name'))} | {number_cell(r['miou'])} | "
+            f"| {r['model'].get('label', r['model'].get('name'))} | {r['config'].get('variant', 'paper')} | "
+            f"{number_cell(r['miou'])} | {number_cell(r.get('single_scale_miou'))} | "
             f"{number_cell(r['pixel_accuracy'])} | {r['iterations']:,} | {number_cell(curve[-1][1], 3)} | "
             f"{number_cell(t.get('features'), 1)} | {number_cell(t.get('head'), 1)} | "
             f"{number_cell(t.get('data'), 1)} | {number_cell(t.get('total'), 1)} | {r['features'].get('precision')} | "
@@ -49,7 +51,8 @@ def probe_summary(results: Sequence[dict[str, Any]], title: str = "Dense linear 
         f"# {title}",
         "",
         f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
-        f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
+        f"images; protocol {cfg.get('variant', 'paper')}; {budget} at {cfg['input_size']} px, augmentation "
+        f"{cfg['augment']}, seed {cfg['seed']}. "
         "mIoU in % over every original pixel of the query images, identity class mapping.",
         "",
         probe_table(results),
