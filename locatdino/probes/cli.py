@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset == "scenes":  # rendered once, read at every epoch and by every model
         train_set, val_set = CachedSplit(train_set), CachedSplit(val_set)
     models = load_backbones(runs, args.seed, args.input_size, args.layer)  # a bad model creates no output folder
-    check_variant_models(cfg, [run.name for run in runs], models)
+    check_variant_models(cfg, [run.label for run in runs], models)
     folder = check_outputs(args.out, "linprobe", _planned([run.label for run in runs]), args.cache_dir, args.overwrite)
     with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
         return _probe_all(args, runs, models, train_set, val_set, cfg, device, folder)
