@@ -22,8 +22,9 @@ evaluation view (DINOv2's notebook pads both sides instead).
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -85,14 +86,15 @@ def slide_logits(
     return total / count
 
 
-def merge_views(view_logits: Sequence[tuple[Tensor, bool]], size: tuple[int, int]) -> Tensor:
+def merge_views(view_logits: Iterable[tuple[Tensor, bool]], size: tuple[int, int]) -> Tensor:
     """Mean class probabilities ``[C, H, W]`` of views ``(logits [C, h, w], flipped)``: each
-    un-flipped, resized to ``size`` (bilinear, ``align_corners=False``), soft-maxed, then averaged."""
-    total = None
+    un-flipped, resized to ``size`` (bilinear, ``align_corners=False``), soft-maxed, then averaged.
+    Views are read one at a time (a generator keeps one view's logits in memory, not ten)."""
+    total, count = None, 0
     for logits, flipped in view_logits:
         probs = bilinear_resize(logits.flip(-1) if flipped else logits, size).softmax(0)
-        total = probs if total is None else total + probs
-    return total / len(view_logits)
+        total, count = probs if total is None else total + probs, count + 1
+    return total / count
 
 
 class ScaledViews(Dataset):
@@ -147,16 +149,15 @@ def evaluate_views(
         skipped += n_bad
         for scaled, mask in items:
             size = tuple(mask.shape)
-            with clock("features"):
-                logits = [
-                    (slide_logits(predict, v.flip(-1) if f else v, crop, stride, patch, classes, batch_size), f)
-                    for v in scaled
-                    for f in flips
-                ]
-            with clock("head"):
-                probs = merge_views(logits, size)
-                merged.update(_labels(probs, ignore), mask)
-                single.update(_labels(merge_views(logits[:1], size), ignore), mask)
+
+            def slide(image: Tensor) -> Tensor:
+                with clock("features"):
+                    return slide_logits(predict, image, crop, stride, patch, classes, batch_size)
+
+            logits = ((slide(v.flip(-1) if f else v), f) for v in scaled for f in flips)  # one view at a time
+            first = next(logits)
+            merged.update(_labels(merge_views(itertools.chain([first], logits), size), ignore), mask)
+            single.update(_labels(merge_views([first], size), ignore), mask)
     return merged, single, skipped
 
 

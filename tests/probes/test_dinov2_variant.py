@@ -2,6 +2,7 @@
 and multi-scale + flip merge against independent implementations written here, and the command on the scenes."""
 
 import json
+import math
 
 import pytest
 import timm
@@ -254,3 +255,82 @@ def test_prr_with_the_variant_is_refused_before_any_model(tmp_path, monkeypatch)
     argv = ["linprobe", "--model", "vit_tiny_patch16_224", "--variant", "dinov2", "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit, match=r"^locatdino linprobe: --prr is not part of --variant dinov2 \(DINOv2 "):
         cli.main([*argv, *SMALL, "--prr"])
+
+
+class _Pictures:
+    """Two small non-square RGB pictures with 4-class masks (255: void), as a dataset reads them."""
+
+    num_classes, ignore_index = 4, 255
+
+    def __init__(self):
+        from PIL import Image
+
+        gen = torch.Generator().manual_seed(3)
+        self.items = []
+        for h, w in ((30, 45), (40, 26)):
+            rgb = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=gen).numpy()
+            mask = torch.randint(0, 5, (h, w), generator=gen)
+            mask[mask == 4] = 255
+            self.items.append((Image.fromarray(rgb), Image.fromarray(mask.to(torch.uint8).numpy())))
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def _predict(batch):
+    """Logits that change when the image is mirrored: colour channels plus a left-to-right ramp."""
+    x = batch.float() / 255
+    ramp = torch.arange(batch.shape[-1], dtype=torch.float32) / batch.shape[-1]
+    return torch.stack([x[:, 0], x[:, 1] + ramp, x[:, 2] - ramp, x.mean(1) * 1.5], dim=1)
+
+
+def test_evaluation_equals_an_independent_multiscale_flip_evaluation():
+    """The whole evaluation (resize per scale, flip, sliding windows, un-flip, label-size softmax
+    average, arg-max, confusion) against the same steps written out here (windows of whole
+    patches: 16 px windows over short sides 16 and 24, patch 8)."""
+    import numpy as np
+    import torchvision.transforms.v2.functional as TF
+    from torchvision.transforms import InterpolationMode
+
+    from locatdino.probes.multiscale import evaluate_views
+
+    data, scales = _Pictures(), (1.0, 1.5)
+    merged, single, skipped = evaluate_views(
+        _predict, data, crop=16, stride=10, patch=8, scales=scales, flip=True, long_to_short=math.inf, num_workers=0
+    )
+    expected_merged, expected_single = np.zeros((4, 4), np.int64), np.zeros((4, 4), np.int64)
+    for image, mask in data.items:
+        image = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+        mask = torch.from_numpy(np.array(mask)).long()
+        height, width = mask.shape
+        probs = []
+        for r in scales:
+            f = int(16 * r) / min(height, width)
+            scaled = TF.resize(
+                image, [int(height * f + 0.5), int(width * f + 0.5)], InterpolationMode.BILINEAR, antialias=False
+            )
+            for flipped in (False, True):
+                view = scaled.flip(-1) if flipped else scaled
+                h, w = view.shape[-2:]
+                total, count = torch.zeros(4, h, w), torch.zeros(h, w)
+                for top in {min(i * 10, h - 16) for i in range((h - 16 + 9) // 10 + 1)}:
+                    for left in {min(j * 10, w - 16) for j in range((w - 16 + 9) // 10 + 1)}:
+                        total[:, top : top + 16, left : left + 16] += _predict(
+                            view[None, :, top : top + 16, left : left + 16]
+                        )[0]
+                        count[top : top + 16, left : left + 16] += 1
+                logits = total / count
+                logits = logits.flip(-1) if flipped else logits
+                up = F.interpolate(logits[None], size=(height, width), mode="bilinear", align_corners=False)[0]
+                probs.append(torch.softmax(up, 0))
+        for expected, chosen in ((expected_merged, probs), (expected_single, probs[:1])):
+            pred = torch.stack(chosen).mean(0).argmax(0)
+            keep = mask != 255
+            np.add.at(expected, (mask[keep].numpy(), pred[keep].numpy()), 1)
+    assert skipped == 0 and merged.matrix.sum() > 0
+    np.testing.assert_array_equal(merged.matrix.numpy(), expected_merged)
+    np.testing.assert_array_equal(single.matrix.numpy(), expected_single)
+    assert not np.array_equal(expected_merged, expected_single)  # the flips and scales change predictions
