@@ -12,6 +12,8 @@ OneCycle schedule (:mod:`~locatdino.probes.one_cycle`), batch 32, for ``iteratio
 ``augment="off"`` trains on whole images resized to ``S × S`` and, with ``cache`` (default),
 computes each image's tokens once (:class:`~locatdino.probes.feature_store.FeatureStore`) — the
 cheap, deterministic variant; both paths feed the head the same batches in the same order.
+``variant="dinov2" | "dinov2-ms"`` swaps in DINOv2's tokens, head, schedule, crop range and
+multi-scale evaluation (:mod:`~locatdino.probes.dinov2_protocol`); the loop and the data stay these.
 
 The score is the mIoU of the identity mapping from :class:`~locatdino.evaluation.metric.
 ConfusionMatrix` (Hummingbird's metric) over every original pixel of the query images; one
