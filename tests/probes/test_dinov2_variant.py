@@ -334,3 +334,20 @@ def test_evaluation_equals_an_independent_multiscale_flip_evaluation():
     np.testing.assert_array_equal(merged.matrix.numpy(), expected_merged)
     np.testing.assert_array_equal(single.matrix.numpy(), expected_single)
     assert not np.array_equal(expected_merged, expected_single)  # the flips and scales change predictions
+
+
+def test_the_ms_training_resize_has_no_long_side_bound():
+    """A 32 × 512 strip at crop 32, scale ratio 1: the paper's (2048, 512)-style bound (long side ≤ 4 × 128)
+    shrinks it to 8 × 128 and pads the crop with ignored rows; DINOv2's "+ms" keeps it 32 px high."""
+    from locatdino.probes.dinov2_protocol import probe_augmentation
+    from locatdino.probes.seg_transforms import IGNORE
+
+    image = torch.randint(0, 256, (3, 32, 512), dtype=torch.uint8)
+    target = torch.zeros(32, 512, dtype=torch.int32)
+    target[:, 256:] = 1
+    for variant, ignored in (("paper", 24 * 32), ("dinov2", 24 * 32), ("dinov2-ms", 0)):
+        augmentation = probe_augmentation(variant, 32)
+        assert augmentation.ratio == {"dinov2-ms": (1.0, 3.0)}.get(variant, (0.5, 2.0))
+        fixed = type(augmentation)(32, ratio=(1.0, 1.0), long_to_short=augmentation.long_to_short, photometric=False)
+        _, crop = fixed(image, target, torch.Generator().manual_seed(0))
+        assert crop.shape == (32, 32) and int((crop == IGNORE).sum()) == ignored, variant
