@@ -89,7 +89,7 @@ class Protocol(ABC):
         """``input_size`` (and ``layer``) the backbones are built for."""
         return {"input_size": args.input_size}
 
-    def check_model(self, model: nn.Module, setup: Any) -> None:
+    def check_model(self, run: ModelRun, model: nn.Module, setup: Any) -> None:
         """Refuse a model the protocol cannot score (``ValueError``), before any work."""
         return None
 
@@ -146,7 +146,7 @@ def run(protocol: Protocol, argv: list[str] | None = None) -> int:
     models = load_backbones(runs, args.seed, **protocol.load_options(args, setup))
     for run_, model in zip(runs, models):
         try:
-            protocol.check_model(model, setup)
+            protocol.check_model(run_, model, setup)
         except ValueError as err:
             raise fail(command, f"--model {run_.name}: {err}") from None
     planned = [*OUTPUT_FILES, *(f"{r.label}/{name}" for r in runs for name in protocol.artefact_files)]

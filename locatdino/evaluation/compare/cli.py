@@ -86,6 +86,7 @@ PROBE_TABLE = ConfigTable(
         "cache_dir": "the system's temporary folder",
         "max_cache_ram_mb": "the probe's default",
         "eval_batch_size": "the probe's default",
+        "variant": "the paper's: compare reports the paper's protocol",
     },
     negated=frozenset({"--no-progress"}),
 )

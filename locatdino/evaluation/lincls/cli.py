@@ -176,7 +176,7 @@ class LinclsProtocol(Protocol):
     def load_options(self, args: argparse.Namespace, setup: LinclsSetup) -> dict[str, Any]:
         return {"input_size": setup.cfg.input_size}
 
-    def check_model(self, model: nn.Module, setup: LinclsSetup) -> None:
+    def check_model(self, run: ModelRun, model: nn.Module, setup: LinclsSetup) -> None:
         LinearInput.reference(model, setup.cfg.last_blocks, setup.cfg.avgpool, setup.cfg.prr)
 
     def announce(self, run: ModelRun, setup: LinclsSetup) -> str:

@@ -30,6 +30,7 @@ from locatdino.common.arguments import (
 )
 from locatdino.evaluation.bootstrap import miou_interval
 from locatdino.evaluation.image_confusions import CONFUSION_FILE
+from locatdino.evaluation.linprobe.dinov2_protocol import VARIANTS, check_variant_models, parse_variant_args
 from locatdino.evaluation.linprobe.one_cycle import MIN_STEPS
 from locatdino.evaluation.linprobe.protocol import PROBE_AUGMENT, LinearProbeConfig, linear_probe
 from locatdino.evaluation.linprobe.report import LINPROBE_LAYOUT
@@ -62,6 +63,7 @@ PROBE_TABLE = ConfigTable(
         "--workers": "num_workers",
         "--seed": "seed",
         "--no-progress": "progress",
+        "--variant": "variant",
     },
     internal={},
     negated=frozenset({"--no-cache", "--no-progress"}),
@@ -73,6 +75,14 @@ def _add_arguments(groups: OptionGroups) -> None:
     add_data_arguments(groups.data, command="linprobe")
     add_train_list_arguments(groups.data)
     protocol, runtime = groups.protocol, groups.runtime
+    protocol.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=d.variant,
+        help="paper: the head above; dinov2 / dinov2-ms: DINOv2's linear segmentation ('lin.' / '+ms': BatchNorm "
+        "+ 1x1 conv on the last block / last 4 blocks, its schedule, sliding-window evaluation at one scale / 5 "
+        "scales with flips), whose settings become the defaults of the options below (docs/evaluation.md)",
+    )
     add_shared_option(protocol, "--input-size", d.input_size)
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument(
@@ -136,6 +146,9 @@ class LinprobeProtocol(Protocol):
     def add_arguments(self, groups: OptionGroups) -> None:
         _add_arguments(groups)
 
+    def parse(self, parser: ArgumentParser, argv: list[str]) -> argparse.Namespace:
+        return parse_variant_args(parser, argv)
+
     def prepare(self, args: argparse.Namespace) -> ProbeSetup:
         cfg = config_from_args(args)  # inconsistent settings fail before any data is read
         train, val = open_splits(args)
@@ -154,12 +167,15 @@ class LinprobeProtocol(Protocol):
     def load_options(self, args: argparse.Namespace, setup: ProbeSetup) -> dict[str, Any]:
         return {"input_size": args.input_size, "layer": args.layer}
 
+    def check_model(self, run: ModelRun, model: nn.Module, setup: ProbeSetup) -> None:
+        check_variant_models(setup.cfg, [run.label], [model])
+
     def announce(self, run: ModelRun, setup: ProbeSetup) -> str:
         cfg = setup.cfg
         return (
             f"{len(setup.train)} training images, {len(setup.val)} queries, {cfg.input_size} px, "
-            f"{cfg.total_iterations(len(setup.train)):,} iterations x {cfg.batch_size}, augmentation {cfg.augment}"
-            f"{' (features cached)' if cfg.cached else ''}"
+            f"{cfg.total_iterations(len(setup.train)):,} iterations x {cfg.batch_size}, augmentation {cfg.augment}, "
+            f"protocol {cfg.variant}{' (features cached)' if cfg.cached else ''}"
         )
 
     def score(self, model: nn.Module, run: ModelRun, setup: ProbeSetup, device: torch.device) -> Scored:

@@ -12,6 +12,8 @@ OneCycle schedule (:mod:`~locatdino.evaluation.linprobe.one_cycle`), batch 32, f
 ``augment="off"`` trains on whole images resized to ``S × S`` and, with ``cache`` (default),
 computes each image's tokens once (:class:`~locatdino.evaluation.linprobe.feature_store.FeatureStore`) — the
 cheap, deterministic variant; both paths feed the head the same batches in the same order.
+``variant="dinov2" | "dinov2-ms"`` swaps in DINOv2's tokens, head, schedule, crop range and
+multi-scale evaluation (:mod:`~locatdino.evaluation.linprobe.dinov2_protocol`); the loop and the data stay these.
 
 The score is the mIoU of the identity mapping from :class:`~locatdino.evaluation.metric.
 ConfusionMatrix` (Hummingbird's metric) over every original pixel of the query images; one
@@ -38,10 +40,13 @@ from torch.utils.data import DataLoader
 from locatdino.common.progress import progress
 from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.linprobe import dinov2_protocol as dinov2
+from locatdino.evaluation.linprobe.dinov2_head import BatchNormLinearHead
+from locatdino.evaluation.linprobe.dinov2_protocol import PAPER
 from locatdino.evaluation.linprobe.feature_store import FeatureStore
 from locatdino.evaluation.linprobe.head import LinearSegHead
 from locatdino.evaluation.linprobe.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
-from locatdino.evaluation.linprobe.transforms import IGNORE, ProbeAugmentation
+from locatdino.evaluation.linprobe.transforms import IGNORE
 from locatdino.evaluation.linprobe.views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
 from locatdino.evaluation.metric import ConfusionMatrix
 from locatdino.evaluation.phase_clock import PhaseClock
@@ -74,8 +79,13 @@ class LinearProbeConfig:
     num_workers: int | None = None  # None: 1 for a CPU encoder, else min(8, cores)
     seed: int = 0
     progress: bool = True
+    variant: str = PAPER  # paper | dinov2 | dinov2-ms: DINOv2's head, schedule and evaluation (dinov2_protocol)
 
     def __post_init__(self) -> None:
+        if self.variant not in dinov2.VARIANTS:
+            raise ValueError(f"variant must be one of {dinov2.VARIANTS}, got {self.variant!r}")
+        if self.variant != PAPER and self.prr:
+            raise ValueError(f"--prr is not part of --variant {self.variant} (DINOv2 takes the blocks' tokens)")
         if self.augment not in PROBE_AUGMENT:
             raise ValueError(f"augment must be one of {PROBE_AUGMENT}, got {self.augment!r}")
         if self.batch_size < 1 or self.eval_batch_size < 1:
@@ -135,6 +145,7 @@ class LinearProbeResult:
     config: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    single_scale_miou: float | None = None  # DINOv2 variants: the first scale alone, unflipped
     image_confusions: ImageConfusions | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,10 +162,11 @@ def _workers(cfg: LinearProbeConfig, device: torch.device) -> int:
     return 1 if device.type == "cpu" else min(8, os.cpu_count() or 1)
 
 
-def _seeded_head(dim: int, num_classes: int, seed: int, device: torch.device) -> LinearSegHead:
+def _seeded_head(dim: int, num_classes: int, seed: int, device: torch.device, variant: str = PAPER) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return LinearSegHead(dim, num_classes).to(device)
+        head = LinearSegHead(dim, num_classes) if variant == PAPER else BatchNormLinearHead(dim, num_classes)
+        return head.to(device)
 
 
 def _loss(head: nn.Module, feats: Tensor, targets: Tensor) -> Tensor:
@@ -227,7 +239,7 @@ def _batches(
         finally:
             store.close()
         return
-    augmentation = ProbeAugmentation(cfg.input_size) if cfg.augment == "reference" else None
+    augmentation = dinov2.probe_augmentation(cfg.variant, cfg.input_size) if cfg.augment == "reference" else None
     views = TrainViews(train_set, order, cfg.input_size, augmentation, cfg.seed)
     loader = DataLoader(views, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
     for items, n_bad in clock.iterate(loader, "data"):
@@ -260,9 +272,11 @@ def train_head(
     clock = clock or PhaseClock()
     iterations = cfg.total_iterations(len(train_set))
     order = draw_order(len(train_set), iterations, cfg.batch_size, cfg.seed)
-    head = _seeded_head(extractor.dim, train_set.num_classes, cfg.seed, extractor.device)
+    head = _seeded_head(extractor.dim, train_set.num_classes, cfg.seed, extractor.device, cfg.variant)
     optimizer = probe_optimizer(head.parameters(), cfg.lr, cfg.weight_decay)
-    schedule = one_cycle(optimizer, cfg.lr, iterations)
+    schedule = (
+        one_cycle(optimizer, cfg.lr, iterations) if cfg.variant == PAPER else dinov2.poly_warmup(optimizer, iterations)
+    )
     every = max(1, iterations // _LOSS_POINTS)
     curve, running, skipped = [], [], [0]
     head.train()
@@ -352,13 +366,16 @@ def linear_probe(
         raise ValueError(f"empty split: {len(train_set)} train / {len(val_set)} val images")
     cfg.check_train_size(len(train_set))
     model.eval().requires_grad_(False)
-    extractor = FeatureExtractor(
-        model, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision, l2_normalize=False, to_cpu=False
-    )
+    extractor = dinov2.frozen_tokens(model, cfg)  # the paper's block --layer, or the variant's blocks
     extractor.grid(cfg.input_size)  # an input size the patch does not divide fails before any work
     clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()
     head, curve, skipped_train = train_head(extractor, train_set, cfg, clock)
-    cm, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
+    single = None
+    if cfg.variant == PAPER:
+        cm, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
+    else:
+        workers = _workers(cfg, extractor.device)
+        cm, single, skipped_val = dinov2.evaluate_variant(extractor, head, val_set, cfg.variant, cfg, workers, clock)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
     if inspect is not None:
@@ -384,5 +401,6 @@ def linear_probe(
         },
         config=asdict(cfg),
         provenance=provenance,
+        single_scale_miou=None if single is None else 100 * single.compute("identity").miou,
         image_confusions=cm.images,
     )

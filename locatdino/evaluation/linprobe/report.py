@@ -21,7 +21,8 @@ def _about(document: dict[str, Any]) -> list[str]:
     budget = f"{first['iterations']:,} iterations × batch {cfg['batch_size']}"
     return [
         f"Dataset: {cfg.get('dataset')} — {first['num_train']} training images, {first['num_val']} query "
-        f"images; {budget} at {cfg['input_size']} px, augmentation {cfg['augment']}, seed {cfg['seed']}. "
+        f"images; protocol {cfg.get('variant', 'paper')}; {budget} at {cfg['input_size']} px, augmentation "
+        f"{cfg['augment']}, seed {cfg['seed']}. "
         "mIoU in % over every original pixel of the query images, identity class mapping; no interval of a "
         "single run's mIoU: the Δ between runs carries the paired one."
     ]
@@ -44,8 +45,10 @@ LINPROBE_LAYOUT = ReportLayout(
     title="Dense linear probe",
     about=_about,
     columns=(
+        value_column("protocol", lambda record: record["config"].get("variant", "paper")),
         score_column("miou", "mIoU", interval=False),
         delta_column("miou", "mIoU"),
+        value_column("one-scale mIoU", lambda record: number_cell(record.get("single_scale_miou"))),
         score_column("pixel_accuracy", "pixel acc.", interval=False),
         value_column("iterations", lambda record: f"{record['iterations']:,}"),
         value_column("final loss", _final_loss),

@@ -125,6 +125,7 @@ class ProbeAugmentation:
 
     crop: int
     ratio: tuple[float, float] = (0.5, 2.0)
+    long_to_short: float = LONG_TO_SHORT  # the resize's long-side bound, × its short side (inf: none)
     cat_max_ratio: float = 0.75
     redraws: int = 10
     flip_p: float = 0.5
@@ -152,7 +153,7 @@ class ProbeAugmentation:
 
     def __call__(self, image: Tensor, target: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         r = _uniform(*self.ratio, generator)
-        size = keep_ratio_size(*image.shape[-2:], LONG_TO_SHORT * self.crop * r, self.crop * r)
+        size = keep_ratio_size(*image.shape[-2:], self.long_to_short * self.crop * r, self.crop * r)
         image, target = _resize_pair(image, target, size)
         top, left, h, w = self.crop_box(target, generator)
         image, target = image[:, top : top + h, left : left + w], target[top : top + h, left : left + w]
