@@ -34,6 +34,8 @@ LIBRARY_ENV = frozenset(
     {
         "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",  # torch.compile, whenever it loads a compiled kernel
         "WANDB_SERVICE",  # the wandb service process that a wandb run of this process started
+        "KMP_DUPLICATE_LIB_OK",  # scikit-learn, when it is first imported (its OpenMP runtime guard)
+        "KMP_INIT_AT_FORK",  # scikit-learn, likewise
     }
 )
 

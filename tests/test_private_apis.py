@@ -8,20 +8,24 @@ refused, read from the source with ``ast``:
 - an assignment to a private attribute of another object (``x._name = ...``, ``setattr(x,
   "_name", ...)``, where ``x`` is not ``self`` or ``cls``);
 - a method with a private name (``_name``, not ``__dunder__``) overriding one that a Lightning,
-  argparse or jsonargparse base class defines (the class imported to read its bases).
+  argparse or jsonargparse base class defines (the class imported to read its bases);
+- an assignment through ``self`` or ``cls`` to a private attribute that such a base class uses
+  itself (``self._timeout = ...`` in a subclass of a Lightning strategy): the object is ours, the
+  attribute is upstream's.
 
-The one override with no public route is :data:`ALLOWED`; ``test_the_allowed_override_still_exists
-_upstream`` fails when upstream renames it. The writes of :data:`OTHER_OBJECTS` are to objects of
+The one override and the one write with no public route are :data:`ALLOWED` and
+:data:`ALLOWED_WRITES`; ``test_the_allowed_override_still_exists_upstream`` fails when upstream
+renames them. The writes of :data:`OTHER_OBJECTS` are to objects of
 the project itself, timm or torch, each named with the reason.
 """
 
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 from types import ModuleType
 
-import pytest
 from lightning.pytorch.strategies import FSDPStrategy
 
 import locatdino
@@ -32,6 +36,9 @@ UPSTREAM = ("lightning", "argparse", "jsonargparse")
 # which FSDPStrategy does in _setup_model alone (its public setup also converts precision and syncs
 # batch norm around that call)
 ALLOWED = {"locatdino.ssl.objective.fsdp.DINOFSDPStrategy._setup_model"}
+# Lightning's FSDPStrategy takes its activation-checkpointing policy in __init__ only; the objective
+# (model hparams) asks for it after the strategy is built, in the allowed _setup_model above
+ALLOWED_WRITES = {"locatdino.ssl.objective.fsdp.DINOFSDPStrategy sets self._activation_checkpointing_kwargs"}
 # private writes to objects that are not Lightning's, argparse's or jsonargparse's
 OTHER_OBJECTS = {
     "locatdino.evaluation.hbird.memory sets bank._directory": "a MemoryBank, built by its own classmethods",
@@ -101,6 +108,42 @@ def private_overrides(source: str, module: ModuleType) -> list[str]:
     return found
 
 
+def _stored_attributes(node: ast.AST) -> list[ast.Attribute]:
+    """The attributes ``node`` (an assignment, augmented or annotated) stores into."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [part for target in targets for part in ast.walk(target) if isinstance(part, ast.Attribute)]
+
+
+def _upstream_source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""
+
+
+def upstream_owned_writes(source: str, module: ModuleType) -> list[str]:
+    """Every write through ``self`` / ``cls`` in a class of ``module`` to a private attribute that a
+    Lightning, argparse or jsonargparse class among its bases uses itself, less :data:`ALLOWED_WRITES`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef) or not hasattr(module, node.name):
+            continue
+        upstream = [b for b in getattr(module, node.name).__mro__[1:] if b.__module__.partition(".")[0] in UPSTREAM]
+        written = {
+            part.attr
+            for item in ast.walk(node)
+            if isinstance(item, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            for part in _stored_attributes(item)
+            if private(part.attr) and ast.unparse(part.value) in ("self", "cls")
+        }
+        for name in sorted(written):
+            owner = next((b for b in upstream if re.search(rf"\bself\.{name}\b", _upstream_source(b))), None)
+            where = f"{module.__name__}.{node.name} sets self.{name}"
+            if owner is not None and where not in ALLOWED_WRITES:
+                found.append(f"{where}, which {owner.__module__}.{owner.__qualname__} uses")
+    return found
+
+
 def package_modules() -> list[tuple[str, Path]]:
     return [
         ("locatdino." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), p)
@@ -146,11 +189,33 @@ def test_the_checker_catches_what_it_forbids():
         "planted.Formatter._get_help_string overrides argparse.ArgumentDefaultsHelpFormatter._get_help_string",
         "planted.CLI._run_subcommand overrides lightning.pytorch.cli.LightningCLI._run_subcommand",
     ]
+    source = (
+        "from lightning.pytorch.strategies import FSDPStrategy\n"
+        "class Mine(FSDPStrategy):\n"
+        "    def follow(self):\n        self._activation_checkpointing_kwargs = {}\n        self._mine = 1\n"
+    )
+    assert upstream_owned_writes(source, planted(source)) == [
+        "planted.Mine sets self._activation_checkpointing_kwargs, which "
+        "lightning.pytorch.strategies.fsdp.FSDPStrategy uses"
+    ]  # the project's own strategy is ALLOWED_WRITES, by its module's name
 
 
-@pytest.mark.parametrize("module, path", package_modules(), ids=lambda v: v if isinstance(v, str) else "")
-def test_no_private_attribute_of_another_object_is_written(module, path):
-    assert private_writes(path.read_text(), module) == []
+def test_no_private_attribute_of_another_object_is_written():
+    modules = package_modules()
+    assert len(modules) > 150
+    assert [found for module, path in modules for found in private_writes(path.read_text(), module)] == []
+
+
+def test_no_private_attribute_an_upstream_base_uses_is_written_through_self():
+    checked = [(name, path.read_text()) for name, path in package_modules()]
+    checked = [  # a class with an upstream base imports it (faiss's modules set KMP_* on import: not read)
+        (name, source)
+        for name, source in checked
+        if ("self._" in source or "cls._" in source) and any(up in source for up in UPSTREAM)
+    ]
+    assert len(checked) >= 10
+    found = [hit for name, source in checked for hit in upstream_owned_writes(source, importlib.import_module(name))]
+    assert found == []
 
 
 def test_no_private_upstream_method_is_overridden():
@@ -163,6 +228,8 @@ def test_no_private_upstream_method_is_overridden():
 
 
 def test_the_allowed_override_still_exists_upstream():
-    """Fails when Lightning renames or stops calling the one private method overridden."""
+    """Fails when Lightning renames or stops calling the one private method overridden, or stops
+    reading the one private attribute written."""
     assert "_setup_model" in vars(FSDPStrategy)
     assert "self._setup_model(" in inspect.getsource(FSDPStrategy.setup)
+    assert "self._activation_checkpointing_kwargs" in inspect.getsource(FSDPStrategy._setup_model)
