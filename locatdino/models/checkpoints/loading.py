@@ -36,6 +36,7 @@ import timm
 import torch
 from timm.layers import resample_abs_pos_embed
 from timm.models import get_pretrained_cfg, split_model_name_tag
+from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -55,6 +56,7 @@ from locatdino.models.checkpoints.hugging_face_dinov3 import (
     from_transformers_dinov3,
     is_transformers_dinov3,
 )
+from locatdino.models.checkpoints.locat_names import locat_entry, vanilla_entry
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch, dtype_mismatch
 from locatdino.models.checkpoints.pos_embed import POS_EMBED_RULES, dino_interpolate_pos_embed, set_pos_embed_rule
 from locatdino.models.checkpoints.safetensors_file import (
@@ -64,7 +66,6 @@ from locatdino.models.checkpoints.safetensors_file import (
     safetensors_metadata,
 )
 from locatdino.models.checkpoints.transformers_settings import unhonoured_setting
-from locatdino.models.token_grid import patch_size
 
 _GAUG = ".attn.gaug."
 # what `locatdino export` writes into every file it makes (a .pth's state-dict `_metadata`, a
@@ -236,9 +237,10 @@ def _tensors_only(state_dict: Mapping[str, object], source: str) -> dict[str, to
 
 
 def convert_state_dict(
-    state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, pos_embed: str = "timm"
+    state_dict: Mapping[str, torch.Tensor], model: nn.Module, pos_embed: str = "timm", name: str | None = None
 ) -> dict[str, torch.Tensor]:
-    """Pure ``state_dict → state_dict`` conversion of backbone weights to ``model``.
+    """Pure ``state_dict → state_dict`` conversion of backbone weights to ``model`` (timm's ``name``,
+    which the refusals name when given).
 
     Drops classifier ``head.*`` weights when the model has no head (``num_classes=0``), resamples
     ``pos_embed`` to the model's grid by the ``pos_embed`` rule (``"timm"``: timm's
@@ -251,17 +253,21 @@ def convert_state_dict(
 
     model_gaug = any(_GAUG in k for k in target)
     ckpt_gaug = any(_GAUG in k for k in out)
+    swin = isinstance(model, SwinTransformer)
+    keys = "layers.*.blocks.*.attn.gaug.*" if swin else "blocks.*.attn.gaug.*"
+    label = name or "the model"
     if model_gaug and not ckpt_gaug:
         raise ValueError(
-            "checkpoint has no GAug parameters (blocks.*.attn.gaug.*) but the model is a LocAtViT: create the "
-            "vanilla ViT from it and call locatdino.models.locatify(model) to add freshly initialised GAug"
+            f"checkpoint has no GAug parameters ({keys}) but {label} is a {'LocAtSwin' if swin else 'LocAtViT'}: "
+            f"create {vanilla_entry(name or '', model)} from it and call locatdino.models.locatify(model) to add "
+            "freshly initialised GAug"
         )
     if ckpt_gaug and not model_gaug:
         raise ValueError(
-            "checkpoint has GAug parameters (blocks.*.attn.gaug.*) but the model has none: use a locatvit_* model"
+            f"checkpoint has GAug parameters ({keys}) but {label} has none: use {locat_entry(name or '', model)}"
         )
 
-    if "pos_embed" in out and model.pos_embed is not None:
+    if "pos_embed" in out and getattr(model, "pos_embed", None) is not None:
         out["pos_embed"] = _resample_pos_embed(out["pos_embed"], model, pos_embed)
     return out
 
@@ -276,7 +282,7 @@ def _trained_img_size(state_dict: Mapping[str, torch.Tensor], model: VisionTrans
     side = math.isqrt(max(pos_embed.shape[1] - num_prefix, 0))
     if side == 0 or side * side != pos_embed.shape[1] - num_prefix:
         return None
-    patch_h, patch_w = patch_size(model)
+    patch_h, patch_w = model.patch_embed.patch_size
     return side * patch_h, side * patch_w
 
 
@@ -459,7 +465,7 @@ def create_backbone(
             "patch_size" not in timm_kwargs
             and patch is not None
             and patch.ndim == 4
-            and (tuple(patch.shape[-2:]) != patch_size(model))
+            and (tuple(patch.shape[-2:]) != tuple(model.patch_embed.patch_size))
         ):
             timm_kwargs["patch_size"] = tuple(patch.shape[-2:])
             model = timm.create_model(name, **timm_kwargs)
@@ -482,7 +488,7 @@ def create_backbone(
             _check_registers(raw, model, name)
         if is_dinov2_release(raw):
             raw = from_dinov2(_release_at_model_grid(raw, model, rule), model)
-        state_dict = convert_state_dict(raw, model, rule)
+        state_dict = convert_state_dict(raw, model, rule, name)
     except ValueError as err:
         if str(err).startswith(source) or (config is not None and str(err).startswith(config[0])):
             raise

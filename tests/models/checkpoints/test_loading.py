@@ -78,8 +78,13 @@ def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
 
 def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     torch.save(vit_weights, tmp_path / "vit.pth")
-    with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*locatify"):
+    with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*create vit_tiny_patch16_224 .*locatify"):
         create_backbone("locatvit_tiny_patch16_224", tmp_path / "vit.pth", **TINY)
+    torch.save(tiny_locatvit.state_dict(), tmp_path / "locat.pth")
+    with pytest.raises(
+        ValueError, match=r"locat.pth: .* but vit_tiny_patch16_224 has none: use locatvit_tiny_patch16_224$"
+    ):
+        create_backbone("vit_tiny_patch16_224", tmp_path / "locat.pth", **TINY)
     sd = tiny_locatvit.state_dict()
     sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
     torch.save(sd, tmp_path / "bad.pth")
