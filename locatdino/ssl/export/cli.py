@@ -34,8 +34,8 @@ from locatdino.common.arguments import ArgumentParser, option_groups
 from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.evaluation.model_runs import parse_model
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.models.checkpoints.contents import network_name
 from locatdino.models.checkpoints.hugging_face import weights_in_folder
-from locatdino.models.checkpoints.loading import network_name
 from locatdino.models.token_grid import patch_size
 from locatdino.ssl.export.files import FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files, write_export
 from locatdino.ssl.export.model_card import logged_evaluation, model_card

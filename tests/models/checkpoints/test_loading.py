@@ -233,7 +233,7 @@ def test_mmap_load_maps_zip_files_and_reads_legacy_pickles_whole(tmp_path, vit_w
     """``load_checkpoint(mmap=True)`` (the resume check reads only hyper-parameters) gives the same
     tensors as a plain load, memory-mapped for torch's zip format; a legacy pickle, which torch
     cannot map, is read whole instead of failing."""
-    from locatdino.models.checkpoints.loading import load_checkpoint
+    from locatdino.models.checkpoints.contents import load_checkpoint
 
     torch.save(vit_weights, tmp_path / "zip.pth")
     torch.save(vit_weights, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
