@@ -32,7 +32,11 @@ from locatdino.models.checkpoints.transformers_settings import unhonoured_settin
 
 
 def convert_state_dict(
-    state_dict: Mapping[str, torch.Tensor], model: nn.Module, pos_embed: str = "timm", name: str | None = None
+    state_dict: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    pos_embed: str = "timm",
+    name: str | None = None,
+    fresh_gaug: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Pure ``state_dict → state_dict`` conversion of backbone weights to ``model`` (timm's ``name``,
     which the refusals name when given).
@@ -41,6 +45,8 @@ def convert_state_dict(
     ``pos_embed`` to the model's grid by the ``pos_embed`` rule (``"timm"``: timm's
     ``resample_abs_pos_embed``; ``"dino"``: the reference DINO ViT's interpolation), and checks the GAug
     keys are present on both sides or neither (shapes are compared by :func:`create_backbone`).
+    ``fresh_gaug``: weights without GAug for a LocAt model take the model's own GAug parameters (their
+    initialisation), as :func:`~locatdino.models.locatify` of the vanilla model would.
     """
     target = model.state_dict()
     has_head = any(k.startswith("head.") for k in target)
@@ -51,7 +57,9 @@ def convert_state_dict(
     swin = isinstance(model, SwinTransformer)
     keys = "layers.*.blocks.*.attn.gaug.*" if swin else "blocks.*.attn.gaug.*"
     label = name or "the model"
-    if model_gaug and not ckpt_gaug:
+    if model_gaug and not ckpt_gaug and fresh_gaug:
+        out.update({k: v for k, v in target.items() if GAUG in k})
+    elif model_gaug and not ckpt_gaug:
         raise ValueError(
             f"checkpoint has no GAug parameters ({keys}) but {label} is a {'LocAtSwin' if swin else 'LocAtViT'}: "
             f"create {vanilla_entry(name or '', model)} from it and call locatdino.models.locatify(model) to add "
@@ -139,6 +147,7 @@ def create_backbone(
     checkpoint: str | os.PathLike | None = None,
     which: str = "teacher",
     pos_embed: str = "auto",
+    fresh_gaug: bool = False,
     **timm_kwargs,
 ) -> nn.Module:
     """``timm.create_model(name, num_classes=0, dynamic_img_size=True, **timm_kwargs)``, then load
@@ -163,6 +172,10 @@ def create_backbone(
     ``Dinov2Model`` / ``ViTModel`` file or folder; a ``config.json`` beside Hugging Face weights
     that disagrees with them, or with the model's head count, activation, q, k, v bias or LayerNorm
     ε, is refused.
+
+    ``fresh_gaug``: a file without GAug parameters (a vanilla release) loads into a LocAt model, its
+    GAug left at the initialisation (continuing pretraining from a release into its LocAt version);
+    refused otherwise, naming the vanilla model to load it into.
 
     A checkpoint that does not fit raises a one-line ``ValueError`` naming the file, the keys and
     shapes that disagree and, when they differ, both architectures.
@@ -207,7 +220,7 @@ def create_backbone(
             _check_registers(raw, model, name)
         if is_dinov2_release(raw):
             raw = from_dinov2(_release_at_model_grid(raw, model, rule), model)
-        state_dict = convert_state_dict(raw, model, rule, name)
+        state_dict = convert_state_dict(raw, model, rule, name, fresh_gaug)
     except ValueError as err:
         if str(err).startswith(source) or (config is not None and str(err).startswith(config[0])):
             raise
