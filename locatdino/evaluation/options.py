@@ -32,6 +32,7 @@ from locatdino.evaluation.provenance import checkpoint_record
 from locatdino.evaluation.splits import open_split
 from locatdino.evaluation.train_lists import listed_ids, select_listed, train_list_record
 from locatdino.evaluation.views import check_usable
+from locatdino.models import position_rule
 
 # what each command's memory (training) split is for, in its --help
 TRAIN_SPLIT_USE = {
@@ -196,7 +197,7 @@ def record_run(result: dict, args: argparse.Namespace, run: ModelRun, model: nn.
         "name": run.name,
         "checkpoint": run.checkpoint,
         "label": run.label,
-        "pos_embed": model.pos_embed_rule,
+        "pos_embed": position_rule(model),
     }
     result["config"].update(
         dataset=args.dataset,

@@ -18,6 +18,7 @@ from locatdino.models.checkpoints import (
     extract_backbone,
     load_backbone_state_dict,
     load_checkpoint,
+    position_rule,
     set_pos_embed_rule,
 )
 from locatdino.models.dense_features import dense_features
@@ -38,5 +39,6 @@ __all__ = [
     "load_backbone_state_dict",
     "load_checkpoint",
     "locatify",
+    "position_rule",
     "set_pos_embed_rule",
 ]

@@ -212,3 +212,55 @@ def test_a_locatswin_file_loads_into_its_name_and_is_refused_by_a_vit(pair, tmp_
     with pytest.raises(ValueError) as err:  # a plain Swin file: the same line
         create_backbone("vit_small_patch16_224", path)
     assert str(err.value).startswith(f"{path}: holds a Swin Transformer (16 wide, depths 2-2-2-2, /4) but")
+
+
+def test_gaug_refusals_name_the_swin_entries(pair, tmp_path):
+    from locatdino.models import create_backbone
+
+    ours, _ = pair
+    locat, vanilla = tmp_path / "locatswin.pth", tmp_path / "swin.pth"
+    torch.save({k: v for k, v in ours.state_dict().items() if not k.startswith("head.")}, locat)
+    torch.save({k: v for k, v in ours.state_dict().items() if ".gaug." not in k and not k.startswith("head.")}, vanilla)
+    with pytest.raises(ValueError) as err:
+        create_backbone("swin_tiny_patch4_window7_224", locat, **TINY_SWIN)
+    assert str(err.value) == (
+        f"{locat}: checkpoint has GAug parameters (layers.*.blocks.*.attn.gaug.*) but swin_tiny_patch4_window7_224 "
+        "has none: use locatswin_tiny"
+    )
+    with pytest.raises(ValueError) as err:
+        create_backbone("locatswin_base", vanilla, **TINY_SWIN)
+    assert str(err.value) == (
+        f"{vanilla}: checkpoint has no GAug parameters (layers.*.blocks.*.attn.gaug.*) but locatswin_base is a "
+        "LocAtSwin: create swin_base_patch4_window7_224 from it and call locatdino.models.locatify(model) to add "
+        "freshly initialised GAug"
+    )
+
+
+def test_describe_architecture_reads_swin_sizes_depths_and_gaug(pair):
+    from locatdino.models.checkpoints.mismatch import checkpoint_mismatch, describe_architecture
+
+    ours, _ = pair
+    assert describe_architecture(ours.state_dict()) == "LocAtSwin (width 16, depths 2-2-2-2, /4)"
+    tiny = timm.create_model("swin_tiny_patch4_window7_224").state_dict()
+    base = timm.create_model("swin_base_patch4_window7_224").state_dict()
+    assert describe_architecture(tiny) == "Swin-T/4"
+    assert describe_architecture(base) == "Swin-B/4"
+    assert checkpoint_mismatch(base, tiny).endswith(" — a Swin-B/4 checkpoint for a Swin-T/4 model?")
+
+
+def test_a_swin_file_is_built_once(pair, tmp_path, monkeypatch):
+    """The patch compared with the file's is the patch embedding's (4 px), not the last stage's token (32 px)."""
+    from locatdino.models import create_backbone
+    from locatdino.models.checkpoints import loading
+
+    ours, _ = pair
+    torch.save({k: v for k, v in ours.state_dict().items() if not k.startswith("head.")}, tmp_path / "s.pth")
+    builds, create = [], timm.create_model
+
+    def counted(*args, **kwargs):
+        builds.append(args[0])
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(loading.timm, "create_model", counted)
+    create_backbone("locatswin_tiny", tmp_path / "s.pth", **TINY_SWIN)
+    assert builds == ["locatswin_tiny"]

@@ -53,6 +53,7 @@ from locatdino.evaluation.feature_cache import CachedExtractor
 from locatdino.evaluation.features import FeatureExtractor, load_backbone
 from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
 from locatdino.evaluation.linprobe.protocol import LinearProbeConfig
+from locatdino.models import position_rule
 from locatdino.models.token_grid import patch_size
 
 
@@ -84,7 +85,7 @@ def evaluate_model(
     attention and cost are measured; the linear probe runs when ``linprobe`` is given."""
     base = FeatureExtractor(backbone, layer=cfg.layer, norm=cfg.norm, prr=cfg.prr, precision=cfg.precision)
     extractor = CachedExtractor(base)
-    outcome = ModelOutcome(spec, parameters=count_parameters(backbone), pos_embed=backbone.pos_embed_rule)
+    outcome = ModelOutcome(spec, parameters=count_parameters(backbone), pos_embed=position_rule(backbone))
     if train_set is not None:  # None: a dataset with image labels only (probes, no masks)
         measure_hummingbird(
             outcome,

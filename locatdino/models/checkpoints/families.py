@@ -4,7 +4,7 @@ Key-by-key comparison (:mod:`locatdino.models.checkpoints.mismatch`) names dozen
 unexpected keys when a Swin Transformer file meets a ViT, or a DINOv3 (RoPE, no position embedding)
 file a DINOv2 ViT; the family each side belongs to says the same in words a user can act on:
 
-- Swin: ``layers.{s}.blocks.{i}.attn.relative_position_bias_table`` (timm's and the official layout);
+- Swin: ``layers.{s}.blocks.{i}.*`` (timm's and the official layout);
 - DINOv3's RoPE ViT: the release layout (``storage_tokens`` / ``rope_embed.periods``) or timm's
   (``reg_token`` and ``blocks.{i}.gamma_1``, no ``pos_embed``);
 - a ViT with absolute position embeddings: ``pos_embed`` and ``blocks.{i}.attn.qkv``.
@@ -12,7 +12,6 @@ file a DINOv2 ViT; the family each side belongs to says the same in words a user
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
@@ -20,17 +19,15 @@ from timm.models.eva import Eva
 from torch import nn
 
 from locatdino.models.checkpoints.dinov3 import is_dinov3_model, is_dinov3_release, read_dinov3
-from locatdino.models.checkpoints.mismatch import describe_architecture
-
-_SWIN = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.attn\.relative_position_bias_table$")
+from locatdino.models.checkpoints.mismatch import describe_architecture, swin_depths
 
 
 def describe_swin(state_dict: Mapping[str, torch.Tensor]) -> str | None:
     """``"a Swin Transformer (96 wide, depths 2-2-6-2, /4)"`` from a Swin state dict; None for another layout."""
-    blocks = [(int(m[1]), int(m[2])) for k in state_dict if (m := _SWIN.match(k))]
-    if not blocks:
+    stages = swin_depths(state_dict)
+    if stages is None:
         return None
-    depths = "-".join(str(1 + max(i for s, i in blocks if s == stage)) for stage in sorted({s for s, _ in blocks}))
+    depths = "-".join(map(str, stages))
     proj = state_dict.get("patch_embed.proj.weight")
     size = f"{int(proj.shape[0])} wide, " if proj is not None and proj.ndim == 4 else ""
     patch = f", /{int(proj.shape[-1])}" if proj is not None and proj.ndim == 4 else ""
@@ -49,7 +46,7 @@ def family_refusal(state_dict: Mapping[str, torch.Tensor], model: nn.Module, nam
     if swin and not model_is_swin:
         return f"holds {swin} but {name} is a {type(model).__name__}: name the Swin model the file is for"
     if model_is_swin and not swin and "patch_embed.proj.weight" in state_dict:
-        found = describe_architecture(state_dict) or "a ViT"
+        found = describe_architecture(state_dict) or "ViT"
         return f"holds a {found} but {name} is a Swin Transformer: name the model the file is for"
     if is_dinov3_release(state_dict) and not is_dinov3_model(model):
         weights = read_dinov3(state_dict)

@@ -19,6 +19,9 @@ _SHOWN = 3  # disagreements named per kind; the rest are counted
 # timm's names for the usual ViT widths and their depths (DINOv2's ViT-g: 1536 wide, 40 blocks)
 _SIZE_NAMES = {192: "T", 384: "S", 768: "B", 1024: "L", 1280: "H", 1536: "g"}
 _DEPTHS = {"L": 24, "H": 32, "g": 40}
+# timm's Swin sizes: (width, depths) -> the size letter (Swin-T/4 is 96 wide, depths 2-2-6-2)
+_SWIN_SIZES = {(96, (2, 2, 6, 2)): "T", (96, (2, 2, 18, 2)): "S", (128, (2, 2, 18, 2)): "B", (192, (2, 2, 18, 2)): "L"}
+_SWIN_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
 
 
 def _few(keys: Sequence[str]) -> str:
@@ -26,15 +29,32 @@ def _few(keys: Sequence[str]) -> str:
     return ", ".join(keys[:_SHOWN]) + more
 
 
+def swin_depths(state_dict: Mapping[str, torch.Tensor]) -> tuple[int, ...] | None:
+    """The blocks per stage of a Swin state dict (``layers.{s}.blocks.{i}.*``, timm's and the official
+    layout), ``(2, 2, 6, 2)`` for Swin-T; None for another layout."""
+    blocks = {(int(m[1]), int(m[2])) for k in state_dict if (m := _SWIN_BLOCK.match(k))}
+    if not blocks:
+        return None
+    return tuple(1 + max(i for s, i in blocks if s == stage) for stage in sorted({s for s, _ in blocks}))
+
+
 def describe_architecture(state_dict: Mapping[str, torch.Tensor]) -> str | None:
-    """``"ViT-S/16"``, ``"LocAtViT-T/16"`` or ``"ViT (width 512, 8 blocks, /16)"`` from a ViT state
-    dict's shapes; None when it has no patch embedding."""
+    """``"ViT-S/16"``, ``"LocAtViT-T/16"``, ``"ViT (width 512, 8 blocks, /16)"``, ``"Swin-T/4"`` or
+    ``"LocAtSwin (width 16, depths 2-2-2-2, /4)"`` from a ViT or Swin state dict's shapes; None when it
+    has no patch embedding."""
     proj = state_dict.get("patch_embed.proj.weight")
     if proj is None or proj.ndim != 4:
         return None
     width, patch = int(proj.shape[0]), int(proj.shape[-1])
+    locat = "LocAt" if any(".attn.gaug." in k for k in state_dict) else ""
+    depths = swin_depths(state_dict)
+    if depths is not None:
+        size = _SWIN_SIZES.get((width, depths))
+        if size is not None:
+            return f"{locat}Swin-{size}/{patch}"
+        return f"{locat}Swin (width {width}, depths {'-'.join(map(str, depths))}, /{patch})"
     depth = len({m.group(1) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k))})
-    family = "LocAtViT" if any(".attn.gaug." in k for k in state_dict) else "ViT"
+    family = f"{locat}ViT"
     size = _SIZE_NAMES.get(width)
     if size is not None and depth == _DEPTHS.get(size, 12):
         return f"{family}-{size}/{patch}"

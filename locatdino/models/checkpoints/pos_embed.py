@@ -23,7 +23,9 @@ import types
 
 import torch
 import torch.nn.functional as F
+from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 
 POS_EMBED_RULES = ("timm", "dino")
 
@@ -65,6 +67,18 @@ def _dino_pos_embed(self: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     else:
         x = torch.cat([*prefix, x], dim=1) + pos_embed
     return self.pos_drop(x)
+
+
+def position_rule(model: nn.Module) -> str:
+    """How ``model`` places tokens at another grid, in a report's words: its ``pos_embed_rule``
+    (``"timm"`` / ``"dino"``) where an absolute position embedding is resampled, ``"RoPE"`` for a
+    rotary ViT (timm's ``Eva``: DINOv3, EVA-02) and ``"relative"`` for a Swin (its relative-position
+    bias), which have nothing to resample."""
+    if getattr(model, "pos_embed", None) is not None:
+        return getattr(model, "pos_embed_rule", "timm")
+    if isinstance(model, SwinTransformer):
+        return "relative"
+    return "RoPE" if getattr(model, "rope", None) is not None else getattr(model, "pos_embed_rule", "timm")
 
 
 def set_pos_embed_rule(model: VisionTransformer, rule: str) -> VisionTransformer:

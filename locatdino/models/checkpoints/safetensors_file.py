@@ -12,9 +12,7 @@ import json
 import os
 import struct
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 SUFFIX = ".safetensors"
 _LENGTH = 8  # bytes of the header-length prefix
@@ -32,19 +30,23 @@ def is_safetensors(path: str) -> bool:
     return path.endswith(SUFFIX) and not head.startswith(TORCH_MAGIC)
 
 
-def safetensors_metadata(path: str) -> dict[str, str]:
-    """The string metadata of a safetensors file's header (``{}`` when it has none)."""
-    with safe_open(path, framework="pt") as f:
-        return dict(f.metadata() or {})
+class SafetensorsTensors(dict):
+    """A safetensors file's tensors by name, with its header's string ``metadata`` (``{}`` when none)."""
+
+    metadata: dict[str, str]
 
 
-def load_safetensors(path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file on CPU; a one-line ``ValueError`` naming the file when the
-    package refuses it (truncated, a header that disagrees with the bytes, not safetensors at all)."""
+def load_safetensors(path: str) -> SafetensorsTensors:
+    """Every tensor of a safetensors file on CPU and its header's metadata, the file opened once; a
+    one-line ``ValueError`` naming the file when the package refuses it (truncated, a header that
+    disagrees with the bytes, not safetensors at all)."""
     try:
-        return load_file(path, device="cpu")
+        with safe_open(path, framework="pt", device="cpu") as f:
+            tensors = SafetensorsTensors((key, f.get_tensor(key)) for key in f.keys())
+            tensors.metadata = dict(f.metadata() or {})
     except SafetensorError as err:
         raise ValueError(f"{path}: {_damage(path, err)}") from err
+    return tensors
 
 
 def _damage(path: str, err: SafetensorError) -> str:

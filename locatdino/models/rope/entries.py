@@ -20,7 +20,13 @@ any other pool drops PRR. No pretrained weights are hosted.
 from __future__ import annotations
 
 import timm
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import (
+    build_model_with_cfg,
+    generate_default_cfgs,
+    load_pretrained,
+    register_model,
+    resolve_pretrained_cfg,
+)
 from timm.models.eva import Eva, checkpoint_filter_fn
 
 from locatdino.models.locatify import locatify
@@ -51,11 +57,20 @@ def _pool(kwargs: dict) -> bool:
     return prr
 
 
-def _locat_eva(model, prr: bool):
-    # a features_only model wraps the Eva
+def _locat_eva(model, prr: bool, pretrained: bool):
+    """GAug and PRR in the Eva of ``model`` (a ``features_only`` model wraps it), then its weights
+    (``pretrained``: the file or hub entry of its ``pretrained_cfg``, e.g. a ``locatdino export``): loaded
+    after ``locatify``, since the file holds GAug's parameters, which the vanilla Eva has not."""
     for module in model.modules():
         if isinstance(module, Eva):
             locatify(module, gaug=True, prr=prr)
+            if pretrained:
+                load_pretrained(
+                    module,
+                    num_classes=module.num_classes,
+                    in_chans=module.patch_embed.proj.in_channels,
+                    filter_fn=checkpoint_filter_fn,
+                )
     return model
 
 
@@ -65,24 +80,29 @@ def _create_rope_mixed(variant: str, pretrained: bool, **kwargs) -> Eva:
     model = build_model_with_cfg(
         Eva,
         variant,
-        pretrained,
+        False,  # the weights load once GAug is in (_locat_eva)
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
         **{**_ROPE_MIXED, **kwargs},
     )
-    return _locat_eva(model, prr)
+    return _locat_eva(model, prr, pretrained)
 
 
 def _create_dinov3(variant: str, pretrained: bool, **kwargs) -> Eva:
-    if pretrained:
+    cfg = resolve_pretrained_cfg(
+        variant,
+        pretrained_cfg=kwargs.pop("pretrained_cfg", None),
+        pretrained_cfg_overlay=kwargs.pop("pretrained_cfg_overlay", None),
+    )
+    if pretrained and not (cfg.file or cfg.url or cfg.hf_hub_id or cfg.state_dict):
         raise ValueError(
             f"{variant} has no released weights: load a DINOv3 release into it (locatdino's --model NAME:FILE)"
         )
     prr = _pool(kwargs)
-    kwargs.setdefault("num_classes", default_cfgs[variant].default.num_classes)  # timm's DINOv3 cfgs say 0
+    kwargs.setdefault("num_classes", cfg.num_classes)  # timm's DINOv3 cfgs say 0
     model = timm.create_model(variant.removeprefix("locat"), **kwargs)
-    model.pretrained_cfg = model.default_cfg = {**default_cfgs[variant].default.to_dict(), "architecture": variant}
-    return _locat_eva(model, prr)
+    model.pretrained_cfg = model.default_cfg = {**cfg.to_dict(), "architecture": variant}
+    return _locat_eva(model, prr, pretrained)
 
 
 def _describe(vit: str) -> str:

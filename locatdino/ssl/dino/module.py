@@ -80,7 +80,8 @@ class DINOModule(PretrainingObjective):
         backbone_checkpoint: optional file to start a new run from: a backbone in any format
             ``locatdino.models.create_backbone`` reads (student and teacher alike, heads initialised),
             or a full DINO / ``fit`` training checkpoint (each network's backbone and head, the loss
-            centre); :mod:`locatdino.ssl.objective.start_weights`.
+            centre); :mod:`locatdino.ssl.objective.start_weights`. A file without GAug (a vanilla
+            release, DINOv3's included) starts a LocAt backbone with GAug freshly initialised.
         drop_path_rate: stochastic depth of the student (the teacher has none).
         out_dim: ``K``, the prototypes of the head's last layer (65536 in the reference; 1k-8k
             converge faster on small data).
@@ -176,7 +177,12 @@ class DINOModule(PretrainingObjective):
         self.student = nn.ModuleDict(
             {
                 "backbone": create_backbone(
-                    backbone, backbone_checkpoint, pos_embed="timm", drop_path_rate=drop_path_rate, **kwargs
+                    backbone,
+                    backbone_checkpoint,
+                    pos_embed="timm",
+                    fresh_gaug=True,  # a vanilla release continued as its LocAt version
+                    drop_path_rate=drop_path_rate,
+                    **kwargs,
                 )
             }
         )

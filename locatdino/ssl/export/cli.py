@@ -33,8 +33,8 @@ import locatdino
 from locatdino.common.arguments import ArgumentParser, option_groups
 from locatdino.common.output_files import DiskFullError, remove_stale_temporaries
 from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.models.checkpoints.contents import network_name
 from locatdino.models.checkpoints.hugging_face import weights_in_folder
-from locatdino.models.checkpoints.loading import network_name
 from locatdino.models.model_spec import parse_model
 from locatdino.models.token_grid import patch_size
 from locatdino.ssl.export.files import FORMATS, WRITTEN_BY, describe_export, export_metadata, output_files, write_export

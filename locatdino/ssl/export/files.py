@@ -40,7 +40,7 @@ from timm.models._hub import save_config_for_hf  # timm exports only push_to_hf_
 from torch import nn
 
 from locatdino.common.output_files import atomic_write, atomic_write_text
-from locatdino.models.checkpoints.loading import EXPORT_KEY, WRITTEN_BY
+from locatdino.models.checkpoints.contents import EXPORT_KEY, WRITTEN_BY
 
 FORMATS = ("pth", "safetensors", "hf-hub")
 HUB_WEIGHTS, HUB_CONFIG, HUB_CARD = "model.safetensors", "config.json", "README.md"

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from locatdino.common.errors import UserError
-from locatdino.models.checkpoints.loading import EVALUATED_NETWORK_KEY
+from locatdino.models.checkpoints.contents import EVALUATED_NETWORK_KEY
 from locatdino.ssl.objective.fsdp import DINOFSDPStrategy
 
 _RUN_LENGTH_KEY = "run_length"

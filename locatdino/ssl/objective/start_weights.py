@@ -9,9 +9,12 @@ as a new run does:
   the teacher, the centre to the DINO loss;
 - a ``fit`` checkpoint of this project (``student.*``, ``teacher.*``, ``dino_loss.center``): the
   same, for a new run (new schedules, step 0; ``--ckpt_path`` resumes the same run instead);
-- any backbone file ``locatdino.models.create_backbone`` reads (a released DINO or DINOv2
+- any backbone file ``locatdino.models.create_backbone`` reads (a released DINO, DINOv2 or DINOv3
   backbone, a LocAtViT made from one by ``locatify``, an export): the backbone, for the student
   and the teacher alike; heads and centres freshly initialised.
+
+A file without GAug parameters starts a LocAt backbone (``locatvit_*_dinov3`` from a DINOv3 release):
+every vanilla weight is taken, GAug keeps its initialisation, as ``locatify`` of the release would.
 
 Every backbone goes through ``create_backbone`` (the one loader: its formats, its conversions and
 position-embedding resampling, its one-line refusals). A head in the file loads only into a head of
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from locatdino.models import create_backbone, load_checkpoint
+from locatdino.models import create_backbone, extract_backbone, load_checkpoint
+from locatdino.models.checkpoints.contents import GAUG
 from locatdino.models.checkpoints.mismatch import checkpoint_mismatch
 
 BRANCHES = ("student", "teacher")
@@ -45,6 +49,7 @@ class StartWeights:
     kind: str
     modules: list[str] = field(default_factory=list)
     centres: list[str] = field(default_factory=list)
+    fresh_gaug: int = 0  # GAug tensors of the backbone the file has not (initialised)
 
 
 def load_start_weights(module: nn.Module, path: str | os.PathLike) -> StartWeights:
@@ -55,14 +60,17 @@ def load_start_weights(module: nn.Module, path: str | os.PathLike) -> StartWeigh
     source = os.fspath(path)
     ckpt = load_checkpoint(source)
     branches = _branches(ckpt)
+    fresh = _fresh_gaug(module.student["backbone"], extract_backbone(ckpt, "teacher", source))
     if branches is None:
-        return StartWeights(source, "a backbone", ["backbone"])
+        return StartWeights(source, "a backbone", ["backbone"], fresh_gaug=fresh)
     h = module.hparams
     for branch in BRANCHES:  # through the loader: its conversions and position-embedding resampling
-        backbone = create_backbone(h.backbone, source, which=branch, pos_embed="timm", **dict(h.backbone_kwargs or {}))
+        backbone = create_backbone(
+            h.backbone, source, which=branch, pos_embed="timm", fresh_gaug=True, **dict(h.backbone_kwargs or {})
+        )
         getattr(module, branch)["backbone"].load_state_dict(backbone.state_dict())
     kind = "a fit checkpoint" if "pytorch-lightning_version" in ckpt else "a DINO training checkpoint"
-    taken = StartWeights(source, kind, ["backbone"])
+    taken = StartWeights(source, kind, ["backbone"], fresh_gaug=fresh)
     for name in module.student:
         parts = {branch: _part(branches[branch], f"{name}.") for branch in BRANCHES}
         if name == "backbone" or not all(parts.values()):
@@ -89,6 +97,13 @@ def load_start_weights(module: nn.Module, path: str | os.PathLike) -> StartWeigh
         module.dino_loss.center.copy_(center.reshape(module.dino_loss.center.shape))
         taken.centres.append("dino_loss")
     return taken
+
+
+def _fresh_gaug(backbone: nn.Module, weights: Mapping[str, torch.Tensor]) -> int:
+    """How many GAug tensors ``backbone`` has when ``weights`` (the file's backbone) have none."""
+    if any(GAUG in k for k in weights):
+        return 0
+    return sum(GAUG in k for k in backbone.state_dict())
 
 
 def _branches(ckpt: object) -> dict[str, dict[str, torch.Tensor] | torch.Tensor | None] | None:
@@ -134,8 +149,14 @@ def start_line(module: nn.Module, taken: StartWeights) -> str:
     branch module and centred loss of ``module`` is in one list or the other, and so is what the
     optimizer trains outside both branches (iBOT's mask token)."""
     both = " for the student and the teacher" if taken.kind == "a backbone" else " of the student and the teacher"
-    took = [f"the {' and '.join(taken.modules)}{both}"] + [f"the {name} centre" for name in taken.centres]
+    modules = [
+        f"{name} (every weight but GAug's)" if name == "backbone" and taken.fresh_gaug else name
+        for name in taken.modules
+    ]
+    took = [f"the {' and '.join(modules)}{both}"] + [f"the {name} centre" for name in taken.centres]
     fresh = [f"the {name}s" for name in module.student if name not in taken.modules]
+    if taken.fresh_gaug:  # a vanilla release into its LocAt version
+        fresh.insert(0, f"GAug's {taken.fresh_gaug} tensors (new in the LocAt version)")
     fresh += [
         f"the {name} centre"
         for name, loss in module.named_children()

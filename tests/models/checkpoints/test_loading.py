@@ -78,8 +78,13 @@ def test_public_locatvit_keys_load_strict_and_pos_embed_is_resampled(tmp_path):
 
 def test_clear_errors(tmp_path, vit_weights, tiny_locatvit):
     torch.save(vit_weights, tmp_path / "vit.pth")
-    with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*locatify"):
+    with pytest.raises(ValueError, match="vit.pth: .*no GAug parameters.*create vit_tiny_patch16_224 .*locatify"):
         create_backbone("locatvit_tiny_patch16_224", tmp_path / "vit.pth", **TINY)
+    torch.save(tiny_locatvit.state_dict(), tmp_path / "locat.pth")
+    with pytest.raises(
+        ValueError, match=r"locat.pth: .* but vit_tiny_patch16_224 has none: use locatvit_tiny_patch16_224$"
+    ):
+        create_backbone("vit_tiny_patch16_224", tmp_path / "locat.pth", **TINY)
     sd = tiny_locatvit.state_dict()
     sd["blocks.0.attn.gaug.log_var.weight"] = torch.zeros(2, 16)
     torch.save(sd, tmp_path / "bad.pth")
@@ -228,7 +233,7 @@ def test_mmap_load_maps_zip_files_and_reads_legacy_pickles_whole(tmp_path, vit_w
     """``load_checkpoint(mmap=True)`` (the resume check reads only hyper-parameters) gives the same
     tensors as a plain load, memory-mapped for torch's zip format; a legacy pickle, which torch
     cannot map, is read whole instead of failing."""
-    from locatdino.models.checkpoints.loading import load_checkpoint
+    from locatdino.models.checkpoints.contents import load_checkpoint
 
     torch.save(vit_weights, tmp_path / "zip.pth")
     torch.save(vit_weights, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)

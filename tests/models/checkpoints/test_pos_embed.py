@@ -138,3 +138,15 @@ def test_rebuilt_at_448_px_the_loaded_embedding_follows_the_same_rule(dino_file)
     )
     timm_rule = create_backbone("vit_tiny_patch16_224", dino_file, img_size=448, pos_embed="timm", **SMALL)
     assert (timm_rule.pos_embed - rebuilt.pos_embed).abs().max() > 1e-2
+
+
+def test_the_position_rule_a_report_names(dino_file):
+    """An absolute embedding's resampling rule; ``RoPE`` and ``relative`` where nothing is resampled."""
+    from locatdino.models import position_rule
+    from tests.models.tiny import TINY_SWIN
+
+    assert position_rule(create_backbone("vit_tiny_patch16_224", dino_file, **SMALL)) == "dino"
+    assert position_rule(create_backbone("vit_tiny_patch16_224", dino_file, pos_embed="timm", **SMALL)) == "timm"
+    assert position_rule(create_backbone("vit_small_patch16_dinov3", **SMALL)) == "RoPE"
+    assert position_rule(create_backbone("locatvit_tiny_rope_mixed", **SMALL)) == "RoPE"
+    assert position_rule(create_backbone("locatswin_tiny", **TINY_SWIN)) == "relative"
