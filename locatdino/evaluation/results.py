@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
-from locatdino.evaluation.tables import NOT_APPLICABLE, number_cell
+from locatdino.evaluation.tables import NOT_APPLICABLE, number_cell, per_class_table
 
 SCHEMA_ID = "locatdino-evaluation/1"
 RESULTS_FILE, REPORT_FILE = "results.json", "report.md"
@@ -162,6 +162,16 @@ def delta_column(metric: str, header: str) -> Column:
 def value_column(header: str, value: Callable[[dict[str, Any]], Any]) -> Column:
     """A column of what the model's record holds besides its scores (a setting, the lr used)."""
     return Column(header, lambda record, setting, first: str(value(record)).replace("|", "\\|"))
+
+
+def seconds_column(phase: str) -> Column:
+    """The wall time of one phase of a model's run (its record's ``timings``), in seconds."""
+    return value_column(f"{phase} s", lambda record: number_cell(record.get("timings", {}).get(phase), 1))
+
+
+def per_class_notes(document: dict[str, Any]) -> list[str]:
+    """The per-class IoU section of a segmentation protocol's report."""
+    return ["## Per-class IoU", "", per_class_table(document["models"]), ""]
 
 
 @dataclass(frozen=True)

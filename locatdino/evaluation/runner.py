@@ -36,6 +36,7 @@ from locatdino.common.arguments import ArgumentParser, OptionGroups, add_shared_
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import DiskFullError
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import check_outputs, encoder_device, record_run
 from locatdino.evaluation.results import (
@@ -59,6 +60,15 @@ class Scored:
     record: dict[str, Any]
     paired: Any = None
     artefacts: dict[str, Callable[[Path], None]] = field(default_factory=dict)
+
+
+def with_confusions(record: dict[str, Any], run: ModelRun, confusions: ImageConfusions | None) -> Scored:
+    """A segmentation protocol's outcome: its per-image confusion matrices (the Δ mIoU intervals'
+    input) written to ``OUT/<label>/`` and named in the record, relative to ``results.json``."""
+    if confusions is None:
+        return Scored(record)
+    record["per_image_confusion"] = f"{run.label}/{CONFUSION_FILE}"
+    return Scored(record, paired=confusions, artefacts={CONFUSION_FILE: confusions.save})
 
 
 class Protocol(ABC):

@@ -54,7 +54,7 @@ from locatdino.evaluation.labels import check_labels
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.options import add_data_arguments, open_splits
 from locatdino.evaluation.results import ReportLayout, report_markdown, results_document, results_table
-from locatdino.evaluation.runner import Protocol, Scored, build_parser, run
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, run, with_confusions
 from locatdino.evaluation.splits import SubsetSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments
 
@@ -147,12 +147,7 @@ class HbirdProtocol(Protocol):
         picks_queries = args.dataset == "scenes" or isinstance(setup.val, SubsetSplit)  # the seed chose them
         record["config"]["query_seed"] = args.seed if picks_queries else None
         record["config"]["protocol"] = protocol_record(args)
-        confusions = scored.image_confusions
-        artefacts = {}
-        if confusions is not None:
-            record["per_image_confusion"] = f"{run.label}/{CONFUSION_FILE}"
-            artefacts[CONFUSION_FILE] = confusions.save
-        return Scored(record, paired=confusions, artefacts=artefacts)
+        return with_confusions(record, run, scored.image_confusions)
 
     def difference(self, scored: Scored, first: Scored, setup: HbirdSetup) -> dict[str, Any] | None:
         return miou_differences(scored.paired, first.paired, setup.args.hungarian)

@@ -28,14 +28,15 @@ from locatdino.evaluation.bootstrap import matched_miou_interval, miou_interval
 from locatdino.evaluation.image_confusions import ImageConfusions
 from locatdino.evaluation.metric import images_miou
 from locatdino.evaluation.results import (
-    Column,
     ReportLayout,
     check_document,
     delta_column,
+    per_class_notes,
     score_column,
+    seconds_column,
     value_column,
 )
-from locatdino.evaluation.tables import number_cell, per_class_table
+from locatdino.evaluation.tables import number_cell
 
 _PHASES = ("features", "data", "memory", "index", "search", "transfer")
 # config keys that fix the query images: runs that differ in one were scored on different data
@@ -161,14 +162,6 @@ def _about(document: dict[str, Any]) -> list[str]:
     ]
 
 
-def _notes(document: dict[str, Any]) -> list[str]:
-    return ["## Per-class IoU", "", per_class_table(document["models"]), ""]
-
-
-def _phase_column(phase: str) -> Column:
-    return value_column(f"{phase} s", lambda record: number_cell(record.get("timings", {}).get(phase), 1))
-
-
 HBIRD_LAYOUT = ReportLayout(
     title="Hummingbird evaluation",
     about=_about,
@@ -179,11 +172,11 @@ HBIRD_LAYOUT = ReportLayout(
         delta_column("miou_matched", "mIoU (Hungarian)"),
         score_column("pixel_accuracy", "pixel acc.", interval=False),
         value_column("memory patches", lambda record: f"{record['memory_patches']:,}"),
-        *(_phase_column(phase) for phase in (*_PHASES, "total")),
+        *(seconds_column(phase) for phase in (*_PHASES, "total")),
         value_column("peak RSS MB", lambda record: number_cell(record.get("peak_rss_mb"), 0)),
         value_column("encoder, index (recall@k)", _search_cell),
     ),
-    notes=_notes,
+    notes=per_class_notes,
 )
 
 

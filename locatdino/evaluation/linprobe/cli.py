@@ -37,7 +37,7 @@ from locatdino.evaluation.linprobe.report import LINPROBE_LAYOUT
 from locatdino.evaluation.model_runs import ModelRun
 from locatdino.evaluation.options import add_data_arguments, add_feature_arguments, add_loader_arguments, open_splits
 from locatdino.evaluation.results import ReportLayout
-from locatdino.evaluation.runner import Protocol, Scored, build_parser, run
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, run, with_confusions
 from locatdino.evaluation.splits import CachedSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments
 
@@ -180,12 +180,7 @@ class LinprobeProtocol(Protocol):
 
     def score(self, model: nn.Module, run: ModelRun, setup: ProbeSetup, device: torch.device) -> Scored:
         probe = linear_probe(model, setup.train, setup.val, setup.cfg)
-        record, confusions = probe.to_dict(), probe.image_confusions
-        artefacts = {}
-        if confusions is not None:
-            record["per_image_confusion"] = f"{run.label}/{CONFUSION_FILE}"
-            artefacts[CONFUSION_FILE] = confusions.save
-        return Scored(record, paired=confusions, artefacts=artefacts)
+        return with_confusions(probe.to_dict(), run, probe.image_confusions)
 
     def difference(self, scored: Scored, first: Scored, setup: ProbeSetup) -> dict[str, Any] | None:
         if scored.paired is None or first.paired is None or scored.paired.num_images != first.paired.num_images:

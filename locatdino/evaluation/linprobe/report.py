@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from locatdino.evaluation.results import ReportLayout, delta_column, score_column, value_column
-from locatdino.evaluation.tables import number_cell, per_class_table
+from locatdino.evaluation.results import (
+    ReportLayout,
+    delta_column,
+    per_class_notes,
+    score_column,
+    seconds_column,
+    value_column,
+)
+from locatdino.evaluation.tables import number_cell
 
 
 def _about(document: dict[str, Any]) -> list[str]:
@@ -28,17 +35,9 @@ def _about(document: dict[str, Any]) -> list[str]:
     ]
 
 
-def _notes(document: dict[str, Any]) -> list[str]:
-    return ["## Per-class IoU", "", per_class_table(document["models"]), ""]
-
-
 def _final_loss(record: dict[str, Any]) -> str:
     curve = record.get("loss_curve") or [[0, None]]
     return number_cell(curve[-1][1], 3)
-
-
-def _seconds(phase: str) -> Any:
-    return value_column(f"{phase} s", lambda record: number_cell(record.get("timings", {}).get(phase), 1))
 
 
 LINPROBE_LAYOUT = ReportLayout(
@@ -52,9 +51,9 @@ LINPROBE_LAYOUT = ReportLayout(
         score_column("pixel_accuracy", "pixel acc.", interval=False),
         value_column("iterations", lambda record: f"{record['iterations']:,}"),
         value_column("final loss", _final_loss),
-        *(_seconds(phase) for phase in ("features", "head", "data", "total")),
+        *(seconds_column(phase) for phase in ("features", "head", "data", "total")),
         value_column("encoder", lambda record: record["features"].get("precision")),
         value_column("cached", lambda record: record["features"].get("cached")),
     ),
-    notes=_notes,
+    notes=per_class_notes,
 )
