@@ -183,23 +183,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     "--workers": SharedOption(
         at_least(0), "worker processes that read and prepare the images (0: this process does it all)"
     ),
-    "--input-size": SharedOption(
-        at_least(1),
-        "encoder input side in px, a multiple of every model's patch size; "
-        "the default is the protocol's: 224 for Hummingbird (hbird, compare: the LocAtViT "
-        "code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the "
-        "tokens), 512 for the dense linear probe (linprobe: the paper's training crop and "
-        "evaluation short side), 224 for the class-token protocols (knn, lincls: the "
-        "reference's centre crop; the short side is resized to S x 256 / 224 first)",
-        "S",
-    ),
-    "--batch-size": SharedOption(
-        at_least(1),
-        "images per encoder forward outside a training step (Hummingbird's "
-        "memory and queries, the linear probe's queries, the class tokens of knn and lincls); a "
-        "probe's training batch is --train-batch-size (linprobe, lincls) or "
-        "--linprobe-batch-size (compare)",
-    ),
+    "--input-size": SharedOption(at_least(1), "encoder input side in px, a multiple of every model's patch size", "S"),
+    "--batch-size": SharedOption(at_least(1), "images per encoder forward outside a training step"),
     "--train-batch-size": SharedOption(
         at_least(1), "training batch of a probe's head: images per optimiser step (at most the training images)"
     ),
@@ -210,11 +195,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     "--num-val": SharedOption(
         at_least(1), "query images: a seeded random subset of the split; for the built-in scenes, how many to render"
     ),
-    "--lr": SharedOption(
-        positive_float,
-        "learning rate of the probe's head (linprobe: the OneCycle schedule's "
-        "peak; lincls --variant full: the base rate, x batch / 256, cosine to 0)",
-    ),
+    "--lr": SharedOption(positive_float, "learning rate of the probe's head"),
     "--cache-dir": SharedOption(
         None, "folder for features too large for RAM; without it, the system's temporary folder", "DIR"
     ),
@@ -223,9 +204,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     ),
     "--knn-backend": SharedOption(
         None,
-        "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's "
-        "device) or auto (torch beside a GPU encoder, in hbird and compare only when "
-        "faiss has no GPU; faiss otherwise)",
+        "nearest-neighbour search: faiss, torch (exact, in blocks, on the encoder's device) or auto",
         choices=("auto", "faiss", "torch"),
     ),
     "--epochs": SharedOption(positive_float, "training budget in passes over the training images"),
@@ -238,9 +217,16 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
 }
 
 
-def add_shared_option(group: Any, option: str, default: Any = None, note: str | None = None) -> None:
+COMMAND_SENTENCE = " — "  # between an option's shared help and what it is in one command
+
+
+def add_shared_option(
+    group: Any, option: str, default: Any = None, note: str | None = None, use: str | None = None
+) -> None:
     """Add the :data:`SHARED_OPTIONS` entry ``option`` to ``group`` with this command's ``default``;
-    ``note``, when the default needs words (``None``: the recipes'), is shown as ``(default: note)``."""
+    ``use``, what the option is in this command, follows the shared help after
+    :data:`COMMAND_SENTENCE`; ``note``, when the default needs words (``None``: the recipes'), is
+    shown as ``(default: note)``."""
     spec = SHARED_OPTIONS[option]
     group.add_argument(
         option,
@@ -248,5 +234,5 @@ def add_shared_option(group: Any, option: str, default: Any = None, note: str | 
         default=default,
         metavar=spec.metavar,
         choices=spec.choices,
-        help=spec.help + (f" (default: {note})" if note else ""),
+        help=spec.help + (f"{COMMAND_SENTENCE}{use}" if use else "") + (f" (default: {note})" if note else ""),
     )

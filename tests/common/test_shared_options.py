@@ -1,8 +1,9 @@
 """One name, one meaning: every command's options walked together.
 
 An option several commands take must have one dest, one type (its range: ``integer >= 1``), one
-action, one set of choices and one help text (a command may add a note on its own default,
-``(default: ...)``); no number is a bare ``int`` / ``float`` that lets ``--input-size -64`` through
+action, one set of choices and one help text (a command may add what the option is in it, after
+`` — ``, and a note on its own default, ``(default: ...)``); the data options' help is each
+command's own; no number is a bare ``int`` / ``float`` that lets ``--input-size -64`` through
 to a DataLoader worker. The parsers are taken from the commands themselves (each command's
 ``main`` up to its ``parse_args``), so a new command is walked without being listed here.
 """
@@ -15,7 +16,7 @@ from collections import defaultdict
 import pytest
 
 from locatdino.cli import COMMANDS
-from locatdino.common.arguments import SHARED_OPTIONS
+from locatdino.common.arguments import COMMAND_SENTENCE, SHARED_OPTIONS
 
 # a command line whose first word picks another parser
 SUBCOMMANDS = {"hbird": ["report"]}
@@ -23,9 +24,12 @@ SUBCOMMANDS = {"hbird": ["report"]}
 NOT_ARGPARSE = {"fit"}
 # --overwrite of commands whose earlier output is not an output folder's record: export writes one
 # file (never its input checkpoint); shards' earlier output is the shard set its index.json describes
-OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite")}
+OWN_MEANING = {("export", "--overwrite"), ("shards", "--overwrite"), ("linprobe", "--variant")}
+# (--variant names a variant of each protocol: linprobe's DINOv2 heads, lincls's fast lr grid)
 # options with one help whose choices are what each command can read (segmentation sets, class-labelled images)
 OWN_CHOICES = {"--dataset"}
+# options whose whole help is each command's: what its data is and what it does with it
+OWN_HELP = {"--dataset", "--data-dir", "--train-split"}
 
 
 class _Parsed(Exception):
@@ -56,7 +60,8 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _meaning(action: argparse.Action) -> tuple:
-    help_text = re.sub(r" \(default: .*\)$", "", action.help or "")
+    help_text = re.sub(r" \(default: .*\)$", "", action.help or "").split(COMMAND_SENTENCE)[0]
+    help_text = "" if set(action.option_strings) & OWN_HELP else help_text
     choices = () if set(action.option_strings) & OWN_CHOICES else tuple(action.choices or ())
     return (
         action.dest,
@@ -133,9 +138,16 @@ def test_the_help_says_why_the_input_size_defaults_differ(parsers):
         for command in ("hbird", "compare", "linprobe", "knn", "lincls")
     }
     assert defaults == {"hbird": 224, "compare": 224, "linprobe": 512, "knn": 224, "lincls": 224}
-    assert "224 for the class-token protocols" in SHARED_OPTIONS["--input-size"].help
-    assert "224 for Hummingbird" in SHARED_OPTIONS["--input-size"].help
-    assert "512 for the dense linear probe" in SHARED_OPTIONS["--input-size"].help
+    reasons = {  # each command's help gives its own default's reason, and names no other command
+        "hbird": "224, the LocAtViT code's size",
+        "compare": "224, the LocAtViT code's size",
+        "linprobe": "512, the paper's training crop",
+        "knn": "224, the reference's Resize 256 / CenterCrop 224",
+        "lincls": "224, the reference's Resize 256 / CenterCrop 224",
+    }
+    for command, reason in reasons.items():
+        (action,) = [a for a in parsers[command]._actions if "--input-size" in a.option_strings]
+        assert reason in action.help and not re.search(r"\b(hbird|linprobe|knn|lincls)\b", action.help), command
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,12 @@ def add_protocol_arguments(groups: OptionGroups) -> None:
         help="named settings: locatdino (the defaults below) or reference (what open-hummingbird-eval "
         "does: " + " ".join(_flags(REFERENCE_SETTINGS)) + "); options given beside it win",
     )
-    add_shared_option(p, "--input-size", d.input_size)
+    add_shared_option(
+        p,
+        "--input-size",
+        d.input_size,
+        note="224, the LocAtViT code's size for /16 models; the Hummingbird paper's 512 is (512/224)² ≈ 5x the tokens",
+    )
     p.add_argument(
         "--memory-size",
         type=at_least(1),
@@ -165,8 +170,13 @@ def add_protocol_arguments(groups: OptionGroups) -> None:
         default=d.index_device,
         help="auto: a GPU index when faiss-gpu sees a GPU",
     )
-    add_shared_option(runtime, "--knn-backend", d.knn_backend)
-    add_shared_option(runtime, "--batch-size", d.batch_size)
+    add_shared_option(
+        runtime,
+        "--knn-backend",
+        d.knn_backend,
+        use="auto: torch beside a GPU encoder when faiss has no GPU, faiss otherwise",
+    )
+    add_shared_option(runtime, "--batch-size", d.batch_size, use="the memory and query images")
     add_loader_arguments(runtime)
 
 

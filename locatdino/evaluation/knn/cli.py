@@ -138,9 +138,14 @@ class KnnProtocol(Protocol):
             protocol, "--input-size", d.input_size, note="224, the reference's Resize 256 / CenterCrop 224"
         )
         add_shared_option(protocol, "--seed", d.seed)
-        add_shared_option(runtime, "--knn-backend", d.backend)
+        add_shared_option(
+            runtime,
+            "--knn-backend",
+            d.backend,
+            use="auto: faiss beside a CPU encoder (the faster there), torch beside a GPU one",
+        )
         add_encoder_arguments(runtime, d.precision)
-        add_shared_option(runtime, "--batch-size", d.batch_size)
+        add_shared_option(runtime, "--batch-size", d.batch_size, use="the class tokens of both splits")
         add_shared_option(runtime, "--cache-dir")
         add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
         add_loader_arguments(runtime)

@@ -104,7 +104,7 @@ def _add_arguments(groups: OptionGroups) -> None:
         d.batch_size,
         note=f"{d.batch_size}, the reference's 8 GPUs x 128; the lr scales with it",
     )
-    add_shared_option(protocol, "--lr", d.lr)
+    add_shared_option(protocol, "--lr", d.lr, use="--variant full: the base rate, x batch / 256, cosine to 0")
     protocol.add_argument(
         "--lr-grid",
         type=positive_float,
@@ -136,7 +136,9 @@ def _add_arguments(groups: OptionGroups) -> None:
     add_prr_argument(protocol)  # on the last block's tokens, LocAtViT's pretrained embedding
     add_shared_option(protocol, "--seed", d.seed)
     add_encoder_arguments(runtime, d.precision)
-    add_shared_option(runtime, "--batch-size", d.eval_batch_size)
+    add_shared_option(
+        runtime, "--batch-size", d.eval_batch_size, use="the class tokens (the classifier trains on --train-batch-size)"
+    )
     add_shared_option(runtime, "--cache-dir")
     add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
     add_loader_arguments(runtime)

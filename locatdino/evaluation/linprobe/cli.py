@@ -83,7 +83,9 @@ def _add_arguments(groups: OptionGroups) -> None:
         "+ 1x1 conv on the last block / last 4 blocks, its schedule, sliding-window evaluation at one scale / 5 "
         "scales with flips), whose settings become the defaults of the options below (docs/evaluation.md)",
     )
-    add_shared_option(protocol, "--input-size", d.input_size)
+    add_shared_option(
+        protocol, "--input-size", d.input_size, note="512, the paper's training crop and evaluation short side"
+    )
     budget = protocol.add_mutually_exclusive_group()
     budget.add_argument(
         "--iters",
@@ -93,7 +95,7 @@ def _add_arguments(groups: OptionGroups) -> None:
     )
     add_shared_option(budget, "--epochs", note="--iters instead")
     add_shared_option(protocol, "--train-batch-size", d.batch_size, note=f"{d.batch_size}, the paper's")
-    add_shared_option(protocol, "--lr", d.lr)
+    add_shared_option(protocol, "--lr", d.lr, use="the OneCycle schedule's peak")
     protocol.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay, help="AdamW weight decay")
     protocol.add_argument(
         "--train-augment",
@@ -112,7 +114,9 @@ def _add_arguments(groups: OptionGroups) -> None:
     )
     add_shared_option(runtime, "--cache-dir")
     add_shared_option(runtime, "--cache-ram-mb", d.max_cache_ram_mb)
-    add_shared_option(runtime, "--batch-size", d.eval_batch_size)
+    add_shared_option(
+        runtime, "--batch-size", d.eval_batch_size, use="the query images (the head trains on --train-batch-size)"
+    )
     add_loader_arguments(runtime)
 
 
