@@ -20,8 +20,8 @@ from locatdino.common.output_files import (
     reserve_space,
     temporary_sibling,
 )
+from locatdino.common.output_folder import OutputFolder
 from locatdino.evaluation.hbird.memory import MemoryBank
-from locatdino.evaluation.hbird.report import write_run
 from locatdino.ssl import atomic_torch_save
 from tests.tiny_disk import python, run_on_tiny_disk
 
@@ -40,25 +40,18 @@ def _mode(path):
 def test_every_writer_honours_the_umask(tmp_path, umask):
     """Reports, checkpoints and memory banks get 0o666 / 0o777 & ~umask (tempfile's 0600 would
     hide them from colleagues)."""
-    result = {
-        "miou": 1.0,
-        "miou_matched": 1.0,
-        "pixel_accuracy": 1.0,
-        "memory_patches": 1,
-        "num_train": 1,
-        "num_val": 1,
-        "per_class_iou": {"a": 1.0},
-        "config": {},
-        "model": {"name": "m"},
-    }
-    write_run(result, tmp_path / "run")
+    folder = OutputFolder(tmp_path / "run", "hbird")  # how every evaluation command writes its results
+    folder.check(["results.json", "report.md"], overwrite=False)
+    with folder.writing(overwrite=False):
+        folder.write_text("results.json", "{}\n")
+        folder.write_text("report.md", "# report\n")
     atomic_torch_save({"a": torch.ones(2)}, tmp_path / "ck" / "last.ckpt")
     bank = MemoryBank.allocate(4, 8, 3, directory=tmp_path / "bank")
     bank.append(torch.zeros(2, 8), torch.zeros(2, 3))
     bank.finish()
     files = [
         tmp_path / "run" / "results.json",
-        tmp_path / "run" / "summary.md",
+        tmp_path / "run" / "report.md",
         tmp_path / "ck" / "last.ckpt",
         tmp_path / "bank" / "features.bin",
         tmp_path / "bank" / "meta.json",
