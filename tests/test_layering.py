@@ -40,10 +40,11 @@ SSL_LAYERS = {
     "dino": {"objective"},
     "supervised": {"objective"},
     "ibot": {"objective", "dino"},
+    "distill": {"objective", "dino"},
     "export": {"logs"},
-    "run": {"", "objective", "dino", "ibot", "supervised", "logs"},
+    "run": {"", "objective", "dino", "ibot", "distill", "supervised", "logs"},
 }
-SSL_MOST_ENTRIES = 8
+SSL_MOST_ENTRIES = 9
 
 
 def imports(source: str, module: str) -> list[tuple[str, str | None]]:
