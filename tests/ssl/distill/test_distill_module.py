@@ -172,6 +172,21 @@ def test_checkpoints_leave_the_teacher_out_and_a_resume_restores_the_same_state(
         )
 
 
+def test_a_fit_checkpoint_teaches_with_its_ema_teacher(tmp_path):
+    """``NAME:last.ckpt`` of a DINO run: the teacher is the run's EMA teacher, not its student."""
+    from locatdino.ssl import DINOModule
+
+    torch.manual_seed(0)
+    run = DINOModule(**{**TINY_MODEL, "backbone": TEACHER_NAME, "backbone_kwargs": {"img_size": 32}})
+    for p in run.student.parameters():  # make the student differ from the EMA teacher
+        p.data.add_(1.0)
+    ckpt = {"pytorch-lightning_version": "2.5", "state_dict": run.state_dict(), "evaluated_network": "teacher"}
+    torch.save(ckpt, tmp_path / "last.ckpt")
+    module = student(f"{TEACHER_NAME}:{tmp_path / 'last.ckpt'}")
+    loaded, ema = module.distill_teacher.backbone.state_dict(), run.teacher["backbone"].state_dict()
+    assert loaded.keys() == ema.keys() and all(torch.equal(loaded[k], ema[k]) for k in ema)
+
+
 @pytest.mark.parametrize(
     "teacher, match",
     [
