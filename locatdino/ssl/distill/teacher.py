@@ -87,7 +87,7 @@ def weights_fingerprint(module: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in module.state_dict().items():
         digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())  # any dtype, 0-d too
     return digest.hexdigest()
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from locatdino.ssl import DistillLoss
-from locatdino.ssl.distill.teacher import match_grid, parse_teacher
+from locatdino.ssl.distill.teacher import match_grid, parse_teacher, weights_fingerprint
 
 
 def naive_cosine(student, teacher):
@@ -126,3 +126,16 @@ def test_a_teacher_without_weights_or_with_a_label_is_refused_in_one_line(text):
     with pytest.raises(ValueError, match=r"^model.teacher .*: expected NAME:FILE") as err:
         parse_teacher(text)
     assert "\n" not in str(err.value)
+
+
+def test_the_fingerprint_reads_every_value_of_any_dtype_and_shape():
+    """0-d parameters (GAug's) and bf16 buffers included: a change of one value changes it."""
+    module = torch.nn.Module()
+    module.scale = torch.nn.Parameter(torch.tensor(0.5))
+    module.register_buffer("bf16", torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
+    before = weights_fingerprint(module)
+    assert len(before) == 64 and weights_fingerprint(module) == before
+    module.bf16[1, 2] = 7
+    changed = weights_fingerprint(module)
+    module.scale.data.fill_(0.25)
+    assert len({before, changed, weights_fingerprint(module)}) == 3
