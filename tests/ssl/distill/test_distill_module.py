@@ -115,6 +115,16 @@ def test_the_teacher_never_trains_and_keeps_its_weights_bit_for_bit(teacher_spec
     assert projection <= {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
 
 
+def test_on_the_cpu_the_teacher_runs_in_fp32_even_inside_a_bf16_mixed_step(teacher_spec):
+    """bf16 autocast is for CUDA only: inside a CPU bf16 autocast (a bf16-mixed run) it is turned off."""
+    module = student(teacher_spec)
+    dtypes = []
+    module.distill_teacher.backbone.blocks[0].attn.qkv.register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        t_cls, t_patches = module.distill_teacher(torch.randn(2, 3, 32, 32), (4, 4))
+    assert dtypes == [torch.float32] and t_cls.dtype == t_patches.dtype == torch.float32
+
+
 def test_dino_joins_with_its_weight_and_trains_the_head(teacher_spec):
     torch.manual_seed(0)
     off = student(teacher_spec)
