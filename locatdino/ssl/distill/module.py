@@ -42,9 +42,10 @@ class DistillModule(DINOModule):
     default) DINO's forwards are skipped and the heads stay as built (frozen), so they cost
     nothing but memory; the local crops are then not read (the recipes make none).
 
-    Checkpoints leave the frozen teacher out (a ViT-L teacher would triple a ViT-S run's every
-    checkpoint); they keep a fingerprint of its weights instead, and a resumed run, which loads
-    the teacher from ``model.teacher`` again, refuses a file whose weights differ since, in one line.
+    Checkpoints leave the frozen teacher out (a ViT-L teacher would make every checkpoint of a
+    ViT-S run several times larger); they keep a fingerprint of its weights instead, and a resumed
+    run, which loads the teacher from ``model.teacher`` again, refuses a file whose weights differ
+    since, in one line.
 
     Args:
         teacher: the frozen teacher, ``NAME:FILE`` (required): a timm / LocAtViT model name and
