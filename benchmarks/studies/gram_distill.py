@@ -44,6 +44,7 @@ import torch
 import yaml
 
 from benchmarks.results_io import add_results_option, results_file, write_results
+from benchmarks.studies.ibot import _append, _rows  # the same results.jsonl log
 from benchmarks.studies.pretraining import ClassTokenKNN
 from benchmarks.studies.supervised import (
     CachedSplit,
@@ -121,17 +122,6 @@ def backbone_kwargs(arm: str) -> dict:
     """The backbone kwargs of an arm's recipe (every arm's: ``{img_size: 64, patch_size: 8}``)."""
     model = yaml.safe_load((ROOT / "configs" / f"{ARMS[arm][1]}.yaml").read_text())["model"]
     return dict(model.get("init_args", model).get("backbone_kwargs") or {})
-
-
-def _rows(out: Path) -> list[dict]:
-    path = out / "results.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
-def _append(out: Path, row: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
 
 
 def _knn(knn: ClassTokenKNN, model: torch.nn.Module) -> dict:
