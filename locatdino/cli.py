@@ -28,7 +28,7 @@ from locatdino.common.threads import choose_threads, pop_threads, set_threads
 # sub-command -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("locatdino.demo", "end-to-end run on the built-in scenes (no downloads)"),
-    "fit": ("locatdino.ssl.run.cli", "pretraining (DINO, iBOT or supervised) from a YAML config (LightningCLI)"),
+    "fit": ("locatdino.ssl.run.cli", "pretraining (DINO, iBOT, distillation or supervised) from a YAML recipe"),
     "export": ("locatdino.ssl.export.cli", "write a run's evaluated backbone (DINO: the teacher) as a timm state dict"),
     "shards": ("locatdino.data.shards.cli", "write WebDataset shards from a folder, VOC, ADE20K or scenes"),
     "hbird": ("locatdino.evaluation.hbird.cli", "Hummingbird in-context segmentation benchmark"),

@@ -19,7 +19,7 @@ def test_help_lists_every_command(capsys):
     for name in cli.COMMANDS:
         assert f"  {name}" in out
     fit_line = next(line for line in out.splitlines() if line.startswith("  fit "))
-    assert all(objective in fit_line for objective in ("DINO", "iBOT", "supervised")), fit_line
+    assert all(objective in fit_line for objective in ("DINO", "iBOT", "distillation", "supervised")), fit_line
 
 
 def test_unknown_command_exits_2(capsys):

@@ -38,8 +38,9 @@ INNER: dict[str, dict[str, set[str]]] = {
         "dino": {"objective"},
         "supervised": {"objective"},
         "ibot": {"objective", "dino"},
+        "distill": {"objective", "dino"},
         "export": {"logs"},
-        "run": {"", "objective", "dino", "ibot", "supervised", "logs"},
+        "run": {"", "objective", "dino", "ibot", "distill", "supervised", "logs"},
     },
     "evaluation": {
         "": set(),
@@ -50,7 +51,7 @@ INNER: dict[str, dict[str, set[str]]] = {
         "compare": {"", "hbird", "linprobe", "knn", "lincls"},
     },
 }
-SSL_MOST_ENTRIES = 8
+SSL_MOST_ENTRIES = 9
 
 
 def imports(source: str, module: str) -> list[tuple[str, str | None]]:

@@ -16,7 +16,7 @@ from locatdino.models import create_backbone
 from tests.ssl.ssl_helpers import ROOT
 
 RECIPE = "dino_tiny_cpu.yaml"
-TINY_RECIPES = ["dino_tiny_cpu.yaml", "ibot_tiny_cpu.yaml", "sup_tiny_cpu.yaml"]
+TINY_RECIPES = ["dino_tiny_cpu.yaml", "ibot_tiny_cpu.yaml", "sup_tiny_cpu.yaml", "distill_tiny_cpu.yaml"]
 LOCATVIT = "locatvit_tiny_patch8_224"  # the switch the recipes' headers show
 # e.g. "8 x 8 tokens per 64 px global crop, 4 x 4 per 32 px local crop"
 CLAIM = re.compile(r"(\d+) x (\d+) tokens per (\d+) px global crop, (\d+) x (\d+) per (\d+) px local crop")

@@ -35,11 +35,12 @@ _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 @dataclass
 class StepLosses:
     """What one micro-batch's objective computed: the ``loss`` to minimise, the teacher's class
-    targets (their entropies are logged), each centred loss with the teacher output that moves
-    its centre (applied once per optimizer step), and ``parts`` logged beside the total."""
+    targets (their entropies are logged; ``None`` for an objective without them), each centred
+    loss with the teacher output that moves its centre (applied once per optimizer step), and
+    ``parts`` logged beside the total."""
 
     loss: Tensor
-    teacher_probs: Tensor
+    teacher_probs: Tensor | None
     center_inputs: list[tuple[DINOLoss, Tensor]]
     parts: dict[str, Tensor | float] = field(default_factory=dict)
 
@@ -350,16 +351,18 @@ class DINOModule(PretrainingObjective):
         if every and (self.trainer.global_step + 1) % every == 0:
             # only on the steps the logger writes (Lightning's rule; 0: never): its per-call
             # bookkeeping is not free
-            entropy, batch_entropy = teacher_entropies(step.teacher_probs)
-            self.entropies_logged_at = self.trainer.global_step
+            entropies = {}
+            if step.teacher_probs is not None:
+                entropy, batch_entropy = teacher_entropies(step.teacher_probs)
+                entropies = {ENTROPY_KEY: entropy, MARGINAL_ENTROPY_KEY: batch_entropy}
+                self.entropies_logged_at = self.trainer.global_step
             self.log_dict(
                 {
                     "train/lr": values["lr"],
                     "train/wd": values["weight_decay"],
                     "train/teacher_momentum": values["teacher_momentum"],
                     "train/teacher_temp": values["teacher_temp"],
-                    ENTROPY_KEY: entropy,
-                    MARGINAL_ENTROPY_KEY: batch_entropy,
+                    **entropies,
                     **{f"train/{name}": value for name, value in step.parts.items()},
                 }
             )

@@ -100,10 +100,14 @@ def model_card(
 
 
 def _without_local_paths(value: Any) -> Any:
-    """``value`` with every absolute path (``model.backbone_checkpoint``) reduced to its file name:
-    a pushed card shows how the run was made, not where its files lay on the user's disk."""
+    """``value`` with every absolute path (``model.backbone_checkpoint``, the FILE of a ``NAME:FILE``
+    such as ``model.teacher``) reduced to its file name: a pushed card shows how the run was made,
+    not where its files lay on the user's disk."""
     if isinstance(value, str) and os.path.isabs(value):
         return os.path.basename(os.path.normpath(value))
+    if isinstance(value, str) and os.path.isabs(value.partition(":")[2]):
+        name, _, path = value.partition(":")
+        return f"{name}:{os.path.basename(os.path.normpath(path))}"
     if isinstance(value, Mapping):
         return {k: _without_local_paths(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

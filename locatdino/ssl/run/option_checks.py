@@ -25,6 +25,7 @@ from torch import nn
 from locatdino.common.errors import UserError
 from locatdino.models.token_grid import token_grid
 from locatdino.ssl.dino.module import DINOModule
+from locatdino.ssl.distill.module import DistillModule
 from locatdino.ssl.ibot.module import IBOTModule
 from locatdino.ssl.objective.base import PretrainingObjective
 from locatdino.ssl.supervised.module import SupervisedModule
@@ -89,6 +90,12 @@ RANGES: dict[type, dict[str, Range]] = {
         "ibot_loss_weight": NON_NEGATIVE,
         "koleo_loss_weight": NON_NEGATIVE,
     },
+    DistillModule: {
+        "teacher_image_size": AT_LEAST_ONE,
+        "distill_loss_weight": NON_NEGATIVE,
+        "distill_patch_weight": NON_NEGATIVE,
+        "dino_loss_weight": NON_NEGATIVE,
+    },
     SupervisedModule: {
         "num_classes": AT_LEAST_ONE,
         "warmup_lr": NON_NEGATIVE,
@@ -115,7 +122,8 @@ def objective_class(class_path: str | None) -> type | None:
 def check_objective_options(model: Namespace, data: Namespace, backbone: nn.Module) -> None:
     """:class:`UserError` for the first option of ``model`` (the ``model`` group: ``class_path``
     and ``init_args``) outside its range, then for iBOT settings that contradict each other or the
-    global crops of ``data`` (``data.init_args``) on ``backbone``'s patch grid."""
+    global crops of ``data`` (``data.init_args``) on ``backbone``'s patch grid, and for distillation
+    weights that learn nothing."""
     cls = objective_class(model.get("class_path")) or PretrainingObjective
     options = model.get("init_args") or Namespace()
     for owner in cls.__mro__:
@@ -125,6 +133,11 @@ def check_objective_options(model: Namespace, data: Namespace, backbone: nn.Modu
                 raise UserError(f"model.{key}: must be {allowed.text}, got {value}")
     if issubclass(cls, IBOTModule):
         _check_ibot(options, data, backbone)
+    if issubclass(cls, DistillModule) and options.get("distill_loss_weight") == 0 == options.get("dino_loss_weight"):
+        raise UserError(
+            "model.distill_loss_weight and model.dino_loss_weight: both 0, nothing would be learned "
+            "(give either a positive weight)"
+        )
 
 
 def _check_ibot(options: Namespace, data: Namespace, backbone: nn.Module) -> None:

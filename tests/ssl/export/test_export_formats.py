@@ -220,11 +220,17 @@ def test_a_hub_output_that_is_a_folder_is_refused_before_anything_is_written(tmp
 def test_the_model_card_names_files_not_local_paths():
     card = model_card(
         {"model": "vit_tiny_patch16_224", "img_size": "32", "patch_size": "16", "source": "last.ckpt"},
-        {"backbone": "vit_tiny_patch16_224", "backbone_checkpoint": "/home/me/weights/dino.pth", "crops": ["/a/b"]},
+        {
+            "backbone": "vit_tiny_patch16_224",
+            "backbone_checkpoint": "/home/me/weights/dino.pth",
+            "teacher": "vit_large_patch16_dinov3:/home/me/weights/dinov3.pth",
+            "crops": ["/a/b"],
+        },
         {},
         None,
     )
     assert "/home/me" not in card and "backbone_checkpoint: dino.pth" in card and "- b" in card
+    assert "teacher: vit_large_patch16_dinov3:dinov3.pth" in card
 
 
 REFUSALS = {

@@ -72,6 +72,8 @@ def test_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch):
         "dino_large_fsdp",
         "dino_small_ddp",
         "dino_tiny_cpu",
+        "distill_small_ddp",
+        "distill_tiny_cpu",
         "ibot_small_ddp",
         "ibot_tiny_cpu",
         "sup_small_ddp",
