@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from locatdino.common.errors import UserError, first_line
 from locatdino.common.output_files import feature_rows
 
 SRUN_TASK_VARIABLE = "SLURM_STEP_ID"  # set by srun in every task it starts, not in a batch script's own shell
+T = TypeVar("T")
 GATHER_CHUNK_BYTES = 64 << 20  # per rank and collective: bounds the receive buffer at world_size x this
 
 
@@ -131,6 +132,28 @@ def current_ranks() -> Ranks:
 def is_writer() -> bool:
     """Whether this process writes the results: rank 0, or the only process."""
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def checked_by_writer(check: Callable[[], T]) -> T | None:
+    """``check()`` run on rank 0 alone (the output folder's checks: the other ranks would find rank
+    0's fresh files there), its result there and None elsewhere; when it fails (``SystemExit`` or
+    :class:`~locatdino.common.errors.UserError`, a one-line refusal) every rank stops with the same
+    line instead of waiting for rank 0 in the next collective."""
+    result, error = None, None
+    if is_writer():
+        try:
+            result = check()
+        except (SystemExit, UserError) as err:
+            error = err
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        said = [None if error is None else (isinstance(error, UserError), str(error))]
+        dist.broadcast_object_list(said, src=0)
+        if error is None and said[0] is not None:
+            user, message = said[0]
+            error = UserError(message) if user else SystemExit(message)
+    if error is not None:
+        raise error
+    return result
 
 
 def _collective_device() -> torch.device:

@@ -15,6 +15,7 @@ is kept unless ``--overwrite`` (checked before any work; ``locatdino.common.outp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -48,6 +49,7 @@ from locatdino.evaluation.options import (
     record_run,
 )
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.ranks import checked_by_writer, evaluation_ranks
 from locatdino.evaluation.wilson import wilson_interval
 from locatdino.probes.class_features import class_token_embeddings
 from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits, split_record
@@ -156,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(train)} images (use k <= {len(train)})"
         )
     models = load_backbones(runs, args.seed, cfg.input_size)  # a bad model creates no output folder
-    folder = check_outputs(args.out, "knn", KNN_FILES, cfg.cache_dir, args.overwrite)
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        return _score_all(argv, args, cfg, runs, models, train, val, device, folder)
+    with evaluation_ranks(device) as launch:  # one process, or each rank of a torchrun / srun launch
+        folder = checked_by_writer(lambda: check_outputs(args.out, "knn", KNN_FILES, cfg.cache_dir, args.overwrite))
+        with folder.writing(args.overwrite) if folder else contextlib.nullcontext():  # a second run is refused
+            return _score_all(argv, args, cfg, runs, models, train, val, launch.device(device), folder)
 
 
 def _score_all(
@@ -170,7 +173,7 @@ def _score_all(
     train: LabelledImages,
     val: LabelledImages,
     device: torch.device,
-    folder: OutputFolder,
+    folder: OutputFolder | None,
 ) -> int:
     """Every model's k-NN with its Δ to the first; the reports are rewritten (and recorded) as
     each model finishes, so a later model's failure keeps the earlier ones' results."""
@@ -196,13 +199,16 @@ def _score_all(
         results.append(record_run(result, args, run, model))
         hits.append(model_hits)
         report = {"command": "locatdino knn " + shlex.join(argv), "models": results}
+        if folder is None:  # a rank other than 0: rank 0 writes
+            continue
         try:
             folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
             folder.write_text("report.md", knn_report(report))
         except DiskFullError as err:
             raise SystemExit(f"locatdino knn: {err}") from None
-    print(knn_table(results))
-    print(f"[knn] results written to {folder.path}", file=sys.stderr)
+    if folder is not None:
+        print(knn_table(results))
+        print(f"[knn] results written to {folder.path}", file=sys.stderr)
     return 0
 
 
@@ -218,6 +224,7 @@ def _score(
         cache_dir=cfg.cache_dir,
         max_ram_bytes=cfg.max_cache_ram_mb << 20,
         show_progress=cfg.progress,
+        shared=True,  # each rank encodes its share
     )
     with (
         class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory,

@@ -1,10 +1,32 @@
 """What the 2-rank worker (``ranks_worker.py``) and the test comparing it with one process both build."""
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from locatdino.probes.class_splits import LabelledImages
 from tests.retrieval.hbird_fixtures import tiny_vit_model
 
+ROOT = Path(__file__).resolve().parents[2]
+# what says "a launcher started this process": the pytest process's own must not reach the launched ranks
+LAUNCH_VARIABLES = (
+    "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_NTASKS_PER_NODE",
+)
 TABLE_ROWS = 9  # 2 ranks: shares of 5 and 4
 DROPPED_ROWS = (2, 3)  # both in rank 0's share: the ranks send 3 and 4 rows
 SCENES = 7  # 2 ranks: shares of 4 and 3
@@ -34,3 +56,16 @@ def labelled_scenes() -> LabelledImages:
 
 def tiny_encoder():
     return tiny_vit_model()
+
+
+def torchrun(ranks: int, *program: str) -> subprocess.CompletedProcess:
+    """``program`` (a script and its arguments, or ``-m module ...``) on ``ranks`` CPU ranks started by
+    torchrun on this machine (gloo over loopback), with this checkout first on the ranks' path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
+    launch += ["--master_addr", "127.0.0.1", "--master_port", str(port)]
+    return subprocess.run([*launch, *program], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

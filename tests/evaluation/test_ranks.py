@@ -3,9 +3,6 @@ shares, the launch read from the environment, and, on 2 CPU ranks started by tor
 subprocess, features gathered back equal to one process's with only rank 0 writing."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,26 +14,12 @@ from locatdino.evaluation import ranks
 from tests.evaluation.ranks_fixtures import (
     BROKEN_SCENE,
     DROPPED_ROWS,
+    LAUNCH_VARIABLES,
     SCENES,
     TABLE_ROWS,
     labelled_scenes,
     tiny_encoder,
-)
-
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCH_VARIABLES = (
-    "TORCHELASTIC_RUN_ID",
-    "RANK",
-    "GROUP_RANK",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE",
-    "SLURM_NTASKS",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_STEP_ID",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_JOB_NAME",
+    torchrun,
 )
 
 
@@ -126,28 +109,8 @@ def test_one_process_gathers_its_own_rows_and_writes():
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """The worker's files after torchrun ran it on 2 CPU ranks (gloo over loopback)."""
-    import socket
-
     out = tmp_path_factory.mktemp("ranks")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(port),
-        str(Path(__file__).with_name("ranks_worker.py")),
-        str(out),
-    ]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = torchrun(2, str(Path(__file__).with_name("ranks_worker.py")), str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -185,3 +148,12 @@ def test_two_ranks_encode_what_one_process_encodes_and_rank_0_alone_writes(two_r
             np.testing.assert_allclose(rank["features"], one.features, rtol=0, atol=1e-5)
             assert json.loads((two_ranks / f"rank{r}.json").read_text())["skipped"] == [f"scene {BROKEN_SCENE}"]
     assert sorted(p.name for p in two_ranks.glob("written-by-*")) == ["written-by-0"]
+
+
+def test_one_process_runs_the_writers_check_itself():
+    def refuse():
+        raise SystemExit("locatdino knn: --out x is a file")
+
+    assert ranks.checked_by_writer(lambda: 7) == 7
+    with pytest.raises(SystemExit, match="^locatdino knn: --out x is a file$"):
+        ranks.checked_by_writer(refuse)

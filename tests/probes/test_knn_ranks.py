@@ -1,0 +1,50 @@
+"""``locatdino knn`` on 2 CPU ranks started by torchrun gives one process's numbers, and rank 0 alone writes."""
+
+import json
+
+import pytest
+
+from locatdino import cli
+from tests.evaluation.ranks_fixtures import torchrun
+
+KNN = [
+    "knn",
+    "--model",
+    "vit_tiny_patch16_224",
+    "--dataset",
+    "scenes",
+    "--num-train",
+    "23",  # 2 ranks: shares of 12 and 11 images
+    "--num-val",
+    "9",
+    "--scene-size",
+    "64",
+    "--input-size",
+    "32",
+    "--neighbours",
+    "1",
+    "3",
+    "10",
+    "--workers",
+    "0",
+    "--no-progress",
+]
+
+
+@pytest.mark.slow
+def test_two_ranks_score_what_one_process_scores(tmp_path):
+    assert cli.main([*KNN, "--out", str(tmp_path / "one")]) == 0
+    done = torchrun(2, "-m", "locatdino", *KNN, "--out", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / out / "results.json").read_text())["models"][0] for out in ("one", "two"))
+    assert two["data"] == one["data"] and two["config"] == one["config"]
+    # the ranks' class tokens differ from one process's in the last float bits (other batches, one
+    # thread each): a neighbour vote could flip only at a tie that close, so the scores agree to an image
+    for k, scores in one["knn"].items():
+        for metric in ("top1", "top5"):
+            assert abs(two["knn"][k][metric] - scores[metric]) <= 100 / 9 + 1e-9, (k, metric)
+    assert done.stdout.count("| vit_tiny_patch16_224 | 1 |") == 1  # rank 0 alone prints the table
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+    again = torchrun(2, "-m", "locatdino", *KNN, "--out", str(tmp_path / "two"))  # rank 0 refuses the folder
+    refusal = f"locatdino knn: --out {tmp_path / 'two'} holds the output of an earlier run"
+    assert again.returncode != 0 and again.stderr.count(refusal) == 2  # both ranks stop with it, none waits
