@@ -5,10 +5,11 @@ DINO's ``eval_knn`` / ``eval_linear`` and DINOv2's ``eval/`` extract features on
 ``torchrun`` job; here an evaluation command does the same when a launcher started it, ``torchrun``
 or ``srun`` as for ``fit`` (docs/multinode.md), and runs in one process otherwise, unchanged:
 
-- :func:`launched_ranks` reads the launch from the environment through Lightning's cluster
-  environments (``TorchElasticEnvironment`` for torchrun, ``SLURMEnvironment`` for a task that
-  ``srun`` started), and :func:`evaluation_ranks` holds the process group for the block (gloo on
-  the CPU, NCCL on CUDA) and destroys it after, however the block ends;
+- :func:`launched_ranks` reads the launch from the variables torchrun sets, or srun in each task it
+  starts (not through Lightning's cluster environments as ``fit`` does: importing them imports
+  scikit-learn, which writes OpenMP variables into every evaluation command's environment), and
+  :func:`evaluation_ranks` holds the process group for the block (gloo on the CPU, NCCL on CUDA,
+  met at ``MASTER_ADDR:MASTER_PORT``) and destroys it after, however the block ends;
 - :meth:`Ranks.share` splits a split's ``count`` images into contiguous per-rank ranges in rank
   order (the first ``count % world_size`` ranks take one more), with no image twice: unlike a
   ``DistributedSampler``, which pads the last ranks with repeated images, the gathered features
@@ -32,9 +33,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
-from locatdino.common.errors import UserError, first_line
+from locatdino.common.errors import UserError
 from locatdino.common.output_files import feature_rows
 
 SRUN_TASK_VARIABLE = "SLURM_STEP_ID"  # set by srun in every task it starts, not in a batch script's own shell
@@ -75,24 +75,31 @@ def shares(count: int, world_size: int) -> list[range]:
     return [range(bounds[rank], bounds[rank + 1]) for rank in range(world_size)]
 
 
-def launch_environment() -> ClusterEnvironment | None:
-    """The launcher that started this process as one rank of several (torchrun, or srun), else None."""
-    if TorchElasticEnvironment.detect():
-        return TorchElasticEnvironment()
-    if SLURMEnvironment.detect() and SRUN_TASK_VARIABLE in os.environ:
-        try:
-            return SLURMEnvironment(auto_requeue=False)
-        except RuntimeError as err:  # Lightning's check of the job's task layout (--ntasks-per-node)
-            raise UserError(first_line(err)) from None
-    return None
-
-
 def launched_ranks() -> Ranks:
-    """This process's :class:`Ranks` as the launcher's environment says (one rank without one)."""
-    environment = launch_environment()
-    if environment is None:
+    """This process's :class:`Ranks` as its launcher says: torchrun's ``RANK`` / ``WORLD_SIZE`` /
+    ``LOCAL_RANK``, or srun's ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` in a task that
+    srun started (a batch script's own shell is one process); one rank without a launcher."""
+    if dist.is_torchelastic_launched():
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    elif SRUN_TASK_VARIABLE in os.environ and "SLURM_PROCID" in os.environ:
+        names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+    else:
         return Ranks()
-    return Ranks(environment.global_rank(), environment.world_size(), environment.local_rank())
+    try:
+        return Ranks(*(int(os.environ[name]) for name in names))
+    except (KeyError, ValueError):
+        shown = ", ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in names)
+        raise UserError(f"the launcher's rank variables are not whole numbers: {shown}") from None
+
+
+def _check_rendezvous(ranks: Ranks) -> None:
+    """One line when the ranks have no address to meet at: srun, unlike torchrun, sets none."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise UserError(
+            f"rank {ranks.rank} of {ranks.world_size} has no {' or '.join(missing)} to meet the other ranks at: "
+            "under srun export MASTER_ADDR (the first host of the job) and MASTER_PORT (launch/slurm_eval.sbatch)"
+        )
 
 
 @contextlib.contextmanager
@@ -100,18 +107,17 @@ def evaluation_ranks(device: torch.device | str = "cpu", collective_timeout: flo
     """The launch's :class:`Ranks`, with its process group for the block when there are many (NCCL
     when ``device`` is a GPU, else gloo; ``collective_timeout`` for every collective, torch's default when
     None); a process group that exists already (``fit``'s) is used and left as it is."""
-    environment = launch_environment()
     ranks = launched_ranks()
     if not ranks.many or dist.is_initialized():
         yield current_ranks() if dist.is_initialized() else ranks
         return
+    _check_rendezvous(ranks)
     gpu = torch.device(device).type == "cuda"
     if gpu:
         torch.cuda.set_device(ranks.local_rank)
-    assert environment is not None  # many ranks come from a launcher
     dist.init_process_group(
         "nccl" if gpu else "gloo",
-        init_method=f"tcp://{environment.main_address}:{environment.main_port}",
+        init_method="env://",
         rank=ranks.rank,
         world_size=ranks.world_size,
         timeout=None if collective_timeout is None else timedelta(seconds=collective_timeout),

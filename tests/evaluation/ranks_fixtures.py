@@ -25,7 +25,6 @@ LAUNCH_VARIABLES = (
     "SLURM_LOCALID",
     "SLURM_STEP_ID",
     "SLURM_JOB_NAME",
-    "SLURM_NTASKS_PER_NODE",
 )
 TABLE_ROWS = 9  # 2 ranks: shares of 5 and 4
 DROPPED_ROWS = (2, 3)  # both in rank 0's share: the ranks send 3 and 4 rows

@@ -70,11 +70,10 @@ def test_a_torchrun_launch_is_read_from_the_environment(monkeypatch):
     assert ranks.launched_ranks() == ranks.Ranks(3, 4, 1)
 
 
-def test_only_a_task_that_srun_started_is_a_rank(monkeypatch):
+def _srun_task(monkeypatch):
     _clear_launch(monkeypatch)
     for name, value in {
         "SLURM_NTASKS": "2",
-        "SLURM_NTASKS_PER_NODE": "2",
         "SLURM_PROCID": "1",
         "SLURM_LOCALID": "1",
         "SLURM_JOB_NAME": "eval",
@@ -82,10 +81,24 @@ def test_only_a_task_that_srun_started_is_a_rank(monkeypatch):
         monkeypatch.setenv(name, value)
     assert ranks.launched_ranks() == ranks.Ranks(0, 1, 0)  # the batch script's own shell: one process
     monkeypatch.setenv("SLURM_STEP_ID", "0")
+
+
+def test_only_a_task_that_srun_started_is_a_rank(monkeypatch):
+    _srun_task(monkeypatch)
     assert ranks.launched_ranks() == ranks.Ranks(1, 2, 1)
-    monkeypatch.delenv("SLURM_NTASKS_PER_NODE")
-    with pytest.raises(UserError, match=r"^You set `--ntasks=2`.*Use `--ntasks-per-node=2` instead\.$"):
+    monkeypatch.setenv("SLURM_PROCID", "one")
+    with pytest.raises(UserError, match=r"^the launcher's rank variables are not whole numbers: SLURM_PROCID=one, "):
         ranks.launched_ranks()
+
+
+def test_ranks_with_no_address_to_meet_at_are_refused_before_the_process_group(monkeypatch):
+    _srun_task(monkeypatch)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(UserError, match="^rank 1 of 2 has no MASTER_ADDR to meet the other ranks at: under srun"):
+        with ranks.evaluation_ranks():
+            pass
+    assert not torch.distributed.is_initialized()
 
 
 def test_each_rank_computes_on_its_own_gpu():
