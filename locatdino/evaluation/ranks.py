@@ -6,8 +6,8 @@ DINO's ``eval_knn`` / ``eval_linear`` and DINOv2's ``eval/`` extract features on
 or ``srun`` as for ``fit`` (docs/multinode.md), and runs in one process otherwise, unchanged:
 
 - :func:`launched_ranks` reads the launch from the variables torchrun sets, or srun in each task it
-  starts (not through Lightning's cluster environments as ``fit`` does: importing them imports
-  scikit-learn, which writes OpenMP variables into every evaluation command's environment), and
+  starts (not through Lightning's cluster environments as ``fit`` does: evaluation needs the rank
+  variables alone, and Lightning's ``SLURMEnvironment`` refuses a job asked with ``--ntasks``), and
   :func:`evaluation_ranks` holds the process group for the block (gloo on the CPU, NCCL on CUDA,
   met at ``MASTER_ADDR:MASTER_PORT``) and destroys it after, however the block ends;
 - :meth:`Ranks.share` splits a split's ``count`` images into contiguous per-rank ranges in rank
