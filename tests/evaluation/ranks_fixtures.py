@@ -1,5 +1,6 @@
 """What the 2-rank worker (``ranks_worker.py``) and the test comparing it with one process both build."""
 
+import json
 import os
 import socket
 import subprocess
@@ -68,3 +69,15 @@ def torchrun(ranks: int, *program: str) -> subprocess.CompletedProcess:
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
     launch += ["--master_addr", "127.0.0.1", "--master_port", str(port)]
     return subprocess.run([*launch, *program], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def one_and_two_ranks(argv: list[str], tmp_path: Path) -> tuple[dict, dict, subprocess.CompletedProcess]:
+    """The first model's record in ``results.json`` of ``locatdino *argv`` in this process (``tmp_path/one``)
+    and on 2 CPU ranks under torchrun (``tmp_path/two``), and the 2-rank run's process."""
+    from locatdino import cli
+
+    assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
+    done = torchrun(2, "-m", "locatdino", *argv, "--out", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / out / "results.json").read_text())["models"][0] for out in ("one", "two"))
+    return one, two, done

@@ -7,9 +7,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from locatdino.evaluation import ranks
 from tests.evaluation.ranks_fixtures import TABLE_ROWS, kept_rows, labelled_scenes, tiny_encoder
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def main(out: Path) -> None:
@@ -42,6 +47,22 @@ def main(out: Path) -> None:
                 loaded=np.array(sorted(loaded), np.int64),
             )
             (out / f"rank{launch.rank}.json").write_text(json.dumps({"names": names, "skipped": emb.skipped}))
+        from locatdino.probes.lincls.features import LinearInput
+        from locatdino.probes.lincls.protocol import LinclsConfig, encode
+
+        loaded.clear()
+        model = tiny_encoder()
+        cfg = LinclsConfig(input_size=32, eval_batch_size=2, num_workers=0, progress=False)
+        store, skipped = encode(model, LinearInput.reference(model), images, cfg, model_device(model), "", shared=True)
+        np.savez(
+            out / f"lincls{launch.rank}.npz",
+            features=store.features,
+            labels=store.labels,
+            filled=store.filled,
+            skipped=np.array(skipped, np.int64),
+            loaded=np.array(sorted(loaded), np.int64),
+        )
+        store.close()
         if ranks.is_writer():
             (out / f"written-by-{launch.rank}").write_text("results")
 

@@ -170,3 +170,25 @@ def test_one_process_runs_the_writers_check_itself():
     assert ranks.checked_by_writer(lambda: 7) == 7
     with pytest.raises(SystemExit, match="^locatdino knn: --out x is a file$"):
         ranks.checked_by_writer(refuse)
+
+
+@pytest.mark.slow
+def test_two_ranks_cache_the_linear_inputs_one_process_caches(two_ranks):
+    from locatdino.probes.lincls.features import LinearInput
+    from locatdino.probes.lincls.protocol import LinclsConfig, encode
+
+    model = tiny_encoder()
+    cfg = LinclsConfig(input_size=32, eval_batch_size=3, num_workers=0, progress=False)
+    store, skipped = encode(model, LinearInput.reference(model), labelled_scenes(), cfg, torch.device("cpu"), "")
+    try:
+        assert skipped == [BROKEN_SCENE]
+        for r in range(2):
+            rank = np.load(two_ranks / f"lincls{r}.npz")
+            np.testing.assert_array_equal(rank["loaded"], list(ranks.shares(SCENES, 2)[r]))  # its share, once
+            np.testing.assert_array_equal(rank["skipped"], [BROKEN_SCENE])
+            np.testing.assert_array_equal(rank["filled"], store.filled)
+            np.testing.assert_array_equal(rank["labels"], store.labels)
+            # other batches on one thread per rank: float sums in another order, not bit for bit
+            np.testing.assert_allclose(rank["features"], store.features, rtol=0, atol=1e-4)
+    finally:
+        store.close()

@@ -1,11 +1,8 @@
 """``locatdino knn`` on 2 CPU ranks started by torchrun gives one process's numbers, and rank 0 alone writes."""
 
-import json
-
 import pytest
 
-from locatdino import cli
-from tests.evaluation.ranks_fixtures import torchrun
+from tests.evaluation.ranks_fixtures import one_and_two_ranks, torchrun
 
 KNN = [
     "knn",
@@ -33,10 +30,7 @@ KNN = [
 
 @pytest.mark.slow
 def test_two_ranks_score_what_one_process_scores(tmp_path):
-    assert cli.main([*KNN, "--out", str(tmp_path / "one")]) == 0
-    done = torchrun(2, "-m", "locatdino", *KNN, "--out", str(tmp_path / "two"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    one, two = (json.loads((tmp_path / out / "results.json").read_text())["models"][0] for out in ("one", "two"))
+    one, two, done = one_and_two_ranks(KNN, tmp_path)
     assert two["data"] == one["data"] and two["config"] == one["config"]
     # the ranks' class tokens differ from one process's in the last float bits (other batches, one
     # thread each): a neighbour vote could flip only at a tie that close, so the scores agree to an image

@@ -17,6 +17,7 @@ there is kept unless ``--overwrite`` (checked before any work; ``locatdino.commo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -47,6 +48,7 @@ from locatdino.evaluation.options import (
     encoder_device,
     record_run,
 )
+from locatdino.evaluation.ranks import checked_by_writer, evaluation_ranks
 from locatdino.probes.class_splits import CLASS_DATASETS, LabelledImages, note_skipped, open_class_splits
 from locatdino.probes.lincls.features import LinearInput
 from locatdino.probes.lincls.protocol import EPOCHS, PROTOCOLS, LinclsConfig, linear_classification
@@ -178,9 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
         except ValueError as err:
             raise SystemExit(f"locatdino lincls: --model {run.name}: {err}") from None
-    folder = check_outputs(args.out, "lincls", LINCLS_FILES, cfg.cache_dir, args.overwrite)
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        return _evaluate_all(argv, args, cfg, runs, models, train, val, device, folder)
+    with evaluation_ranks(device) as launch:  # one process, or each rank of a torchrun / srun launch
+        folder = checked_by_writer(
+            lambda: check_outputs(args.out, "lincls", LINCLS_FILES, cfg.cache_dir, args.overwrite)
+        )
+        with folder.writing(args.overwrite) if folder else contextlib.nullcontext():  # a second run is refused
+            return _evaluate_all(argv, args, cfg, runs, models, train, val, launch.device(device), folder)
 
 
 def _evaluate_all(
@@ -192,7 +197,7 @@ def _evaluate_all(
     train: LabelledImages,
     val: LabelledImages,
     device: torch.device,
-    folder: OutputFolder,
+    folder: OutputFolder | None,
 ) -> int:
     """Every model's linear evaluation with its Δ top-1 to the first; the reports are rewritten (and
     recorded) as each model finishes, so a stop or a failure in a later model keeps the earlier ones' results."""
@@ -205,7 +210,7 @@ def _evaluate_all(
             file=sys.stderr,
             flush=True,
         )
-        scored = linear_classification(model, train, val, len(train.class_names), cfg, device)
+        scored = linear_classification(model, train, val, len(train.class_names), cfg, device, shared=True)
         for split, names in scored.skipped.items():
             note_skipped("lincls", split, names)
         result = record_run(scored.to_dict(), args, run, model)
@@ -215,11 +220,14 @@ def _evaluate_all(
         hits.append(scored.hits)
         model.cpu()
         report = {"command": "locatdino lincls " + shlex.join(argv), "models": results}
+        if folder is None:  # a rank other than 0: rank 0 writes
+            continue
         try:
             folder.write_text("results.json", json.dumps(report, indent=2) + "\n")
             folder.write_text("report.md", lincls_report(report))
         except DiskFullError as err:
             raise SystemExit(f"locatdino lincls: {err}") from None
-    print(lincls_table(results))
-    print(f"[lincls] results written to {folder.path}", file=sys.stderr)
+    if folder is not None:
+        print(lincls_table(results))
+        print(f"[lincls] results written to {folder.path}", file=sys.stderr)
     return 0
