@@ -27,6 +27,19 @@ LAUNCH_VARIABLES = (
     "SLURM_STEP_ID",
     "SLURM_JOB_NAME",
 )
+# the scenes of the commands' 2-rank tests: shares of 12 and 11 train images
+SCENE_OPTIONS = [
+    "--dataset",
+    "scenes",
+    "--num-train",
+    "23",
+    "--num-val",
+    "9",
+    "--scene-size",
+    "64",
+    "--input-size",
+    "32",
+]
 TABLE_ROWS = 9  # 2 ranks: shares of 5 and 4
 DROPPED_ROWS = (2, 3)  # both in rank 0's share: the ranks send 3 and 4 rows
 SCENES = 7  # 2 ranks: shares of 4 and 3

@@ -2,22 +2,13 @@
 
 import pytest
 
-from tests.evaluation.ranks_fixtures import one_and_two_ranks, torchrun
+from tests.evaluation.ranks_fixtures import SCENE_OPTIONS, one_and_two_ranks, torchrun
 
 KNN = [
     "knn",
     "--model",
     "vit_tiny_patch16_224",
-    "--dataset",
-    "scenes",
-    "--num-train",
-    "23",  # 2 ranks: shares of 12 and 11 images
-    "--num-val",
-    "9",
-    "--scene-size",
-    "64",
-    "--input-size",
-    "32",
+    *SCENE_OPTIONS,
     "--neighbours",
     "1",
     "3",

@@ -3,7 +3,7 @@ each rank encodes its share of the cached features, every rank trains on all of 
 
 import pytest
 
-from tests.evaluation.ranks_fixtures import one_and_two_ranks
+from tests.evaluation.ranks_fixtures import SCENE_OPTIONS, one_and_two_ranks
 
 LINCLS = [
     "lincls",
@@ -11,16 +11,7 @@ LINCLS = [
     "fast",
     "--model",
     "vit_tiny_patch16_224",
-    "--dataset",
-    "scenes",
-    "--num-train",
-    "23",  # 2 ranks: shares of 12 and 11 images
-    "--num-val",
-    "9",
-    "--scene-size",
-    "64",
-    "--input-size",
-    "32",
+    *SCENE_OPTIONS,
     "--lr-grid",
     "0.01",
     "0.1",
