@@ -31,6 +31,7 @@ from locatdino.data.transforms.classification import ClassificationTransform
 from locatdino.evaluation.class_splits import LabelledImages
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.precision import autocast, encoder_for
+from locatdino.evaluation.ranks import Ranks, current_ranks, gather_objects, gather_rows, gathered_rows
 
 CROP_FRACTION = 224 / 256  # the reference's CenterCrop(224) of a Resize(256)
 
@@ -87,9 +88,13 @@ def class_token_embeddings(
     max_ram_bytes: int = 4 << 30,
     desc: str = "embeddings",
     show_progress: bool = True,
+    shared: bool = False,
 ) -> Iterator[Embeddings]:
     """The :class:`Embeddings` of ``images`` under ``model`` (on its device, in ``precision``),
-    valid for the block (a memory-mapped array is deleted at its end)."""
+    valid for the block (a memory-mapped array is deleted at its end). ``shared``: each rank of the
+    process group encodes its share and every rank gets all of them (``locatdino.evaluation.ranks``)."""
+    share = (current_ranks() if shared else Ranks()).share(len(images))
+    whole, images = images, images.subset(np.arange(share.start, share.stop)) if len(share) < len(images) else images
     device = next(model.parameters()).device
     encoder, precision = encoder_for(model, precision, device)
     if workers is None:  # one beside a CPU encoder (more steal its cores), up to 8 beside a GPU
@@ -104,5 +109,9 @@ def class_token_embeddings(
                     rows[index] = F.normalize(encoder(batch.to(device)).float(), dim=1).cpu().numpy()
                     filled[index] = True
         kept = np.flatnonzero(filled)
-        features = rows if len(kept) == len(images) else rows[kept]
-        yield Embeddings(features, images.labels[kept], kept, [images.name(i) for i in sorted(failed)])
+        with gathered_rows(
+            rows if len(kept) == len(images) else rows[kept], cache_dir, max_ram_bytes, "knn-all"
+        ) as all_rows:
+            kept = gather_rows(kept + share.start)
+            skipped = gather_objects([images.name(i) for i in sorted(failed)])
+            yield Embeddings(all_rows, whole.labels[kept], kept, skipped)

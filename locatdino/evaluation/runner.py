@@ -8,11 +8,14 @@ all of them:
    protocol's; a protocol with its own sub-commands parses first);
 2. open the data and build the config: bad settings fail here, before any model is built;
 3. build every ``--model`` (a bad one creates no output folder) and let the protocol check each;
-4. check ``--out`` (an earlier run's output is kept unless ``--overwrite``: checked before hours of
-   work) and hold it, so a second run into it is refused rather than raced;
-5. score the models one after another, the first the reference of every Δ; after each,
-   ``OUT/results.json`` and ``OUT/report.md`` are rewritten (:mod:`locatdino.evaluation.results`),
-   so a stop or a failure in a later model keeps the earlier ones' results.
+4. join the other ranks of a ``torchrun`` / ``srun`` launch, if any (:mod:`locatdino.evaluation.ranks`);
+   rank 0 checks ``--out`` (an earlier run's output is kept unless ``--overwrite``: checked before
+   hours of work; a refusal stops every rank) and holds it, so a second run into it is refused
+   rather than raced;
+5. score the models one after another, the first the reference of every Δ (a protocol's
+   extraction shares the images among the ranks); after each, rank 0 rewrites ``OUT/results.json``
+   and ``OUT/report.md`` (:mod:`locatdino.evaluation.results`), so a stop or a failure in a later
+   model keeps the earlier ones' results.
 
 Adding a protocol is one sub-package with a ``Protocol`` and a ``main`` calling :func:`run`.
 """
@@ -20,6 +23,7 @@ Adding a protocol is one sub-package with a ``Protocol`` and a ``main`` calling 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -39,6 +43,7 @@ from locatdino.common.output_folder import OutputFolder, add_overwrite_option
 from locatdino.evaluation.image_confusions import CONFUSION_FILE, ImageConfusions
 from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, load_backbones, model_runs
 from locatdino.evaluation.options import check_outputs, encoder_device, record_run
+from locatdino.evaluation.ranks import checked_by_writer, evaluation_ranks
 from locatdino.evaluation.results import (
     OUTPUT_FILES,
     REPORT_FILE,
@@ -160,15 +165,22 @@ def run(protocol: Protocol, argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise fail(command, f"--model {run_.name}: {err}") from None
     planned = [*OUTPUT_FILES, *(f"{r.label}/{name}" for r in runs for name in protocol.artefact_files)]
-    folder = check_outputs(args.out, command, planned, getattr(args, "cache_dir", None), args.overwrite)
-    try:
-        protocol.check_outputs(args, runs, folder)
-    except (OSError, ValueError) as err:
-        raise fail(command, err) from None
-    with folder.writing(args.overwrite):  # a second run into --out is refused, not raced
-        document = _score_all(protocol, argv, args, runs, models, setup, device, folder)
-    print(results_table(document, protocol.layout))
-    print(f"[{command}] results written to {folder.path}", file=sys.stderr)
+
+    def checked() -> OutputFolder:
+        folder = check_outputs(args.out, command, planned, getattr(args, "cache_dir", None), args.overwrite)
+        try:
+            protocol.check_outputs(args, runs, folder)
+        except (OSError, ValueError) as err:
+            raise fail(command, err) from None
+        return folder
+
+    with evaluation_ranks(device) as launch:  # one process, or each rank of a torchrun / srun launch
+        folder = checked_by_writer(checked)  # None on the ranks that do not write
+        with folder.writing(args.overwrite) if folder else contextlib.nullcontext():  # a second run: refused
+            document = _score_all(protocol, argv, args, runs, models, setup, launch.device(device), folder)
+    if folder is not None:
+        print(results_table(document, protocol.layout))
+        print(f"[{command}] results written to {folder.path}", file=sys.stderr)
     return 0
 
 
@@ -180,12 +192,13 @@ def _score_all(
     models: list[nn.Module],
     setup: Any,
     device: torch.device,
-    folder: OutputFolder,
+    folder: OutputFolder | None,
 ) -> dict[str, Any]:
-    """Every model scored in turn, the results rewritten after each."""
+    """Every model scored in turn, the results rewritten after each (by the writing rank: ``folder``)."""
     command, records, first = protocol.command, [], None
     for run_, model in zip(runs, models):
-        print(f"[{command}] {run_.label}: {protocol.announce(run_, setup)}", file=sys.stderr, flush=True)
+        if folder is not None:
+            print(f"[{command}] {run_.label}: {protocol.announce(run_, setup)}", file=sys.stderr, flush=True)
         scored = protocol.score(model.to(device), run_, setup, device)
         model.cpu()
         record = record_run(scored.record, args, run_, model)
@@ -194,6 +207,8 @@ def _score_all(
         first = first or scored
         records.append(record)
         document = results_document(f"locatdino {command} " + shlex.join(argv), command, records)
+        if folder is None:
+            continue
         try:
             for name, write in scored.artefacts.items():
                 path = folder.path / run_.label / name

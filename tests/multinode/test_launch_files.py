@@ -18,7 +18,9 @@ def command(script: str) -> str:
     return (ROOT / "launch" / script).read_text().split("set -euo pipefail\n", 1)[1].strip()
 
 
-@pytest.mark.parametrize("script", ["slurm.sbatch", "torchrun.sh", "torchrun_elastic.sh"])
+@pytest.mark.parametrize(
+    "script", ["slurm.sbatch", "torchrun.sh", "torchrun_elastic.sh", "torchrun_eval.sh", "slurm_eval.sbatch"]
+)
 def test_docs_show_each_launch_command_as_the_tests_run_it(script):
     blocks = [b.strip() for b in re.findall(r"```bash\n(.*?)```", DOC, re.S)]
     assert command(script) in blocks

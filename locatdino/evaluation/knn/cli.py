@@ -209,6 +209,7 @@ def _score(
         cache_dir=cfg.cache_dir,
         max_ram_bytes=cfg.max_cache_ram_mb << 20,
         show_progress=cfg.progress,
+        shared=True,  # on many ranks, each encodes its share
     )
     with (
         class_token_embeddings(model, train, cfg.input_size, desc="train class tokens", **embed) as memory,

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from locatdino.common.output_files import feature_rows
+from locatdino.evaluation.ranks import gather_rows
 
 
 class ClassFeatures:
@@ -33,6 +34,12 @@ class ClassFeatures:
         self.features[idx] = features.float().cpu().numpy()
         self.labels[idx] = labels.numpy()
         self.filled[idx] = True
+
+    def share_rows(self, share: range) -> None:
+        """Fill every rank's store with every rank's rows ``share`` (its contiguous share of the
+        images, ``locatdino.evaluation.ranks``): after it each store holds all images; one process: nothing to do."""
+        for array in (self.features, self.labels, self.filled):
+            gather_rows(array[share.start : share.stop], out=array)
 
     def usable(self) -> np.ndarray:
         """Indices of the images that decoded, ascending."""

@@ -189,7 +189,8 @@ class LinclsProtocol(Protocol):
         )
 
     def score(self, model: nn.Module, run: ModelRun, setup: LinclsSetup, device: torch.device) -> Scored:
-        scored = linear_classification(model, setup.train, setup.val, len(setup.train.class_names), setup.cfg, device)
+        classes = len(setup.train.class_names)
+        scored = linear_classification(model, setup.train, setup.val, classes, setup.cfg, device, shared=True)
         for split, names in scored.skipped.items():
             note_skipped("lincls", split, names)
         return Scored(scored.to_dict(), paired=scored.hits)

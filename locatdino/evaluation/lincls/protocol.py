@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from locatdino.common.progress import progress
 from locatdino.evaluation.class_features import eval_transform
@@ -45,6 +45,7 @@ from locatdino.evaluation.lincls.features import LinearInput
 from locatdino.evaluation.lincls.views import ClassViews, collate_views, train_transform
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.ranks import Ranks, current_ranks, gather_objects
 from locatdino.evaluation.results import score
 from locatdino.evaluation.views import sample_name
 from locatdino.evaluation.wilson import wilson_interval
@@ -195,14 +196,22 @@ def _accuracy(ranked: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode(
-    model: nn.Module, inputs: LinearInput, dataset: Any, cfg: LinclsConfig, device: torch.device, what: str
+    model: nn.Module,
+    inputs: LinearInput,
+    dataset: Any,
+    cfg: LinclsConfig,
+    device: torch.device,
+    what: str,
+    shared: bool = False,
 ) -> tuple[ClassFeatures, list[int]]:
-    """Every image's classifier input from its centre crop, and the indices of those that did not decode."""
+    """Every image's classifier input from its centre crop, and the indices of those that did not
+    decode; ``shared``: each rank of the process group encodes its share, every rank gets all."""
     model, precision = encoder_for(model, cfg.precision, device)
     dim = inputs.dim(int(model.num_features))
     store = ClassFeatures(len(dataset), dim, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
+    share = (current_ranks() if shared else Ranks()).share(len(dataset))
     loader = DataLoader(
-        ClassViews(dataset, eval_transform(cfg.input_size)),
+        Subset(ClassViews(dataset, eval_transform(cfg.input_size)), share),
         batch_size=cfg.eval_batch_size,
         num_workers=_workers(cfg, device),
         collate_fn=collate_views,
@@ -214,10 +223,11 @@ def encode(
                 skipped += bad
                 if len(images):
                     store.put(indices, inputs(model, images.to(device)), labels)
+        store.share_rows(share)
     except BaseException:
         store.close()
         raise
-    return store, sorted(skipped)
+    return store, sorted(gather_objects(skipped))
 
 
 def train_full(
@@ -334,9 +344,16 @@ def _check_decoded(train_set: Any, skipped: list[int]) -> None:
 
 
 def linear_classification(
-    model: nn.Module, train_set: Any, val_set: Any, num_classes: int, cfg: LinclsConfig, device: torch.device
+    model: nn.Module,
+    train_set: Any,
+    val_set: Any,
+    num_classes: int,
+    cfg: LinclsConfig,
+    device: torch.device,
+    shared: bool = False,
 ) -> LinclsResult:
-    """One frozen model's linear evaluation by ``cfg.protocol`` (see the module docstring)."""
+    """One frozen model's linear evaluation by ``cfg.protocol`` (see the module docstring);
+    ``shared``: the ranks of the process group share the encoding of cached features (:func:`encode`)."""
     inputs = LinearInput.reference(model, cfg.last_blocks, cfg.avgpool, cfg.prr)
     model = model.to(device)
     provenance = run_provenance()
@@ -346,7 +363,7 @@ def linear_classification(
         _check_decoded(train_set, train_skipped)
         lr = cfg.scaled(cfg.lr)
     else:
-        train_store, train_skipped = encode(model, inputs, train_set, cfg, device, "train features")
+        train_store, train_skipped = encode(model, inputs, train_set, cfg, device, "train features", shared)
         try:
             _check_decoded(train_set, train_skipped)
             timings["train_features"] = time.perf_counter() - clock
@@ -365,7 +382,7 @@ def linear_classification(
         head, lr = heads[best], cfg.scaled(cfg.lr_grid[best])
     timings["train"] = time.perf_counter() - clock - timings.get("train_features", 0.0)
     mark = time.perf_counter()
-    val_store, val_skipped = encode(model, inputs, val_set, cfg, device, "val features")
+    val_store, val_skipped = encode(model, inputs, val_set, cfg, device, "val features", shared)
     try:
         rows = val_store.usable()
         if not len(rows):
