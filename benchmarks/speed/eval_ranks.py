@@ -32,10 +32,10 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from benchmarks.results_io import add_results_option, results_file, write_results
 from locatdino.data import ScenesSegmentation
 from locatdino.data.scenes import SCENE_CLASSES, scene_class
-from locatdino.evaluation.features import FeatureExtractor
-from locatdino.evaluation.ranks import current_ranks, evaluation_ranks, extract_shared
 from locatdino.evaluation.class_features import class_token_embeddings
 from locatdino.evaluation.class_splits import LabelledImages
+from locatdino.evaluation.features import FeatureExtractor
+from locatdino.evaluation.ranks import current_ranks, evaluation_ranks, extract_shared
 
 RANK_COUNTS = (1, 2, 4)
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tests.evaluation.hbird.hbird_fixtures import tiny_vit_model
 
 from locatdino.evaluation.class_splits import LabelledImages
+from tests.evaluation.hbird.hbird_fixtures import tiny_vit_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # what says "a launcher started this process": the pytest process's own must not reach the launched ranks

@@ -356,4 +356,7 @@ def test_the_lr_help_names_the_variant_option_lincls_has(capsys):
     with pytest.raises(SystemExit):
         cli.main(["lincls", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "lincls --variant full: the base rate" in help_text and "--protocol" not in help_text
+    assert (
+        "learning rate of the probe's head — --variant full: the base rate" in help_text
+        and "--protocol" not in help_text
+    )
