@@ -271,10 +271,9 @@ def hbird(sizes: E2E, ckpts: list[str], out: Path, until: float, dry: bool) -> I
         code = run_logged(cmd, log, until, child_env(dry))
         if code != 0:
             yield command_failed("e2e", f"locatdino hbird, {run}", code, log)
-        results[run] = {
-            r["model"]["name"]: r
-            for r in map(json.loads, map(Path.read_text, (out / f"hbird-{run}").glob("*/results.json")))
-        }
+        written = out / f"hbird-{run}" / "results.json"  # one for all the models (locatdino.evaluation.results)
+        records = json.loads(written.read_text())["models"] if written.is_file() else []
+        results[run] = {r["model"]["name"]: r for r in records}
     for name in sizes.hbird_models:
         yield hbird_row(name, results["device"].get(name), results["cpu-fp32"].get(name))
 

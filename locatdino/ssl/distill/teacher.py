@@ -43,13 +43,18 @@ def parse_teacher(text: str) -> tuple[str, str]:
 def patch_token_problem(model: nn.Module) -> str | None:
     """Why ``model``'s features cannot be matched patch by patch (``None``: they can). The
     student's tokens are a ViT's: the patch tokens after the final norm (``norm``, prefix tokens
-    ``num_prefix_tokens`` dropped) on the grid of ``patch_embed.patch_size``."""
+    ``num_prefix_tokens`` dropped) on the grid of its patch (:func:`~locatdino.models.token_grid.patch_size`)."""
     if isinstance(model, SwinTransformer):
         return "a Swin has no patch tokens after a final norm (its features are a stage's map)"
+    try:
+        patch_size(model)
+        has_patch = True
+    except ValueError:
+        has_patch = False
     missing = [
         what
         for what, present in (
-            ("patch_embed.patch_size", getattr(getattr(model, "patch_embed", None), "patch_size", None) is not None),
+            ("patch size", has_patch),
             ("norm", isinstance(getattr(model, "norm", None), nn.Module)),
             ("num_prefix_tokens", isinstance(getattr(model, "num_prefix_tokens", None), int)),
         )

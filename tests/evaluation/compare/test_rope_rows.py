@@ -27,7 +27,7 @@ def test_compare_names_the_dinov3_and_locat_rope_files_and_their_rule(tmp_path):
     argv += ["--num-train", "4", "--num-val", "2", "--scene-size", "32", "--input-size", "32", "--k", "3"]
     argv += ["--workers", "0", "--no-progress", "--figure-images", "1", "--batch-size", "4", "--no-linprobe"]
     assert compare_cli.main([*argv, "--out", str(out)]) == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "results.json").read_text())
     assert [m["pos_embed"] for m in report["models"]] == ["RoPE", "RoPE", "dino"]
     md = (out / "report.md").read_text()
     assert f"| dinov3 | vit_small_patch16_dinov3_qkvb | {release} (pos-embed RoPE) |" in md
