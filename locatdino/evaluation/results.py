@@ -116,8 +116,13 @@ def check_document(document: Any, path: str | Path, protocol: str | None = None)
     if protocol is not None and document.get("protocol") != protocol:
         raise ValueError(f"{path}: results of `locatdino {document.get('protocol')}`, not of `locatdino {protocol}`")
     models = document.get("models")
-    if not isinstance(models, list) or not models or not all(isinstance(m, dict) and "model" in m for m in models):
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
         raise ValueError(f"{path}: no model record in it")
+    required = RESULTS_SCHEMA["properties"]["models"]["items"]["required"]
+    for i, record in enumerate(models):  # an edited or truncated record: named, not a KeyError later
+        missing = [key for key in required if not isinstance(record.get(key), dict)]
+        if missing:
+            raise ValueError(f"{path}: model record {i} has no {', '.join(missing)}")
 
 
 @dataclass(frozen=True)

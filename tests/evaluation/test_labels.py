@@ -95,7 +95,13 @@ def test_hbird_report_labels_are_checked_like_model_labels(tmp_path, capsys):
     """``hbird report --label a --label a`` gave two rows named a."""
     for name in ("x", "y"):
         (tmp_path / name).mkdir()
-        record = {"miou": 40.0, "model": {"label": name, "name": "m", "checkpoint": None}, "scores": {}}
+        record = {
+            "miou": 40.0,
+            "model": {"label": name, "name": "m", "checkpoint": None},
+            "scores": {},
+            "config": {},
+            "provenance": {},
+        }
         (tmp_path / name / "results.json").write_text(json.dumps(results_document("c", "hbird", [record])))
     with pytest.raises(
         SystemExit, match="^locatdino hbird report: --label label 'a' is given twice: give each run its own label$"

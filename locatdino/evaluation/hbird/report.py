@@ -250,7 +250,10 @@ def run_confusions(result: dict[str, Any]) -> ImageConfusions | None:
     name = result.get("per_image_confusion")
     if name is None:
         return None
-    path = Path(result["source"]).parent / name
+    folder = Path(result["source"]).parent
+    path = folder / str(name)
+    if Path(str(name)).is_absolute() or ".." in Path(str(name)).parts:  # written under the run's folder only
+        raise ValueError(f"{result['source']}: per_image_confusion {name!r} points outside its folder {folder}")
     confusions = ImageConfusions.load(path)
     recomputed = images_miou(confusions)
     if not abs(recomputed - result["miou"]) <= _TOLERANCE:

@@ -46,6 +46,7 @@ def _result(label, miou, classes=(("a", 50.0), ("b", None))):
         "timings": {"features": 1.0, "search": 2.0, "total": 4.0},
         "peak_rss_mb": 900.0,
         "config": {"dataset": "scenes", "input_size": 224, "k": 30},
+        "provenance": {},
         "model": {"name": "m", "label": label},
     }
 
@@ -381,3 +382,23 @@ def test_a_confusion_file_whose_arrays_unpack_too_large_is_refused(tmp_path, mon
         r"holds \(1 MiB\)",
     ):
         ImageConfusions.load(path)
+
+
+def test_an_edited_record_or_a_matrix_file_outside_the_run_is_one_line(tmp_path):
+    """A record without its config was a KeyError; a matrix path could point anywhere on the disk."""
+    from locatdino.evaluation.hbird import cli
+
+    results = _run_with_matrices(tmp_path / "run")
+    document = json.loads(results.read_text())
+    del document["models"][0]["config"]
+    results.write_text(json.dumps(document))
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(results)])
+    assert str(refused.value) == f"locatdino hbird report: {results}: model record 0 has no config"
+    outside = _run_with_matrices(tmp_path / "other", per_image_confusion=f"../run/m/{CONFUSION_FILE}")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["report", str(outside)])
+    assert str(refused.value) == (
+        f"locatdino hbird report: {outside}: per_image_confusion '../run/m/{CONFUSION_FILE}' points outside "
+        f"its folder {tmp_path / 'other'}"
+    )
