@@ -5,6 +5,8 @@ release without notice, and code that writes or overrides one then breaks silent
 lands on an attribute nothing reads any more, the override is never called. Two things are
 refused, read from the source with ``ast``:
 
+- an import from another package's private module (``from timm.models._hub import ...``): only
+  what a package exports is its API;
 - an assignment to a private attribute of another object (``x._name = ...``, ``setattr(x,
   "_name", ...)``, where ``x`` is not ``self`` or ``cls``);
 - a method with a private name (``_name``, not ``__dunder__``) overriding one that a Lightning,
@@ -84,6 +86,21 @@ def private_writes(source: str, module: str) -> list[str]:
                 ):
                     found.append(f"{module} sets {ast.unparse(part)}")
     return [write for write in found if write not in OTHER_OBJECTS]
+
+
+def private_imports(source: str, module: str) -> list[str]:
+    """Every import in ``source`` of a module with a private part, outside ``locatdino``."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return [
+        f"{module} imports {name}"
+        for name in names
+        if name.split(".")[0] != "locatdino" and any(private(part) for part in name.split("."))
+    ]
 
 
 def private_overrides(source: str, module: ModuleType) -> list[str]:
@@ -175,6 +192,11 @@ def test_the_checker_catches_what_it_forbids():
         "m sets x._n",
         "m sets trainer._x",
     ]
+    assert private_imports("from timm.models._hub import f\nimport torch._dynamo\nfrom . import _x\n", "m") == [
+        "m imports timm.models._hub",
+        "m imports torch._dynamo",
+    ]
+    assert private_imports("from timm.models import save_for_hf\nfrom locatdino.x._y import z\n", "m") == []
     assert private_writes("saved._metadata = {}\n", "locatdino.ssl.export.files") == []  # OTHER_OBJECTS
     assert private_writes("self._x = 1\ncls._y: int = 2\nx.__doc__ = ''\ny = x._z\nsetattr(self, '_x', 1)\n", "m") == []
     source = (
@@ -204,6 +226,10 @@ def test_no_private_attribute_of_another_object_is_written():
     modules = package_modules()
     assert len(modules) > 150
     assert [found for module, path in modules for found in private_writes(path.read_text(), module)] == []
+
+
+def test_no_private_module_of_another_package_is_imported():
+    assert [found for module, path in package_modules() for found in private_imports(path.read_text(), module)] == []
 
 
 def test_no_private_attribute_an_upstream_base_uses_is_written_through_self():

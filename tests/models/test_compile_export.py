@@ -61,18 +61,19 @@ def test_compiled_fast_mode_equals_eager():
 
 
 @pytest.mark.slow
-def test_inductor_compiled_train_and_eval_equal_eager():
+def test_inductor_compiled_training_step_equals_eager():
     """To fp32 rounding: inductor fuses and reorders the reductions (LayerNorm, softmax, sums);
     measured differences ≤ 4e-5 on outputs of size ~1. Compiled afresh: inductor's on-disk caches
-    are not keyed on a custom operator's fake implementation, so a cached graph can outlive it."""
-    model = _model()
+    are not keyed on a custom operator's fake implementation, so a cached graph can outlive it.
+    Forward and backward only: the custom operator is opaque to inductor either way, its no-grad
+    (eval) path is traced by the ``torch.export`` tests below, and each further inductor graph
+    costs ~15 s of C++ build on 2 cores."""
+    model = _model().train()
     # inductor's own patch context (a monkeypatch of its config module leaves the option hidden afterwards)
     with torch._inductor.config.patch(force_disable_caches=True):
         compiled = torch.compile(model)  # inductor, C++ kernels
         x = torch.randn(2, 3, 64, 48)
-        _assert_all_close(_output_and_grads(compiled.train(), x), _output_and_grads(model.train(), x), 1e-4, 1e-4)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled.eval()(x), model.eval()(x), rtol=1e-4, atol=1e-4)
+        _assert_all_close(_output_and_grads(compiled, x), _output_and_grads(model, x), 1e-4, 1e-4)
 
 
 def test_export_static_shapes_equals_eager():

@@ -36,7 +36,7 @@ import safetensors
 import safetensors.torch
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models._hub import save_config_for_hf  # timm exports only push_to_hf_hub, which uploads
+from timm.models import save_for_hf
 from torch import nn
 
 from locatdino.common.output_files import atomic_write, atomic_write_text
@@ -117,14 +117,14 @@ def write_safetensors(state: Mapping[str, torch.Tensor], metadata: Mapping[str, 
 
 
 def timm_config(model: nn.Module, metadata: Mapping[str, str]) -> str:
-    """timm's ``config.json`` of ``model`` (``save_config_for_hf``: architecture and the model
-    arguments timm rebuilds it from), at its build size with ImageNet normalisation (what
+    """timm's ``config.json`` of ``model`` (timm's public ``save_for_hf``: architecture and the
+    model arguments timm rebuilds it from), at its build size with ImageNet normalisation (what
     ``fit`` trains with), without the pretrained tag of timm's own weights, plus the export's
-    metadata."""
+    metadata. ``save_for_hf`` also writes the weights, without the export's metadata: that copy
+    stays in a temporary folder, and :func:`write_safetensors` writes the one shipped."""
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / HUB_CONFIG
-        save_config_for_hf(model, str(path))
-        config = json.loads(path.read_text(encoding="utf-8"))
+        save_for_hf(model, folder, safe_serialization=True)
+        config = json.loads((Path(folder) / HUB_CONFIG).read_text(encoding="utf-8"))
     pretrained = config["pretrained_cfg"]
     pretrained.pop("tag", None)
     pretrained.update(
