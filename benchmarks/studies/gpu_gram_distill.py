@@ -120,17 +120,11 @@ def run_arms(study: Study, arms: list[str], teacher: str | None, augment_on: str
         if study.device == "cuda":
             torch.cuda.empty_cache()
     study.results["pairs"] = [
-        {"label": label, **pair_deltas(study, a, b)} for label, a, b in PAIRS if b != "random" and {a, b} <= set(arms)
+        {"label": label, **gpu_study.deltas(study.out, a, b)}
+        for label, a, b in PAIRS
+        if b != "random" and {a, b} <= set(arms)
     ]
     return gpu_study.finish(study)
-
-
-def pair_deltas(study: Study, a: str, b: str) -> dict:
-    """Arm ``a`` − arm ``b`` by each protocol, with its paired interval over the query scenes."""
-    found = {}
-    for protocol in ("hbird", "linprobe"):
-        found[f"{protocol}_delta_text"], found[f"{protocol}_delta"] = gpu_study.interval_text(study.out, protocol, a, b)
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

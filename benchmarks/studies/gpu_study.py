@@ -325,6 +325,15 @@ def interval_text(out: Path, protocol: str, run: str, other: str) -> tuple[str, 
     return iv.text(1) + ("" if iv.covers_zero else " ✓"), {"delta": iv.delta, "low": iv.low, "high": iv.high}
 
 
+def deltas(out: Path, run: str, other: str) -> dict:
+    """:func:`interval_text` of ``run`` − ``other`` by Hummingbird and the linear probe: each one's
+    text (``hbird_delta_text``) and numbers (``hbird_delta``)."""
+    found = {}
+    for protocol in ("hbird", "linprobe"):
+        found[f"{protocol}_delta_text"], found[f"{protocol}_delta"] = interval_text(out, protocol, run, other)
+    return found
+
+
 def write_outputs(out: Path, results: dict) -> str:
     lines = [
         "| backbone | objective | steps (epochs) | s/step | fit s | Hummingbird | Δ vs random [95 %] | "
@@ -451,10 +460,7 @@ def train_and_score(
     epochs = steps * size.batch / size.scenes
     row = dict(run=name, backbone=backbone, objective=shown or objective, steps=steps, epochs=epochs)
     row.update(s_per_step=m["s_per_step"], fit_s=seconds, **scores, **({"options": chosen} if chosen else {}))
-    for protocol in ("hbird", "linprobe"):
-        row[f"{protocol}_delta_text"], row[f"{protocol}_delta"] = interval_text(
-            study.out, protocol, name, f"{backbone}_random"
-        )
+    row.update(deltas(study.out, name, f"{backbone}_random"))
     study.results["rows"].append(row)
     write_outputs(study.out, study.results)
     say(

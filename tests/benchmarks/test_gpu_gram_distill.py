@@ -6,9 +6,6 @@ study at toy size (--dry-run) end to end."""
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +19,7 @@ from locatdino.data import MultiCropTransform, collate_multicrop
 from locatdino.models import GAugAttention
 from locatdino.ssl import DINOModule, DistillModule
 from locatdino.ssl.distill.teacher import FrozenTeacher
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.study_process import run_module
 
 
 def test_each_arm_gets_its_recipes_objective_and_the_gram_block_scaled_to_its_length():
@@ -102,28 +98,7 @@ def test_the_dry_run_end_to_end(tmp_path):
     """Every arm trained to its schedule's end and scored, the Gram arms with their Gram loss, the
     distill arm with its loss, the pairs of arms compared; finite numbers, no checkpoint left."""
     out = tmp_path / "study"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.studies.gpu_gram_distill",
-            "--dry-run",
-            "--deadline",
-            "5",
-            "--out",
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_module("benchmarks.studies.gpu_gram_distill", "--dry-run", "--deadline", "5", "--out", str(out))
     results = json.loads((out / "results.json").read_text())
     rows = results["rows"]
     assert [(r["backbone"], r["objective"]) for r in rows[:2]] == [("vit", "random init"), ("locatvit", "random init")]
