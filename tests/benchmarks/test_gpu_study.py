@@ -30,15 +30,15 @@ def test_every_run_starts_from_the_scored_random_init(objective, backbone):
 
 @pytest.mark.slow
 def test_imports_without_jsonargparse():
-    """A CUDA machine's preinstalled Python may lack jsonargparse: the study must not need it (it
-    builds its modules and Trainers directly, not through ``locatdino fit``)."""
+    """A CUDA machine's preinstalled Python may lack jsonargparse: the study, and the Gram study built
+    on it, must not need it (they build their modules and Trainers directly, not through ``locatdino fit``)."""
     blocker = (
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] == 'jsonargparse': raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import benchmarks.studies.gpu_study\n"
+        "import benchmarks.studies.gpu_study, benchmarks.studies.gpu_gram_distill\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", blocker], env=env, capture_output=True, text=True, timeout=120)
