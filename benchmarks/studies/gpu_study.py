@@ -50,6 +50,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -73,15 +74,19 @@ from locatdino.data.scenes import ScenesSegmentation, scene_class  # noqa: E402
 from locatdino.data.transforms.classification import ClassificationTransform  # noqa: E402
 from locatdino.data.transforms.gpu_multicrop import GPUMultiCrop  # noqa: E402
 from locatdino.models import GAugAttention, create_backbone  # noqa: E402
-from locatdino.ssl import DINOModule, IBOTModule, SupervisedModule  # noqa: E402
+from locatdino.ssl import DINOModule, DistillModule, IBOTModule, SupervisedModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone
-OBJECTIVES = {
+# objective -> (module, recipe): the ones this study trains, and distillation for the Gram and
+# distillation study built on this one (benchmarks/studies/gpu_gram_distill.py)
+RECIPES = {
     "dino": (DINOModule, "dino_tiny_cpu"),
     "ibot": (IBOTModule, "ibot_tiny_cpu"),
     "supervised": (SupervisedModule, "sup_tiny_cpu"),
+    "distill": (DistillModule, "distill_tiny_cpu"),
 }
+OBJECTIVES = ("dino", "ibot", "supervised")
 
 
 @dataclass(frozen=True)
@@ -136,16 +141,17 @@ def say(message: str) -> None:
 
 def recipe(objective: str, backbone: str) -> dict:
     """The recipe's YAML (the DINO one names no class) with ``backbone`` switched in."""
-    config = yaml.safe_load((ROOT / "configs" / f"{OBJECTIVES[objective][1]}.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / f"{RECIPES[objective][1]}.yaml").read_text())
     model = config["model"].get("init_args", config["model"])
     model["backbone"] = BACKBONES[backbone]
     return config
 
 
-def build_module(objective: str, backbone: str, size: Size, seed: int):
-    """The recipe's objective at ``size`` (batch, toy backbone); built right after seeding, so its
-    backbone is the random init scored for ``backbone``."""
-    cls, _ = OBJECTIVES[objective]
+def build_module(objective: str, backbone: str, size: Size, seed: int, **options):
+    """The recipe's objective at ``size`` (batch, toy backbone), ``options`` (module arguments, e.g.
+    ``gram`` or ``teacher``) over the recipe's; built right after seeding, so its backbone is the
+    random init scored for ``backbone``."""
+    cls, _ = RECIPES[objective]
     model = recipe(objective, backbone)["model"]
     args = dict(model.get("init_args", model))
     args.pop("class_path", None)
@@ -153,6 +159,7 @@ def build_module(objective: str, backbone: str, size: Size, seed: int):
     if objective == "ibot" and "out_dim" in size.head:
         args["patch_out_dim"] = size.head["out_dim"]
     args["backbone_kwargs"] = {**args.get("backbone_kwargs", {}), **size.model.get("backbone_kwargs", {})}
+    args.update(options)
     torch.manual_seed(seed)
     return cls(**args, batch_size=size.batch)
 
@@ -299,22 +306,32 @@ def fit(module, loader, steps: int, size: Size, logger=None, clock: StepTimer | 
     return time.perf_counter() - start
 
 
-def measure(objective: str, backbone: str, loader, size: Size, seed: int) -> dict[str, float]:
-    """Median seconds per step after the warm-up, and the per-run overhead (set-up, first steps)."""
+def measure(objective: str, backbone: str, loader, size: Size, seed: int, **options) -> dict[str, float]:
+    """Median seconds per step after the warm-up, and the per-run overhead (set-up, first steps);
+    ``options`` as :func:`build_module`'s, for a run of the measurement's length."""
     clock = StepTimer()
-    wall = fit(
-        build_module(objective, backbone, size, seed), loader, size.warmup_steps + size.timed_steps, size, clock=clock
-    )
+    module = build_module(objective, backbone, size, seed, **options)
+    wall = fit(module, loader, size.warmup_steps + size.timed_steps, size, clock=clock)
     steps = [b - a for a, b in zip(clock.starts[size.warmup_steps : -1], clock.starts[size.warmup_steps + 1 :])]
     per_step = statistics.median(steps)
     return {"s_per_step": per_step, "overhead_s": max(wall - per_step * (size.warmup_steps + size.timed_steps), 0.0)}
 
 
-def interval_text(out: Path, protocol: str, run: str, backbone: str) -> tuple[str, dict]:
-    """``+1.2 [+0.4, +2.0] ✓`` of ``run`` − random init on the same query scenes."""
+def interval_text(out: Path, protocol: str, run: str, other: str) -> tuple[str, dict]:
+    """``+1.2 [+0.4, +2.0] ✓`` of ``run`` − ``other`` (confusion tags, e.g. ``vit_random``) on the
+    same query scenes."""
     load = lambda tag: ImageConfusions.load(out / "confusions" / f"{protocol}_{tag}.npz")  # noqa: E731
-    iv = miou_interval(load(run), load(f"{backbone}_random"))
+    iv = miou_interval(load(run), load(other))
     return iv.text(1) + ("" if iv.covers_zero else " ✓"), {"delta": iv.delta, "low": iv.low, "high": iv.high}
+
+
+def deltas(out: Path, run: str, other: str) -> dict:
+    """:func:`interval_text` of ``run`` − ``other`` by Hummingbird and the linear probe: each one's
+    text (``hbird_delta_text``) and numbers (``hbird_delta``)."""
+    found = {}
+    for protocol in ("hbird", "linprobe"):
+        found[f"{protocol}_delta_text"], found[f"{protocol}_delta"] = interval_text(out, protocol, run, other)
+    return found
 
 
 def write_outputs(out: Path, results: dict) -> str:
@@ -335,6 +352,9 @@ def write_outputs(out: Path, results: dict) -> str:
             + f" {r['hbird']:.2f} | {r.get('hbird_delta_text', '—')} | {r['linprobe']:.2f} | "
             f"{r.get('linprobe_delta_text', '—')} |"
         )
+    if results.get("pairs"):  # trained − trained differences (benchmarks/studies/gpu_gram_distill.py's)
+        lines += ["", "| paired difference | Hummingbird Δ [95 %] | linear probe Δ [95 %] |", "|---|---|---|"]
+        lines += [f"| {d['label']} | {d['hbird_delta_text']} | {d['linprobe_delta_text']} |" for d in results["pairs"]]
     table = "\n".join(lines)
     atomic_write_text(out / "table.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1))
@@ -361,94 +381,136 @@ def plot(out: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def run_study(
-    out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str], augment_on: str = "cpu"
-) -> dict:
-    results: dict = {
-        **header(),
-        "size": asdict(size),
-        "seed": seed,
-        "augment_on": augment_on,
-        "measured": {},
-        "rows": [],
-    }
+@dataclass
+class Study:
+    """What every run of a study shares: its results so far, the rendered training scenes and the
+    cached evaluation splits (:func:`start_study`)."""
+
+    out: Path
+    size: Size
+    seed: int
+    results: dict
+    scenes: tuple[torch.Tensor, torch.Tensor]
+    train_set: CachedSplit
+    val_set: CachedSplit
+    device: str
+    eval_s: list[float] = field(default_factory=list)  # seconds of each scoring so far
+
+
+def start_study(out: Path, size: Size, seed: int, augment_on: str) -> Study:
+    """The results' header, the training scenes and the evaluation splits."""
+    results = {**header(), "size": asdict(size), "seed": seed, "augment_on": augment_on, "measured": {}, "rows": []}
     (out / "confusions").mkdir(parents=True, exist_ok=True)
     say(f"rendering {size.scenes} scenes at {size.scene_px} px ({size.workers} workers)")
     scenes = render(size)
     train_set = CachedSplit(open_split("scenes", None, "train", size.eval_train, 0, size.eval_px))
     val_set = CachedSplit(open_split("scenes", None, "val", size.eval_val, 0, size.eval_px))
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Study(out, size, seed, results, scenes, train_set, val_set, device)
 
-    eval_s = []
+
+def study_score(study: Study, model: torch.nn.Module, tag: str) -> dict[str, float]:
+    """:func:`score` of ``model`` on the study's splits, its matrices saved as ``tag``; timed."""
+    start = time.perf_counter()
+    scores = score(
+        model.to(study.device), study.train_set, study.val_set, study.size.eval_px, study.out / "confusions", tag
+    )
+    study.eval_s.append(time.perf_counter() - start)
+    return scores
+
+
+def score_random_inits(study: Study, backbones: list[str]) -> None:
+    """Each backbone's random init (the network its runs start from): a row each."""
     for backbone in backbones:
-        start = time.perf_counter()
-        scores = score(
-            random_backbone(backbone, size, seed).to(device),
-            train_set,
-            val_set,
-            size.eval_px,
-            out / "confusions",
-            f"{backbone}_random",
-        )
-        eval_s.append(time.perf_counter() - start)
-        results["rows"].append(dict(backbone=backbone, objective="random init", **scores))
+        scores = study_score(study, random_backbone(backbone, study.size, study.seed), f"{backbone}_random")
+        study.results["rows"].append(dict(backbone=backbone, objective="random init", **scores))
         say(f"{backbone} random init: Hummingbird {scores['hbird']:.2f}, linear probe {scores['linprobe']:.2f}")
 
+
+def training_share(study: Study, runs: int) -> float:
+    """Seconds of training per run: the deadline's time left, less the scoring still to come, shared equally."""
+    size = study.size
+    reserve = runs * 1.25 * statistics.mean(study.eval_s) + 0.05 * size.deadline_s
+    share = (size.deadline_s - elapsed() - reserve) / runs
+    study.results["share_s"] = share
+    say(f"{share:.0f} s of training per run (deadline {size.deadline_s:.0f} s, {reserve:.0f} s kept for scoring)")
+    return share
+
+
+def train_and_score(
+    study: Study,
+    name: str,
+    backbone: str,
+    objective: str,
+    loader,
+    share: float,
+    options: Callable[[int], dict] = lambda steps: {},
+    shown: str | None = None,
+):
+    """Train ``name`` for the steps its measured speed fits in ``share`` seconds (its schedules, and
+    the module arguments ``options(steps)`` of :func:`build_module`, built for that length), score it
+    against its random init and add its row (``shown``: its objective column, if not ``objective``);
+    returns the trained module."""
+    size, m = study.size, study.results["measured"][name]
+    steps = max(size.min_steps, int((share - m["overhead_s"]) / m["s_per_step"]))
+    chosen = options(steps)
+    module = build_module(objective, backbone, size, study.seed, **chosen)
+    seconds = fit(module, loader, steps, size, CSVLogger(study.out / "logs", name=name, version=""))
+    scores = study_score(study, module.eval_backbone, name)
+    epochs = steps * size.batch / size.scenes
+    row = dict(run=name, backbone=backbone, objective=shown or objective, steps=steps, epochs=epochs)
+    row.update(s_per_step=m["s_per_step"], fit_s=seconds, **scores, **({"options": chosen} if chosen else {}))
+    row.update(deltas(study.out, name, f"{backbone}_random"))
+    study.results["rows"].append(row)
+    write_outputs(study.out, study.results)
+    say(
+        f"{name}: {steps} steps in {seconds:.0f} s; Hummingbird {scores['hbird']:.2f} "
+        f"({row['hbird_delta_text']}), linear probe {scores['linprobe']:.2f} ({row['linprobe_delta_text']})"
+    )
+    return module
+
+
+def finish(study: Study) -> dict:
+    study.results["total_s"] = elapsed()
+    plot(study.out, study.results["rows"])
+    print(write_outputs(study.out, study.results), flush=True)
+    say(f"done: {study.out}")
+    return study.results
+
+
+def run_study(
+    out: Path, size: Size, seed: int, backbones: list[str], objectives: list[str], augment_on: str = "cpu"
+) -> dict:
+    study = start_study(out, size, seed, augment_on)
+    score_random_inits(study, backbones)
     runs = [(b, o) for o in objectives for b in backbones]
-    loaders = {run: make_loader(run[1], run[0], scenes, size, augment_on, seed) for run in runs}
+    loaders = {run: make_loader(run[1], run[0], study.scenes, size, augment_on, seed) for run in runs}
     for backbone, objective in runs:
         m = measure(objective, backbone, loaders[(backbone, objective)], size, seed)
-        results["measured"][f"{backbone}_{objective}"] = m
+        study.results["measured"][f"{backbone}_{objective}"] = m
         say(f"{backbone} {objective}: {m['s_per_step']:.3f} s/step, {m['overhead_s']:.1f} s set-up")
-
-    reserve = len(runs) * 1.25 * statistics.mean(eval_s) + 0.05 * size.deadline_s
-    share = (size.deadline_s - elapsed() - reserve) / len(runs)
-    results["share_s"] = share
-    say(f"{share:.0f} s of training per run (deadline {size.deadline_s:.0f} s, {reserve:.0f} s kept for scoring)")
+    share = training_share(study, len(runs))
     for backbone, objective in runs:
-        name, m = f"{backbone}_{objective}", results["measured"][f"{backbone}_{objective}"]
-        steps = max(size.min_steps, int((share - m["overhead_s"]) / m["s_per_step"]))
-        module = build_module(objective, backbone, size, seed)
-        seconds = fit(
-            module, loaders[(backbone, objective)], steps, size, CSVLogger(out / "logs", name=name, version="")
-        )
-        scores = score(module.eval_backbone.to(device), train_set, val_set, size.eval_px, out / "confusions", name)
-        row = dict(
-            backbone=backbone,
-            objective=objective,
-            steps=steps,
-            epochs=steps * size.batch / size.scenes,
-            s_per_step=m["s_per_step"],
-            fit_s=seconds,
-            **scores,
-        )
-        for protocol in ("hbird", "linprobe"):
-            row[f"{protocol}_delta_text"], row[f"{protocol}_delta"] = interval_text(out, protocol, name, backbone)
-        results["rows"].append(row)
-        write_outputs(out, results)
-        say(
-            f"{name}: {steps} steps in {seconds:.0f} s; Hummingbird {scores['hbird']:.2f} "
-            f"({row['hbird_delta_text']}), linear probe {scores['linprobe']:.2f} ({row['linprobe_delta_text']})"
+        module = train_and_score(
+            study, f"{backbone}_{objective}", backbone, objective, loaders[(backbone, objective)], share
         )
         del module
-        if device == "cuda":
+        if study.device == "cuda":
             torch.cuda.empty_cache()
-    results["total_s"] = elapsed()
-    plot(out, results["rows"])
-    return results
+    return finish(study)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The options of this study and of those built on it: the results folder, size, seed, paths."""
     p.add_argument("--out", required=True, help="results folder (new or empty)")
-    p.add_argument("--toy", action="store_true", help="toy size on the CPU (the test suite's run)")
+    p.add_argument(
+        "--toy", "--dry-run", dest="toy", action="store_true", help="toy size on the CPU (the test suite's run)"
+    )
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole command (GPU: 540)")
     p.add_argument("--scenes", type=int, default=None, help="rendered training scenes (GPU: 8192)")
     p.add_argument("--batch", type=int, default=None, help="images per step (GPU: 256)")
     p.add_argument("--workers", type=int, default=None, help="loader worker processes")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backbones", nargs="+", choices=BACKBONES, default=list(BACKBONES))
-    p.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
     p.add_argument("--gaug-path", default="mask", help="GAug's attention path (mask | flex | auto | separable)")
     p.add_argument(
         "--augment-on",
@@ -457,28 +519,33 @@ def main(argv: list[str] | None = None) -> int:
         help="DINO / iBOT multi-crop in the loader's workers or batched on the device "
         "(default: gpu where CUDA is, else cpu)",
     )
-    args = p.parse_args(argv)
+
+
+def run_settings(args: argparse.Namespace, prog: str, toy: Size = TOY) -> tuple[Path, Size, str] | None:
+    """``--out``, the size (``toy`` with ``--toy``) and the multi-crop's place of :func:`add_options`'
+    arguments (and GAug's path set); None, after one line naming ``prog``, for an ``--out`` that
+    holds anything."""
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"gpu_study: --out {out} exists and is not an empty folder: choose a new one", flush=True)
-        return 1
-    size = TOY if args.toy else Size()
-    changes = {
-        k: v
-        for k, v in (
-            ("deadline_s", args.deadline),
-            ("scenes", args.scenes),
-            ("batch", args.batch),
-            ("workers", args.workers),
-        )
-        if v is not None
-    }
-    size = replace(size, **changes)
+        print(f"{prog}: --out {out} exists and is not an empty folder: choose a new one", flush=True)
+        return None
+    changes = {"deadline_s": args.deadline, "scenes": args.scenes, "batch": args.batch, "workers": args.workers}
+    size = replace(toy if args.toy else Size(), **{k: v for k, v in changes.items() if v is not None})
     GAugAttention.gaug_path = args.gaug_path
-    augment_on = args.augment_on or ("gpu" if torch.cuda.is_available() else "cpu")
-    results = run_study(out, size, args.seed, args.backbones, args.objectives, augment_on)
-    print(write_outputs(out, results), flush=True)
-    say(f"done: {out}")
+    return out, size, args.augment_on or ("gpu" if torch.cuda.is_available() else "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_options(p)
+    p.add_argument("--backbones", nargs="+", choices=BACKBONES, default=list(BACKBONES))
+    p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES))
+    args = p.parse_args(argv)
+    settings = run_settings(args, "gpu_study")
+    if settings is None:
+        return 1
+    out, size, augment_on = settings
+    run_study(out, size, args.seed, args.backbones, args.objectives, augment_on)
     return 0
 
 

@@ -44,6 +44,7 @@ import torch
 import yaml
 
 from benchmarks.results_io import add_results_option, results_file, write_results
+from benchmarks.studies.gram_arms import ARMS, PAIRS, gram_block
 from benchmarks.studies.ibot import _append, _rows  # the same results.jsonl log
 from benchmarks.studies.pretraining import ClassTokenKNN
 from benchmarks.studies.supervised import (
@@ -62,31 +63,12 @@ from locatdino.ssl.run import cli as fit_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKBONES = {"vit": "vit_tiny_patch16_224", "locatvit": "locatvit_tiny_patch8_224"}  # the recipes' --model.backbone
-# arm -> (backbone, recipe, uses Gram anchoring); the distill arm's teacher is the dino arm's run
-ARMS: dict[str, tuple[str, str, bool]] = {
-    "dino": ("vit", "dino_tiny_cpu", False),
-    "dino_gram": ("vit", "dino_tiny_cpu", True),
-    "locat": ("locatvit", "dino_tiny_cpu", False),
-    "locat_gram": ("locatvit", "dino_tiny_cpu", True),
-    "distill": ("locatvit", "distill_tiny_cpu", False),
-}
-# paired differences of --table: (label, arm A, arm B); "random" is the arm's own random init
-PAIRS = [
-    *[(f"{arm} − random init", arm, "random") for arm in ARMS],
-    ("dino_gram − dino", "dino_gram", "dino"),
-    ("locat_gram − locat", "locat_gram", "locat"),
-    ("locat − dino", "locat", "dino"),
-    ("locat_gram − dino_gram", "locat_gram", "dino_gram"),
-    ("distill − locat", "distill", "locat"),
-]
 
 
 def gram_flags(steps: int) -> list[str]:
-    """The Gram block of ``configs/dino_tiny_cpu.yaml`` scaled to a run of ``steps``: the Gram
-    teacher is the EMA teacher of the middle step, refreshed after every quarter from 3/4 on."""
-    quarter = max(steps // 4, 1)
-    gram = {"it_load_ema_teacher": steps // 2, "update_frequency": quarter, "it_first_update": 3 * quarter}
-    return ["--model.gram", json.dumps(gram)]
+    """``--model.gram`` of :func:`~benchmarks.studies.gram_arms.gram_block` (the DINO recipe's
+    commented Gram block scaled to a run of ``steps``)."""
+    return ["--model.gram", json.dumps(gram_block(steps))]
 
 
 def arm_argv(arm: str, seed: int, steps: int, out: Path) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from benchmarks.studies import gpu_study
+from tests.benchmarks.study_process import run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,15 +30,15 @@ def test_every_run_starts_from_the_scored_random_init(objective, backbone):
 
 @pytest.mark.slow
 def test_imports_without_jsonargparse():
-    """A CUDA machine's preinstalled Python may lack jsonargparse: the study must not need it (it
-    builds its modules and Trainers directly, not through ``locatdino fit``)."""
+    """A CUDA machine's preinstalled Python may lack jsonargparse: the study, and the Gram study built
+    on it, must not need it (they build their modules and Trainers directly, not through ``locatdino fit``)."""
     blocker = (
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] == 'jsonargparse': raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import benchmarks.studies.gpu_study\n"
+        "import benchmarks.studies.gpu_study, benchmarks.studies.gpu_gram_distill\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", blocker], env=env, capture_output=True, text=True, timeout=120)
@@ -54,19 +55,7 @@ def test_an_existing_results_folder_is_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_toy_study_end_to_end(tmp_path):
     out = tmp_path / "study"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.studies.gpu_study", "--toy", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_module("benchmarks.studies.gpu_study", "--toy", "--out", str(out))
     results = json.loads((out / "results.json").read_text())
     rows = results["rows"]
     assert [(r["backbone"], r["objective"]) for r in rows[:2]] == [("vit", "random init"), ("locatvit", "random init")]
@@ -92,32 +81,8 @@ def test_toy_study_with_the_multicrop_on_the_device(tmp_path):
     """``--augment-on gpu`` (the default where CUDA is): the loader batches uint8 scenes and the
     multi-crop runs on the training device (here CPU tensors), through a whole DINO run."""
     out = tmp_path / "study"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.studies.gpu_study",
-            "--toy",
-            "--out",
-            str(out),
-            "--objectives",
-            "dino",
-            "--backbones",
-            "vit",
-            "--augment-on",
-            "gpu",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    args = ["--toy", "--out", str(out), "--objectives", "dino", "--backbones", "vit", "--augment-on", "gpu"]
+    run_module("benchmarks.studies.gpu_study", *args)
     results = json.loads((out / "results.json").read_text())
     assert results["augment_on"] == "gpu"
     [trained] = [r for r in results["rows"] if r["objective"] == "dino"]
