@@ -15,6 +15,7 @@ import hashlib
 
 import torch
 import torch.nn.functional as F
+from timm.models import split_model_name_tag
 from timm.models.swin_transformer import SwinTransformer
 from torch import Tensor, nn
 
@@ -115,8 +116,8 @@ class FrozenTeacher(nn.Module):
         super().__init__()
         name, path = parse_teacher(text)
         try:
-            with torch.device("meta"):  # the architecture only: no memory, no weights
-                probe = create_backbone(name)
+            with torch.device("meta"):  # the architecture only (a pretrained tag names weights): no memory
+                probe = create_backbone(split_model_name_tag(name)[0])
         except (TypeError, RuntimeError, AssertionError) as err:  # timm's: not a backbone with patch tokens
             raise ValueError(
                 f"model.teacher {text}: {name} is not a backbone with patch tokens ({str(err).splitlines()[0]})"

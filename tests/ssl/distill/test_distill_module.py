@@ -225,3 +225,13 @@ def test_a_teacher_that_cannot_be_matched_or_loaded_is_refused_in_one_line(teach
 def test_gram_is_not_an_option_of_distillation(teacher_spec):
     with pytest.raises(ValueError, match=r"^model.gram: Gram anchoring is an option of DINO and iBOT"):
         student(teacher_spec, gram={"it_load_ema_teacher": 0})
+
+
+def test_a_teacher_named_with_its_pretrained_tag_loads_its_file(teacher_spec):
+    """``vit_small_patch16_224.dino:FILE`` as users copy it from timm: the tag names the weights
+    that FILE holds, so it is no request to download them."""
+    name, path = teacher_spec.split(":", 1)
+    tagged = student(f"{name}.r160_in1k:{path}").distill_teacher.backbone
+    plain = student(teacher_spec).distill_teacher.backbone
+    assert tagged.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(tagged.state_dict()[k], v) for k, v in plain.state_dict().items())
