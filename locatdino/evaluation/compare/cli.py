@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from locatdino.common.arguments import ArgumentParser, ConfigTable, OptionGroups, at_least
+from locatdino.common.output_folder import OutputFolder
 from locatdino.evaluation.compare.baselines import NAMES as BASELINE_NAMES
 from locatdino.evaluation.compare.baselines import evaluate_baselines
 from locatdino.evaluation.compare.intervals import confusion_file, paired_differences
@@ -324,7 +325,7 @@ class CompareProtocol(Protocol):
         )
         return [_row(outcome, setup) for outcome in outcomes]
 
-    def finish(self, setup: CompareSetup, records: list[dict[str, Any]], folder: Any) -> None:
+    def finish(self, setup: CompareSetup, records: list[dict[str, Any]], folder: OutputFolder | None) -> None:
         """Each row's per-image matrices (intervals between any two models) and the figures."""
         if folder is None:
             return
