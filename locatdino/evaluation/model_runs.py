@@ -75,7 +75,7 @@ def add_model_arguments(group: Any) -> None:
 
 def add_retired_models(group: Any) -> None:
     """``compare``'s positional models of earlier versions, hidden, caught to say what to write
-    instead (:func:`model_runs`)."""
+    instead (:func:`model_runs`); compare adds them beside the runner's ``--model``."""
     group.add_argument("retired_models", nargs="*", default=[], help=argparse.SUPPRESS)
 
 
