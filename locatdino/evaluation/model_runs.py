@@ -49,10 +49,9 @@ class ModelRun:
     pos_embed: str = "auto"
 
 
-def add_model_arguments(group: Any, positional_hint: bool = False) -> None:
+def add_model_arguments(group: Any) -> None:
     """``--model`` and ``--pos-embed``, repeatable: one run per model; and the retired
-    ``--checkpoint`` (with ``positional_hint``, ``compare``'s positional models), hidden, caught
-    to say what to write instead (:func:`model_runs`)."""
+    ``--checkpoint``, hidden, caught to say what to write instead (:func:`model_runs`)."""
     group.add_argument(
         "--model",
         action="append",
@@ -72,8 +71,12 @@ def add_model_arguments(group: Any, positional_hint: bool = False) -> None:
         help=POS_EMBED_HELP + "; once for all models or once per --model",
     )
     group.add_argument("--checkpoint", action="append", default=[], help=argparse.SUPPRESS)
-    if positional_hint:
-        group.add_argument("retired_models", nargs="*", default=[], help=argparse.SUPPRESS)
+
+
+def add_retired_models(group: Any) -> None:
+    """``compare``'s positional models of earlier versions, hidden, caught to say what to write
+    instead (:func:`model_runs`); compare adds them beside the runner's ``--model``."""
+    group.add_argument("retired_models", nargs="*", default=[], help=argparse.SUPPRESS)
 
 
 def _retired_forms(args: argparse.Namespace, parser: ArgumentParser) -> None:

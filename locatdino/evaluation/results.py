@@ -207,11 +207,12 @@ def results_table(document: dict[str, Any], layout: ReportLayout) -> str:
 
 
 def report_markdown(document: dict[str, Any], layout: ReportLayout) -> str:
-    """``report.md``: the title, the command, what was measured, the table, how the intervals are
-    computed, then the protocol's own sections."""
+    """``report.md``: the title, the command, what was measured, the table (none without a model), how
+    the intervals are computed, then the protocol's own sections."""
     paired = len(document["models"]) > 1
     lines = [f"# {layout.title}", "", f"Command: `{document['command']}`", "", *layout.about(document), ""]
-    lines += [results_table(document, layout), ""]
+    if document["models"]:  # none where compare's every model failed: no table of nothing
+        lines += [results_table(document, layout), ""]
     if paired:
         lines += [
             f"Δ = model − first model with its 95 % paired-bootstrap interval ({RESAMPLES:,} resamples of the "

@@ -13,9 +13,15 @@ all of them:
    hours of work; a refusal stops every rank) and holds it, so a second run into it is refused
    rather than raced;
 5. score the models one after another, the first the reference of every Δ (a protocol's
-   extraction shares the images among the ranks); after each, rank 0 rewrites ``OUT/results.json``
-   and ``OUT/report.md`` (:mod:`locatdino.evaluation.results`), so a stop or a failure in a later
-   model keeps the earlier ones' results.
+   extraction shares the images among the ranks), then the rows the protocol adds without a model
+   (:meth:`Protocol.rows_after`); after each, rank 0 rewrites ``OUT/results.json`` and
+   ``OUT/report.md`` (:mod:`locatdino.evaluation.results`), so a stop or a failure in a later
+   model keeps the earlier ones' results;
+6. let the protocol read every row (:meth:`Protocol.finish`: cross-model figures) and write both
+   files a last time.
+
+A protocol that tolerates a model's failure (:attr:`Protocol.tolerated`) leaves that model out,
+lists it under ``failed`` and ends with exit status 1; otherwise the first error ends the run.
 
 Adding a protocol is one sub-package with a ``Protocol`` and a ``main`` calling :func:`run`.
 """
@@ -37,6 +43,7 @@ import torch
 from torch import nn
 
 from locatdino.common.arguments import ArgumentParser, OptionGroups, add_shared_option, option_groups
+from locatdino.common.errors import UserError, first_line
 from locatdino.common.help_format import DefaultsOnceHelpFormatter
 from locatdino.common.output_files import DiskFullError
 from locatdino.common.output_folder import OutputFolder, add_overwrite_option
@@ -83,6 +90,11 @@ class Protocol(ABC):
     description: ClassVar[str]  # the first paragraph of --help
     out_default: ClassVar[str]  # --out when not given
     artefact_files: ClassVar[tuple[str, ...]] = ()  # what score() may write into OUT/<label>/
+    # Errors one model may fail with, loading or scoring, while the others are still scored: compare's
+    # report of many models must not be lost to one unreadable checkpoint. That model is left out, its
+    # one-line reason printed and kept under the document's ``failed``, and the run's exit status is 1.
+    # Empty (every other protocol): the first error ends the run, before the other models' hours of work.
+    tolerated: ClassVar[tuple[type[Exception], ...]] = ()
 
     @property
     @abstractmethod
@@ -124,6 +136,30 @@ class Protocol(ABC):
         """``differences`` of ``scored`` to the first model (None: not comparable)."""
         return None
 
+    def record(self, scored: Scored, args: argparse.Namespace, run: ModelRun, model: nn.Module) -> dict[str, Any]:
+        """The model's ``results.json`` record: the protocol's, with what was run added to its
+        ``model``, ``config`` and ``provenance`` (:func:`record_run`). A protocol that records the
+        dataset once for all its rows (compare: at the top, beside rows that have no model) keeps
+        its own."""
+        return record_run(scored.record, args, run, model)
+
+    def rows_after(self, setup: Any, first: Scored | None) -> list[Scored]:
+        """Rows scored without a model, after the models (compare's baselines, on the grid of the
+        first model that ran; ``first`` is None when none did): each gets its Δ to the first row and
+        is written as a model's row is."""
+        return []
+
+    def finish(self, setup: Any, records: list[dict[str, Any]], folder: OutputFolder | None) -> None:
+        """What needs every row, after the last one and before the last write (compare's figures
+        across the models); ``records`` may still be completed. ``folder`` is the output folder on
+        the rank that writes, None on the others."""
+        return None
+
+    def document_keys(self, setup: Any) -> dict[str, Any]:
+        """Top-level keys of ``results.json`` beside the schema's (compare's dataset, config, probes
+        and figures), asked at every write: what :meth:`finish` adds reaches the last one."""
+        return {}
+
 
 def build_parser(protocol: Protocol) -> ArgumentParser:
     """The command's parser: ``--model``, the protocol's options, ``--out`` and ``--overwrite``,
@@ -158,8 +194,9 @@ def run(protocol: Protocol, argv: list[str] | None = None) -> int:
         setup = protocol.prepare(args)
     except (ValueError, FileNotFoundError) as err:
         raise fail(command, err) from None
-    models = load_backbones(runs, args.seed, **protocol.load_options(args, setup))
-    for run_, model in zip(runs, models):
+    failed: dict[str, str] = {}  # {label: one-line reason} of the models a tolerant protocol left out
+    loaded = _load(protocol, runs, args, setup, failed)
+    for run_, model in loaded:
         try:
             protocol.check_model(run_, model, setup)
         except ValueError as err:
@@ -177,46 +214,106 @@ def run(protocol: Protocol, argv: list[str] | None = None) -> int:
     with evaluation_ranks(device) as launch:  # one process, or each rank of a torchrun / srun launch
         folder = checked_by_writer(checked)  # None on the ranks that do not write
         with folder.writing(args.overwrite) if folder else contextlib.nullcontext():  # a second run: refused
-            document = _score_all(protocol, argv, args, runs, models, setup, launch.device(device), folder)
+            rows = _Rows(protocol, argv, setup, folder, failed)
+            rows.score_models(args, loaded, launch.device(device))
+            document = rows.finish()
     if folder is not None:
-        print(results_table(document, protocol.layout))
+        if document["models"]:
+            print(results_table(document, protocol.layout))
         print(f"[{command}] results written to {folder.path}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
-def _score_all(
-    protocol: Protocol,
-    argv: list[str],
-    args: argparse.Namespace,
-    runs: list[ModelRun],
-    models: list[nn.Module],
-    setup: Any,
-    device: torch.device,
-    folder: OutputFolder | None,
-) -> dict[str, Any]:
-    """Every model scored in turn, the results rewritten after each (by the writing rank: ``folder``)."""
-    command, records, first = protocol.command, [], None
-    for run_, model in zip(runs, models):
-        if folder is not None:
-            print(f"[{command}] {run_.label}: {protocol.announce(run_, setup)}", file=sys.stderr, flush=True)
-        scored = protocol.score(model.to(device), run_, setup, device)
-        model.cpu()
-        record = record_run(scored.record, args, run_, model)
-        if first is not None and (differences := protocol.difference(scored, first, setup)) is not None:
-            record["differences"] = differences
-        first = first or scored
-        records.append(record)
-        document = results_document(f"locatdino {command} " + shlex.join(argv), command, records)
-        if folder is None:
-            continue
+def _load(
+    protocol: Protocol, runs: list[ModelRun], args: argparse.Namespace, setup: Any, failed: dict[str, str]
+) -> list[tuple[ModelRun, nn.Module]]:
+    """Every model built before the first is scored (:func:`load_backbones`); one that a tolerant
+    protocol cannot build is named in ``failed`` at once, not after the others' work."""
+    options = protocol.load_options(args, setup)
+    if not protocol.tolerated:
+        return list(zip(runs, load_backbones(runs, args.seed, **options)))
+    loaded = []
+    for run_ in runs:
         try:
-            for name, write in scored.artefacts.items():
-                path = folder.path / run_.label / name
+            loaded += [(run_, *load_backbones([run_], args.seed, **options))]
+        except (UserError, *protocol.tolerated) as err:
+            _note_failure(protocol.command, failed, run_, err)
+    return loaded
+
+
+def _note_failure(command: str, failed: dict[str, str], run: ModelRun, err: BaseException) -> None:
+    """Keep and say in one line why ``run`` failed: its model, its weights and the error's first line."""
+    failed[run.label] = f"{run.name}:{run.checkpoint or 'none'}: {first_line(err)[:300]}"
+    print(f"locatdino {command}: model {run.label!r} failed: {failed[run.label]}", file=sys.stderr, flush=True)
+
+
+class _Rows:
+    """The rows of a run as they are scored, and its document rewritten after each (by the rank
+    that writes: ``folder``)."""
+
+    def __init__(
+        self, protocol: Protocol, argv: list[str], setup: Any, folder: OutputFolder | None, failed: dict[str, str]
+    ) -> None:
+        self.protocol, self.setup, self.folder, self.failed = protocol, setup, folder, failed
+        self.command_line = f"locatdino {protocol.command} " + shlex.join(argv)
+        self.records: list[dict[str, Any]] = []
+        self.first: Scored | None = None
+
+    def score_models(
+        self, args: argparse.Namespace, loaded: list[tuple[ModelRun, nn.Module]], device: torch.device
+    ) -> None:
+        """Every model in turn, then the protocol's rows without a model."""
+        protocol = self.protocol
+        for run_, model in loaded:
+            if self.folder is not None:
+                print(
+                    f"[{protocol.command}] {run_.label}: {protocol.announce(run_, self.setup)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            try:
+                scored = protocol.score(model.to(device), run_, self.setup, device)
+            except protocol.tolerated as err:
+                _note_failure(protocol.command, self.failed, run_, err)
+                continue
+            finally:
+                model.cpu()
+            self._add(scored, protocol.record(scored, args, run_, model), run_.label)
+        for scored in protocol.rows_after(self.setup, self.first):
+            self._add(scored, scored.record, scored.record["model"]["label"])
+
+    def _add(self, scored: Scored, record: dict[str, Any], label: str) -> None:
+        """One row: its Δ to the first row, then its artefacts and the document written."""
+        first = self.first
+        if first is not None and (differences := self.protocol.difference(scored, first, self.setup)) is not None:
+            record["differences"] = differences
+        self.first = self.first or scored
+        self.records.append(record)
+        self._write(label, scored.artefacts)
+
+    def finish(self) -> dict[str, Any]:
+        """The protocol's last word on every row, and the document as last written."""
+        self.protocol.finish(self.setup, self.records, self.folder)
+        return self._write()
+
+    def _write(self, label: str = "", artefacts: dict[str, Callable[[Path], None]] | None = None) -> dict[str, Any]:
+        """The document of the rows so far, written with ``label``'s ``artefacts`` by the writing rank."""
+        document = {
+            **results_document(self.command_line, self.protocol.command, self.records),
+            **self.protocol.document_keys(self.setup),
+        }
+        if self.protocol.tolerated:
+            document["failed"] = self.failed
+        if self.folder is None:
+            return document
+        try:
+            for name, write in (artefacts or {}).items():
+                path = self.folder.path / label / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write(path)
-                folder.wrote(path)
-            folder.write_text(RESULTS_FILE, json.dumps(document, indent=2) + "\n")
-            folder.write_text(REPORT_FILE, report_markdown(document, protocol.layout))
+                self.folder.wrote(path)
+            self.folder.write_text(RESULTS_FILE, json.dumps(document, indent=2) + "\n")
+            self.folder.write_text(REPORT_FILE, report_markdown(document, self.protocol.layout))
         except DiskFullError as err:
-            raise fail(command, err) from None
-    return document
+            raise fail(self.protocol.command, err) from None
+        return document

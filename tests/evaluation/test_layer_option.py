@@ -39,7 +39,7 @@ def nothing_runs(monkeypatch):
 
     monkeypatch.setattr(hbird_cli, "hummingbird", refuse)
     monkeypatch.setattr(probe_cli, "linear_probe", refuse)
-    monkeypatch.setattr(compare_cli, "compare", refuse)
+    monkeypatch.setattr(compare_cli, "evaluate_model", refuse)
 
 
 @pytest.mark.parametrize("command", ["hbird", "linprobe", "compare"])

@@ -5,7 +5,7 @@ import pytest
 
 from locatdino import cli
 from locatdino.common.arguments import ArgumentParser, option_groups
-from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, model_runs
+from locatdino.evaluation.model_runs import ModelRun, add_model_arguments, add_retired_models, model_runs
 from locatdino.models.model_spec import parse_model
 
 
@@ -25,7 +25,9 @@ def test_the_grammar_splits_at_the_first_colon():
 
 def _runs(*argv: str) -> list[ModelRun]:
     parser = ArgumentParser(prog="locatdino hbird")
-    add_model_arguments(option_groups(parser).model, positional_hint=True)
+    group = option_groups(parser).model
+    add_model_arguments(group)
+    add_retired_models(group)
     return model_runs(parser.parse_args(list(argv)), parser)
 
 

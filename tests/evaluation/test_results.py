@@ -6,6 +6,8 @@ import jsonschema
 import numpy as np
 import pytest
 
+from locatdino.common.errors import UserError
+from locatdino.common.output_folder import OutputFolder
 from locatdino.evaluation.bootstrap import PairedInterval
 from locatdino.evaluation.options import add_data_arguments
 from locatdino.evaluation.results import (
@@ -141,3 +143,71 @@ def test_a_protocol_is_run_by_the_one_skeleton(tmp_path, capsys):
         run(protocol, argv)
     with pytest.raises(SystemExit, match=r"^locatdino knn: --input-size 0: no image$"):
         run(protocol, [*argv, "--input-size", "0"])
+
+
+class ToleratingProtocol(CountingProtocol):
+    """The toy with the runner's hooks that a comparison of many models uses (compare's): a model that
+    fails is left out, a row without a model follows the models, a file across all rows is written
+    last and the document holds a key of its own."""
+
+    tolerated = (ValueError,)
+
+    def score(self, model, run_, setup, device):
+        if run_.label == "b":
+            raise ValueError("no weight above zero\nand a second line")
+        return super().score(model, run_, setup, device)
+
+    def record(self, scored, args, run_, model):  # as compare: no dataset in the row's config
+        return {**scored.record, "model": {"label": run_.label, "name": run_.name, "checkpoint": run_.checkpoint}}
+
+    def rows_after(self, setup, first):
+        row = {"model": {"label": "half", "name": "none", "checkpoint": None}, "config": {}, "provenance": {}}
+        row["scores"] = {"k=1": {"top1": score(50.0, (49.0, 51.0)), "top5": score(None)}}
+        return [Scored(row, paired=50.0)]
+
+    def finish(self, setup, records, folder):
+        records[0]["finished"] = True
+        if folder is not None:
+            folder.write_text("rows.txt", " ".join(record["model"]["label"] for record in records))
+
+    def document_keys(self, setup):
+        return {"scored": list(setup["scored"])}
+
+
+def test_a_tolerant_protocol_leaves_out_a_failing_model_and_the_others_are_written(tmp_path, capsys):
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a checkpoint")
+    out = tmp_path / "out"
+    models = ["a=vit_tiny_patch16_224", "b=vit_tiny_patch16_224", f"bad=vit_tiny_patch16_224:{broken}"]
+    argv = [*(arg for model in [*models, "c=vit_tiny_patch16_224"] for arg in ("--model", model)), "--out", str(out)]
+    assert run(ToleratingProtocol(), argv) == 1
+    document = json.loads((out / "results.json").read_text())
+    jsonschema.validate(document, RESULTS_SCHEMA)
+    a, c, half = document["models"]
+    assert [a["model"]["label"], c["model"]["label"], half["model"]["label"]] == ["a", "c", "half"]
+    # bad is named as it is built, before any model is scored; b while it is scored; each in one line
+    assert list(document["failed"]) == ["bad", "b"]
+    assert document["failed"]["b"] == "vit_tiny_patch16_224:none: no weight above zero"
+    assert document["failed"]["bad"].startswith(f"vit_tiny_patch16_224:{broken}: ")
+    err = capsys.readouterr().err.splitlines()
+    failures = [line for line in err if line.startswith("locatdino knn: model ")]
+    assert failures == [f"locatdino knn: model {label!r} failed: {document['failed'][label]}" for label in ("bad", "b")]
+    assert err.index(failures[0]) < err.index("[knn] a: counting") < err.index(failures[1])
+    # the row without a model: after the models, its Δ to the first row as a model's (kept to 4 decimals)
+    delta = 50.0 - a["scores"]["k=1"]["top1"]["value"]
+    assert half["differences"]["k=1"]["top1"]["delta"] == pytest.approx(delta, abs=1e-4)
+    assert c["differences"]["k=1"]["top1"]["delta"] == pytest.approx(0.0)  # the same seed, the same weights
+    assert "dataset" not in a["config"] and "checkpoint" not in a["provenance"]  # the protocol's own record
+    assert document["scored"] == ["a", "c"] and a["finished"] and "finished" not in c
+    assert (out / "rows.txt").read_text() == "a c half"
+    assert "| half | k=1 | 50.00 [49.00, 51.00] |" in (out / "report.md").read_text()
+    assert "rows.txt" in OutputFolder(out, "knn").earlier()  # what finish() wrote is the run's
+
+
+def test_a_model_that_fails_ends_the_run_of_a_protocol_that_tolerates_nothing(tmp_path):
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a checkpoint")
+    argv = ["--model", "a=vit_tiny_patch16_224", "--model", f"bad=vit_tiny_patch16_224:{broken}"]
+    with pytest.raises(UserError, match=str(broken)):
+        run(CountingProtocol(), [*argv, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # refused before any output

@@ -17,27 +17,27 @@ stderr and in the report; the others are still evaluated and written).
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
+import pickle
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from locatdino.common.arguments import ArgumentParser, ConfigTable, add_shared_option, at_least, option_groups
-from locatdino.common.errors import UserError
-from locatdino.common.help_format import DefaultsOnceHelpFormatter
-from locatdino.common.output_folder import OutputFolder, add_overwrite_option
+from locatdino.common.arguments import ArgumentParser, ConfigTable, OptionGroups, at_least
+from locatdino.common.output_folder import OutputFolder
 from locatdino.evaluation.compare.baselines import NAMES as BASELINE_NAMES
-from locatdino.evaluation.compare.intervals import attach_differences, confusion_file
-from locatdino.evaluation.compare.measure import memory_sizes
-from locatdino.evaluation.compare.report import headline_table, report_markdown
-from locatdino.evaluation.compare.runner import ModelSpec, ProbeSet, ShownImages, compare
+from locatdino.evaluation.compare.baselines import evaluate_baselines
+from locatdino.evaluation.compare.intervals import confusion_file, paired_differences
+from locatdino.evaluation.compare.measure import ModelOutcome, ModelSpec, memory_sizes
+from locatdino.evaluation.compare.report import COMPARE_LAYOUT
+from locatdino.evaluation.compare.runner import ProbeSet, ShownImages, evaluate_model
 from locatdino.evaluation.features import check_layer
+from locatdino.evaluation.hbird.evaluate import HummingbirdConfig
 from locatdino.evaluation.hbird.index import check_index_device
 from locatdino.evaluation.hbird.options import (
     add_protocol_arguments,
@@ -47,15 +47,17 @@ from locatdino.evaluation.hbird.options import (
 )
 from locatdino.evaluation.linprobe.one_cycle import MIN_STEPS
 from locatdino.evaluation.linprobe.protocol import PROBE_AUGMENT, LinearProbeConfig
-from locatdino.evaluation.model_runs import add_model_arguments, model_runs
-from locatdino.evaluation.options import add_data_arguments, encoder_device, open_splits
+from locatdino.evaluation.model_runs import ModelRun, add_retired_models, model_runs
+from locatdino.evaluation.options import add_data_arguments, check_outputs, open_splits
 from locatdino.evaluation.provenance import run_provenance
-from locatdino.evaluation.results import REPORT_FILE, RESULTS_FILE, results_document
+from locatdino.evaluation.results import REPORT_FILE, RESULTS_FILE, ReportLayout
+from locatdino.evaluation.runner import Protocol, Scored, build_parser, fail, run
 from locatdino.evaluation.splits import CachedSplit, SubsetSplit
 from locatdino.evaluation.train_lists import add_train_list_arguments, listed_ids, train_list_record
 from locatdino.evaluation.views import BadSample
 from locatdino.models import create_backbone
 from locatdino.models.dense_features import feature_layers
+from locatdino.models.model_spec import parse_model
 from locatdino.models.token_grid import patch_size
 
 # compare's linear probe: cheap enough for the built-in scenes (the demo runs it for four models);
@@ -110,15 +112,9 @@ def _fraction(text: str) -> Fraction:
     return value
 
 
-def _parser() -> ArgumentParser:
-    p = ArgumentParser(
-        prog="locatdino compare",
-        description="Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
-        "per-class IoU, class-token probes, speed, and figures, in one report.",
-        formatter_class=DefaultsOnceHelpFormatter,
-    )
-    groups = option_groups(p)
-    add_model_arguments(groups.model, positional_hint=True)
+def _add_arguments(groups: OptionGroups) -> None:
+    """compare's options beside the runner's ``--model``, ``--out`` and ``--overwrite``."""
+    add_retired_models(groups.model)
     groups.model.add_argument(
         "--baselines",
         action="store_true",
@@ -160,10 +156,11 @@ def _parser() -> ArgumentParser:
         help="linear-probe training views: off (whole images, features cached once) or "
         "reference (the paper's augmentation, backbone every iteration)",
     )
-    add_shared_option(groups.output, "--out", "compare_results")
-    add_overwrite_option(groups.output)
     groups.output.add_argument("--figure-images", type=at_least(1), default=4, help="query images shown in the figures")
-    return p
+
+
+def _parser() -> ArgumentParser:
+    return build_parser(CompareProtocol())
 
 
 def _linprobe_config(args: argparse.Namespace) -> LinearProbeConfig | None:
@@ -225,127 +222,210 @@ def _probe_set(args: argparse.Namespace, train: Any, val: Any) -> tuple[ProbeSet
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
-    args = parse_protocol_args(parser, argv)
-    runs = model_runs(args, parser, [name.rstrip("/") for name in REPORT_FILES])
-    specs = [ModelSpec(run.label, run.name, run.checkpoint) for run in runs]
-    names = [s.name for s in specs]
-    if args.baselines and set(names) & set(BASELINE_NAMES):
-        raise SystemExit(
-            f"locatdino compare: with --baselines the names {' and '.join(BASELINE_NAMES)} are the "
-            "baselines' rows: rename the model"
-        )
-    folder = OutputFolder(args.out, "compare")
-    out = folder.path
-    try:
-        folder.check(REPORT_FILES, args.overwrite)
-    except UserError as err:
-        raise SystemExit(f"locatdino compare: {err}") from None
-    device = encoder_device(args.device, "compare")
-    try:
-        cfg = config_from_args(args)  # inconsistent settings fail before any data is read
-        check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
-        patches = _check_models(specs, cfg.layer)
-        linprobe = _linprobe_config(args)
-        train, val = _open_splits(args)
-        if train is not None:
-            args.memory_fractions = _memory_fractions(args.memory_fractions, patches, len(train), cfg)
-        if linprobe is not None and train is not None:
-            linprobe.check_train_size(len(train), "--linprobe-batch-size")
-        probes, probe_info = _probe_set(args, train, val)
-        if args.baselines and train is None:
-            raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
-    except (ValueError, FileNotFoundError, OSError) as err:
-        raise SystemExit(f"locatdino compare: {err}") from None
-    with folder.writing(args.overwrite):  # a second compare into --out is refused, not raced
-        if train is None:
-            print(
-                f"[compare] {len(specs)} models on {args.dataset} (no masks: class-token probes only): "
-                f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images",
-                file=sys.stderr,
-                flush=True,
+@dataclass
+class CompareSetup:
+    """What every row of a comparison is measured on, and the rows measured so far (the figures
+    and the per-image files read them after the last)."""
+
+    args: argparse.Namespace
+    cfg: HummingbirdConfig
+    train: Any  # None: no segmentation masks (class-token probes only)
+    val: Any
+    linprobe: LinearProbeConfig | None  # None: --no-linprobe, or no masks
+    probes: ProbeSet | None
+    probe_info: dict[str, Any]
+    shown: ShownImages
+    run_config: dict[str, Any]  # every row's config, and the document's
+    provenance: dict[str, Any]
+    outcomes: list[ModelOutcome] = field(default_factory=list)  # the rows, in order
+    first_patch: int | None = None  # the first model's patch: the baselines' grid
+    figures: dict[str, str] = field(default_factory=dict)  # {title: path relative to --out}
+
+
+class CompareProtocol(Protocol):
+    """Several models side by side: every model through Hummingbird, the linear probe and the class-token
+    probes (``runner.evaluate_model``), then the baselines and the figures across them."""
+
+    command = "compare"
+    description = (
+        "Compare frozen models on one dataset: Hummingbird mIoU (several memory sizes), "
+        "per-class IoU, class-token probes, speed, and figures, in one report."
+    )
+    out_default = "compare_results"
+    # a model that cannot be read or scored is reported and left out; the others are still compared
+    tolerated = (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError)
+
+    @property
+    def layout(self) -> ReportLayout:
+        return COMPARE_LAYOUT
+
+    def add_arguments(self, groups: OptionGroups) -> None:
+        _add_arguments(groups)
+
+    def parse(self, parser: ArgumentParser, argv: list[str]) -> argparse.Namespace:
+        """``--protocol``'s settings as defaults; the baselines' names refused as a model's label."""
+        args = parse_protocol_args(parser, argv)
+        labels = [run.label for run in model_runs(args, parser, [name.rstrip("/") for name in REPORT_FILES])]
+        if args.baselines and set(labels) & set(BASELINE_NAMES):
+            raise fail(
+                self.command,
+                f"with --baselines the names {' and '.join(BASELINE_NAMES)} are the baselines' rows: rename the model",
             )
-            shown = ShownImages.from_probes(probes, args.figure_images)
-        else:
-            print(
-                f"[compare] {len(specs)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
-                f"{args.input_size} px",
-                file=sys.stderr,
-                flush=True,
-            )
-            shown = ShownImages.from_split(val, args.figure_images, args.input_size)
-        outcomes, failed = compare(
-            specs,
-            train,
-            val,
-            cfg,
-            args.memory_fractions,
-            shown,
-            probes,
-            pos_embeds=[run.pos_embed for run in runs],
-            device=device,
-            linprobe=linprobe if train is not None else None,
-            baselines=args.baselines,
+        return args
+
+    def prepare(self, args: argparse.Namespace) -> CompareSetup:
+        # figures/ and per_image_confusion/ too, and before the data are read (the runner checks --out after)
+        check_outputs(args.out, self.command, REPORT_FILES, None, args.overwrite)
+        try:
+            return _prepare(args)
+        except OSError as err:
+            raise fail(self.command, err) from None
+
+    def load_options(self, args: argparse.Namespace, setup: CompareSetup) -> dict[str, Any]:
+        return {"input_size": setup.cfg.input_size}
+
+    def announce(self, run: ModelRun, setup: CompareSetup) -> str:
+        return f"{run.name} ({run.checkpoint or 'random init'})"
+
+    def score(self, model: nn.Module, run: ModelRun, setup: CompareSetup, device: torch.device) -> Scored:
+        spec = ModelSpec(run.label, run.name, run.checkpoint)
+        outcome = evaluate_model(
+            spec,
+            model,
+            setup.train,
+            setup.val,
+            setup.cfg,
+            setup.args.memory_fractions,
+            setup.shown,
+            setup.probes,
+            setup.linprobe,
         )
-        classes = report_classes(val) if val is not None else []
-        models = [o.to_dict() for o in outcomes]
-        for i, (outcome, model) in enumerate(zip(outcomes, models)):
+        setup.first_patch = setup.first_patch or patch_size(model)[0]
+        return _row(outcome, setup)
+
+    def record(self, scored: Scored, args: argparse.Namespace, run: ModelRun, model: nn.Module) -> dict[str, Any]:
+        return scored.record  # the dataset is the document's, once (document_keys)
+
+    def difference(self, scored: Scored, first: Scored, setup: CompareSetup) -> dict[str, Any]:
+        a, b = scored.paired, first.paired
+        intervals = paired_differences(_confusions(a), _confusions(b), a.probes, b.probes, setup.cfg.hungarian)
+        return {"": {metric: interval.to_dict() for metric, interval in intervals.items()}}
+
+    def rows_after(self, setup: CompareSetup, first: Scored | None) -> list[Scored]:
+        if not setup.args.baselines or setup.first_patch is None or setup.train is None:
+            return []
+        outcomes = evaluate_baselines(
+            setup.first_patch,
+            setup.train,
+            setup.val,
+            setup.cfg,
+            setup.args.memory_fractions,
+            setup.shown,
+            setup.linprobe,
+        )
+        return [_row(outcome, setup) for outcome in outcomes]
+
+    def finish(self, setup: CompareSetup, records: list[dict[str, Any]], folder: OutputFolder | None) -> None:
+        """Each row's per-image matrices (intervals between any two models) and the figures."""
+        if folder is None:
+            return
+        out = folder.path
+        for i, (outcome, record) in enumerate(zip(setup.outcomes, records)):
             if outcome.image_confusions is not None:
                 folder.wrote(outcome.image_confusions.save(out / confusion_file(i)))
-                model["hbird"]["per_image_confusion"] = confusion_file(i)
+                record["hbird"]["per_image_confusion"] = confusion_file(i)
                 if outcome.linprobe_confusion is not None:  # the same query images, the same classes of the mean
                     folder.wrote(outcome.linprobe_confusion.save(out / confusion_file(i, "linprobe")))
-                    model["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
-        attach_differences(models, out, cfg.hungarian)
-        run_config = {
-            **{k: v for k, v in vars(cfg).items() if k != "progress"},
-            "protocol": protocol_record(args),
-            "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
-            "linprobe": asdict(linprobe) if linprobe is not None and train is not None else None,
+                    record["linprobe"]["per_image_confusion"] = confusion_file(i, "linprobe")
+        if setup.outcomes:
+            setup.figures = _figures(setup.outcomes, setup.shown, _classes(setup.val), out)
+            folder.wrote(*(out / path for path in setup.figures.values()))
+
+    def document_keys(self, setup: CompareSetup) -> dict[str, Any]:
+        args, train, val, probes = setup.args, setup.train, setup.val, setup.probes
+        dataset = {
+            "name": args.dataset,
+            "data_dir": args.data_dir,
+            "train_split": args.train_split,
+            "val_split": args.val_split,
+            "train_list": train_list_record(args),
+            "num_train": len(train) if train is not None else len(probes.train_labels),
+            "num_val": len(val) if val is not None else len(probes.test_labels),
+            "class_names": _classes(val),
         }
-        provenance = run_provenance()
-        for model in models:  # what every results.json model record holds
-            model.update(config=run_config, provenance=provenance)
-        report = {
-            **results_document("locatdino compare " + shlex.join(argv), "compare", models),
-            "dataset": {
-                "name": args.dataset,
-                "data_dir": args.data_dir,
-                "train_split": args.train_split,
-                "val_split": args.val_split,
-                "train_list": train_list_record(args),
-                "num_train": len(train) if train is not None else len(probes.train_labels),
-                "num_val": len(val) if val is not None else len(probes.test_labels),
-                "class_names": classes,
-            },
-            "config": run_config,
-            "probes": probe_info,
-            "failed": failed,
-            "figures": _figures(outcomes, shown, classes, out) if outcomes else {},
-        }
-        folder.wrote(*(out / path for path in report["figures"].values()))
-        folder.write_text(RESULTS_FILE, json.dumps(report, indent=2, default=str) + "\n")
-        folder.write_text(REPORT_FILE, report_markdown(report))
-        if outcomes:
-            print(headline_table(report["models"]))
-        print(f"[compare] report: {out / 'report.md'}", file=sys.stderr)
-        return 1 if failed else 0
+        return {"dataset": dataset, "config": setup.run_config, "probes": setup.probe_info, "figures": setup.figures}
 
 
-def _check_models(specs: list[ModelSpec], layer: int) -> list[int]:
+def main(argv: list[str] | None = None) -> int:
+    return run(CompareProtocol(), argv)
+
+
+def _prepare(args: argparse.Namespace) -> CompareSetup:
+    """The config, the data, the probes' images and the figures' (``ValueError``: one line), checked
+    before any model is built."""
+    cfg = config_from_args(args)  # inconsistent settings fail before any data is read
+    check_index_device(cfg.index_device, cfg.index, cfg.knn_backend)
+    patches = _check_models(args, cfg.layer)
+    linprobe = _linprobe_config(args)
+    train, val = _open_splits(args)
+    if train is not None:
+        args.memory_fractions = _memory_fractions(args.memory_fractions, patches, len(train), cfg)
+    if linprobe is not None and train is not None:
+        linprobe.check_train_size(len(train), "--linprobe-batch-size")
+    probes, probe_info = _probe_set(args, train, val)
+    if args.baselines and train is None:
+        raise ValueError(f"--baselines needs segmentation masks: these {args.dataset} have image labels only")
+    linprobe = linprobe if train is not None else None
+    if train is None:
+        print(
+            f"[compare] {len(args.model)} models on {args.dataset} (no masks: class-token probes only): "
+            f"{len(probes.train_labels)} train / {len(probes.test_labels)} test images",
+            file=sys.stderr,
+            flush=True,
+        )
+        shown = ShownImages.from_probes(probes, args.figure_images)
+    else:
+        print(
+            f"[compare] {len(args.model)} models on {args.dataset}: {len(train)} memory / {len(val)} query images, "
+            f"{args.input_size} px",
+            file=sys.stderr,
+            flush=True,
+        )
+        shown = ShownImages.from_split(val, args.figure_images, args.input_size)
+    run_config = {
+        **{k: v for k, v in vars(cfg).items() if k != "progress"},
+        "protocol": protocol_record(args),
+        "memory_fractions": [str(f) for f in args.memory_fractions or []],  # none without masks
+        "linprobe": asdict(linprobe) if linprobe is not None else None,
+    }
+    return CompareSetup(args, cfg, train, val, linprobe, probes, probe_info, shown, run_config, run_provenance())
+
+
+def _row(outcome: ModelOutcome, setup: CompareSetup) -> Scored:
+    """A row of the report: its record, and the outcome its Δ and the figures are computed from."""
+    setup.outcomes.append(outcome)
+    record = outcome.to_dict()
+    record.update(config=setup.run_config, provenance=setup.provenance)
+    return Scored(record, paired=outcome)
+
+
+def _confusions(outcome: ModelOutcome) -> dict[str, Any]:
+    return {"hbird": outcome.image_confusions, "linprobe": outcome.linprobe_confusion}
+
+
+def _check_models(args: argparse.Namespace, layer: int) -> list[int]:
     """``--layer`` against every model's depth (built on the meta device: no memory, no weights)
-    before the first model runs; returns the patch sizes of the models that can be built (one that
+    before any data is read; returns the patch sizes of the models that can be built (one that
     cannot is left to its own load, which reports it as that model's failure)."""
     patches = []
-    for spec in specs:
+    for text in args.model:
+        name = parse_model(text)[1]
         try:
             with torch.device("meta"):
-                model = create_backbone(spec.model)
-        except Exception:  # noqa: BLE001 - reported by load_model, per model
+                model = create_backbone(name)
+        except Exception:  # noqa: BLE001 - reported by the runner's load, per model
             continue
-        check_layer(feature_layers(model), layer, spec.model)
+        check_layer(feature_layers(model), layer, name)
         patches.append(patch_size(model)[0])
     return patches
 
@@ -380,7 +460,10 @@ def _unscorable(fractions: list[Fraction], patches: list[int], num_train: int, c
     return dict(sorted(found.items()))
 
 
-def report_classes(dataset: Any) -> list[str]:
+def _classes(dataset: Any | None) -> list[str]:
+    """The query split's class names (none without masks)."""
+    if dataset is None:
+        return []
     return [str(c) for c in (getattr(dataset, "class_names", None) or range(dataset.num_classes))]
 
 

@@ -46,19 +46,36 @@ def model_differences(
     a: dict[str, Any], b: dict[str, Any], folder: str | Path, hungarian: str = "iou"
 ) -> dict[str, PairedInterval]:
     """Δ of model ``a`` over model ``b`` (``results.json`` model records of the report in ``folder``)
-    with intervals: ``miou`` and ``miou_matched`` (Hummingbird, identity and Hungarian-matched
-    under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU) and
-    ``{probe}_top1``, for whatever both models measured."""
+    with intervals: :func:`paired_differences` of the per-image matrices their records name and the
+    per-image hits they hold."""
+
+    def confusions(m: dict[str, Any]) -> dict[str, ImageConfusions]:
+        files = {protocol: (m.get(protocol) or {}).get("per_image_confusion") for protocol in ("hbird", "linprobe")}
+        return {protocol: ImageConfusions.load(Path(folder) / f) for protocol, f in files.items() if f}
+
+    return paired_differences(confusions(a), confusions(b), a.get("probes"), b.get("probes"), hungarian)
+
+
+def paired_differences(
+    a_confusions: dict[str, ImageConfusions | None],
+    b_confusions: dict[str, ImageConfusions | None],
+    a_probes: dict[str, Any] | None,
+    b_probes: dict[str, Any] | None,
+    hungarian: str = "iou",
+) -> dict[str, PairedInterval]:
+    """Δ of model ``a`` over model ``b`` with intervals, for whatever both measured: ``miou`` and
+    ``miou_matched`` (Hummingbird's per-image matrices, ``*_confusions["hbird"]``; identity and
+    Hungarian-matched under criterion ``hungarian``), ``linprobe`` (the dense linear probe's mIoU,
+    ``*_confusions["linprobe"]``) and ``{probe}_top1`` (the per-image hits of ``*_probes``)."""
     out = {}
     for protocol, metric in (("hbird", "miou"), ("linprobe", "linprobe")):
-        files = [(m.get(protocol) or {}).get("per_image_confusion") for m in (a, b)]
-        if all(files):
-            confusions = [ImageConfusions.load(Path(folder) / f) for f in files]
+        confusions = [c.get(protocol) for c in (a_confusions, b_confusions)]
+        if all(c is not None for c in confusions):
             out[metric] = miou_interval(*confusions)
             if protocol == "hbird":
                 out["miou_matched"] = matched_miou_interval(*confusions, criterion=hungarian)
     for probe in PROBES:
-        hits = [(m.get("probes") or {}).get(f"{probe}_hits") for m in (a, b)]
+        hits = [(m or {}).get(f"{probe}_hits") for m in (a_probes, b_probes)]
         if all(h is not None for h in hits) and len(hits[0]) == len(hits[1]):
             out[f"{probe}_top1"] = accuracy_interval(np.array(hits[0]), np.array(hits[1]))
     return out

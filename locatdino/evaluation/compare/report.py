@@ -16,7 +16,6 @@ from locatdino.evaluation.bootstrap import RESAMPLES, SEED, PairedInterval
 from locatdino.evaluation.compare.intervals import difference_text
 from locatdino.evaluation.hbird.report import search_text
 from locatdino.evaluation.results import Column, ReportLayout, results_table
-from locatdino.evaluation.results import report_markdown as results_markdown
 from locatdino.evaluation.tables import number_cell
 
 _METRICS = {
@@ -281,12 +280,3 @@ def _notes(report: dict[str, Any]) -> list[str]:
 
 
 COMPARE_LAYOUT = ReportLayout(title="Model comparison", about=_about, columns=COLUMNS, notes=_notes)
-
-
-def report_markdown(report: dict[str, Any]) -> str:
-    """The whole markdown report of a comparison (``report``: its ``results.json``)."""
-    return (
-        results_markdown(report, COMPARE_LAYOUT)
-        if report["models"]
-        else "\n".join([f"# {COMPARE_LAYOUT.title}", "", f"Command: `{report['command']}`", "", *_about(report), ""])
-    )

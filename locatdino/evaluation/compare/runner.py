@@ -14,29 +14,24 @@ For each model (``--model [LABEL=]NAME[:CHECKPOINT]``) on the *same* memory view
 - class-token probes (k-NN and logistic regression) when the images have labels;
 - the per-image hits and Hummingbird's per-image confusion matrices that the intervals of the
   comparison need (``intervals.py``);
-- parameters, images/s and peak memory of the forward at the evaluation size;
-- with ``baselines``, the rows that need no network (``baselines.py``), measured by the same
-  Hummingbird and linear probe (``measure.py``).
+- parameters, images/s and peak memory of the forward at the evaluation size.
 
-A model that fails (unreadable checkpoint, wrong input size) is reported in one line and left
-out; the others still run.
+The rows that need no network (``baselines.py``) are measured by the same Hummingbird and linear
+probe (``measure.py``). The evaluation runner (:mod:`locatdino.evaluation.runner`) builds the models,
+scores them in turn through ``cli.CompareProtocol`` and leaves out, in one line, a model that fails
+(unreadable checkpoint, wrong input size); the others still run.
 """
 
 from __future__ import annotations
 
-import pickle
-import sys
-from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import torch
 
-from locatdino.common.errors import first_line
 from locatdino.evaluation.class_token import class_embeddings, knn_hits, logistic_hits
 from locatdino.evaluation.compare.attention_maps import class_token_attention, locality_per_block
-from locatdino.evaluation.compare.baselines import evaluate_baselines
 from locatdino.evaluation.compare.forward_cost import count_parameters, forward_cost
 from locatdino.evaluation.compare.intervals import probe_record
 from locatdino.evaluation.compare.measure import (
@@ -50,24 +45,10 @@ from locatdino.evaluation.compare.measure import (
     say,
 )
 from locatdino.evaluation.feature_cache import CachedExtractor
-from locatdino.evaluation.features import FeatureExtractor, load_backbone
+from locatdino.evaluation.features import FeatureExtractor
 from locatdino.evaluation.hbird.evaluate import HummingbirdConfig, hummingbird
 from locatdino.evaluation.linprobe.protocol import LinearProbeConfig
 from locatdino.models import position_rule
-from locatdino.models.token_grid import patch_size
-
-
-def load_model(spec: ModelSpec, cfg: HummingbirdConfig, pos_embed: str = "auto") -> torch.nn.Module:
-    """The frozen backbone of ``spec`` (raises on a checkpoint or model that cannot be used, or an
-    evaluation size its patch does not divide); random init is reproducible from ``cfg.seed``."""
-    if spec.checkpoint is None:
-        torch.manual_seed(cfg.seed)
-    say(f"{spec.name}: loading {spec.model} ({spec.checkpoint or 'random init'})")
-    backbone = load_backbone(spec.model, spec.checkpoint, pos_embed=pos_embed)
-    patch = patch_size(backbone)[0]
-    if cfg.input_size % patch:
-        raise ValueError(f"--input-size {cfg.input_size} is not a multiple of its patch size {patch}")
-    return backbone
 
 
 def evaluate_model(
@@ -123,55 +104,3 @@ def evaluate_model(
     say(f"{spec.name}: forward speed and memory at {cfg.input_size} px")
     outcome.forward = forward_cost(base, cfg.input_size, cfg.batch_size)
     return outcome
-
-
-def compare(
-    specs: list[ModelSpec],
-    train_set: Any | None,
-    val_set: Any | None,
-    cfg: HummingbirdConfig,
-    fractions: list[Fraction],
-    shown: ShownImages,
-    probes: ProbeSet | None = None,
-    pos_embeds: list[str] | None = None,
-    device: torch.device | str = "cpu",
-    linprobe: LinearProbeConfig | None = None,
-    baselines: bool = False,
-) -> tuple[list[ModelOutcome], dict[str, str]]:
-    """Every model's :class:`ModelOutcome`, and ``{name: one-line error}`` of the models that failed.
-
-    Every model is loaded and checked first (with its ``pos_embeds`` rule; default: auto for all),
-    so a bad checkpoint is reported at once rather than after the others' evaluations; the models
-    that load are then evaluated one after another.
-    ``baselines``: then the network-free rows (``baselines.py``) on the token grid of the first
-    model that ran (none when no model ran or there are no masks)."""
-    failed: dict[str, str] = {}
-
-    def attempt(spec: ModelSpec, step: Callable[[], Any]) -> Any:
-        try:
-            return step()
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as err:
-            failed[spec.name] = f"{spec.model}:{spec.checkpoint or 'none'}: {first_line(err)[:300]}"
-            print(f"locatdino compare: model {spec.name!r} failed: {failed[spec.name]}", file=sys.stderr, flush=True)
-            return None
-
-    rules = pos_embeds or ["auto"] * len(specs)
-    loaded = [
-        (spec, attempt(spec, lambda spec=spec, rule=rule: load_model(spec, cfg, rule).to(device)))
-        for spec, rule in zip(specs, rules)
-    ]
-    outcomes, patch_sizes = [], []
-    for spec, backbone in loaded:
-        if backbone is not None:
-            outcome = attempt(
-                spec,
-                lambda spec=spec, backbone=backbone: evaluate_model(
-                    spec, backbone, train_set, val_set, cfg, fractions, shown, probes, linprobe
-                ),
-            )
-            if outcome is not None:
-                outcomes.append(outcome)
-                patch_sizes.append(patch_size(backbone)[0])
-    if baselines and patch_sizes and train_set is not None:
-        outcomes += evaluate_baselines(patch_sizes[0], train_set, val_set, cfg, fractions, shown, linprobe)
-    return outcomes, failed

@@ -10,7 +10,7 @@ from locatdino.evaluation.compare.measure import memory_sizes
 
 def test_a_fraction_below_k_patches_is_refused_before_any_model_runs(tmp_path, monkeypatch):
     """``--memory-fractions 1/64`` (fewer memory patches than k) was left out of the report without a word."""
-    monkeypatch.setattr(compare_cli, "compare", lambda *a, **k: pytest.fail("a model ran"))
+    monkeypatch.setattr(compare_cli, "evaluate_model", lambda *a, **k: pytest.fail("a model ran"))
     argv = [
         "--model",
         "vit_tiny_patch16_224",
@@ -43,11 +43,11 @@ def test_a_fraction_below_k_patches_is_refused_before_any_model_runs(tmp_path, m
 def test_default_fractions_that_cannot_be_scored_are_left_out_with_a_note(tmp_path, monkeypatch, capsys):
     ran = []
 
-    def stop(specs, train, val, cfg, fractions, *args, **kwargs):
+    def stop(spec, backbone, train, val, cfg, fractions, *args, **kwargs):
         ran.append(fractions)
         raise SystemExit("stop")
 
-    monkeypatch.setattr(compare_cli, "compare", stop)
+    monkeypatch.setattr(compare_cli, "evaluate_model", stop)
     with pytest.raises(SystemExit, match="^stop$"):
         compare_cli.main(
             [
