@@ -11,6 +11,7 @@ import torchvision.transforms as T
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
+from torch.utils.data.distributed import DistributedSampler
 from torchvision.datasets import ImageFolder
 
 from locatdino.evaluation.lincls.cache import ClassFeatures
@@ -53,8 +54,26 @@ def reference_features(model, images, n):
     return torch.cat([o[:, 0] for o in outputs], dim=-1)
 
 
+class EpochViews(torch.utils.data.Dataset):
+    """``dataset[i]`` with its transform's draws seeded by ``(seed, epoch, i)`` alone: 64 bits of
+    ``SeedSequence([seed, epoch, i])`` (lincls' per-view seed, which no worker or rank changes)."""
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        high, low = np.random.SeedSequence([self.seed, self.epoch, i]).generate_state(2, dtype=np.uint32)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(high) << 32 | int(low))
+            return self.dataset[i]
+
+
 def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
-    """The reference's eval_linear loop, written from its description: (trained weight, top-1 %, top-5 %)."""
+    """The reference's eval_linear loop, written from its description, on one GPU (its
+    ``DistributedSampler`` reshuffled by ``set_epoch``): (trained weight, top-1 %, top-5 %)."""
     normalize = T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
     train = ImageFolder(
         root / "train", T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
@@ -69,12 +88,14 @@ def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
     linear = nn.Linear(model.embed_dim * n, len(train.classes))
     linear.weight.data.normal_(mean=0.0, std=0.01)
     linear.bias.data.zero_()
-    loader = torch.utils.data.DataLoader(
-        train, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
+    views = EpochViews(train, seed)
+    sampler = DistributedSampler(views, num_replicas=1, rank=0, shuffle=True, seed=seed)  # the reference's, one GPU
+    loader = torch.utils.data.DataLoader(views, sampler=sampler, batch_size=batch)
     optimizer = torch.optim.SGD(linear.parameters(), lr * batch / 256, momentum=0.9, weight_decay=0)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs, eta_min=0)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        views.epoch = epoch
         for images, target in loader:
             with torch.no_grad():
                 output = reference_features(model, images, n)
