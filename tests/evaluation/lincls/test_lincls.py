@@ -23,6 +23,8 @@ from locatdino.evaluation.lincls.protocol import (
     train_fast,
     train_full,
 )
+from locatdino.evaluation.lincls.views import RankBatches, SeededViews, train_transform
+from locatdino.evaluation.ranks import Ranks
 from tests.evaluation.hbird.hbird_fixtures import tiny_vit_model
 
 SIZE = 56  # Resize(64) + CenterCrop(56): the reference's 256 / 224 exactly
@@ -225,3 +227,32 @@ def test_linear_input_concatenates_class_tokens_then_the_mean_patch_token():
     assert LinearInput.reference(model) == LinearInput(2, False)  # DINO's 4 blocks, capped at the model's 2
     with pytest.raises(ValueError, match="--last-blocks 3: the model has 2 blocks"):
         LinearInput.reference(model, last_blocks=3)
+
+
+def test_a_training_view_depends_on_seed_epoch_and_image_alone():
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 50, 3), np.uint8)) for i in range(3)]
+    views = SeededViews([(image, 0) for image in images], train_transform(16), seed=5)
+    first = views[(1, 2)][0]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    views[(0, 0)], views[(1, 1)]  # other draws before: the view does not move
+    again = views[(1, 2)][0]
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left as it was
+    torch.testing.assert_close(again, first, rtol=0, atol=0)  # the same process and transform: the same pixels
+    assert not torch.equal(views[(0, 2)][0], first)  # another epoch, another crop
+    assert not torch.equal(SeededViews(views.dataset, views.transform, seed=6)[(1, 2)][0], first)
+
+
+def test_rank_batches_cut_one_process_batches_in_its_order():
+    one, two = RankBatches(11, 4, 3, Ranks()), [RankBatches(11, 4, 3, Ranks(rank, 2)) for rank in (0, 1)]
+    for epoch in (0, 1):
+        for sampler in (one, *two):
+            sampler.set_epoch(epoch)
+        batches = list(one)
+        assert [len(b) for b in batches] == [4, 4, 3] and sorted(k for b in batches for k in b) == [
+            (epoch, i) for i in range(11)
+        ]
+        assert batches == [first + second for first, second in zip(*two, strict=True)]
+        assert [len(b) for b in two[1]] == [2, 2, 1] and len(two[0]) == len(two[1]) == 3
+        order = torch.randperm(11, generator=torch.Generator().manual_seed(3 + epoch)).tolist()  # DistributedSampler's
+        assert [i for b in batches for _, i in b] == order
