@@ -18,9 +18,17 @@ layer whose loss or weights stop being finite (too high a rate) ends a ``full`` 
 naming the rate, and drops out of the ``fast`` grid (``lr_table`` marks it), which ends only when
 every rate diverged. Top-5 is reported only above 5 classes (below, every image is in it: None).
 
-Reproducible from ``seed``: it draws the heads' initialisation (global RNG, seeded here) and the
-batch order (the loader's own generator); with ``num_workers = 0`` the augmentation draws from
-the global RNG after the initialisation, as a plain PyTorch training script's would.
+Reproducible from ``seed``: it draws the heads' initialisation (global RNG, seeded here), the
+batch order (``full``: a permutation seeded by ``seed + epoch``, as DINO's ``DistributedSampler``)
+and each training view (seeded by ``(seed, epoch, image)``: the same crops with any number of
+workers or ranks; :mod:`locatdino.evaluation.lincls.views`).
+
+Under a launch of many ranks (``shared``) ``full`` trains as DINO's ``eval_linear`` under DDP, each
+rank on its share of every batch (:func:`train_full`), and both variants share the encoding of
+the cached features; the numbers are one process's, to float error. ``--train-batch-size`` is the
+global batch, cut among the ranks, so the learning rate ``lr × batch / 256`` is DINO's ``lr ×
+batch_size_per_gpu × world_size / 256`` with ``batch_size_per_gpu = batch / ranks``, and does not
+change with the number of ranks.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset
 
 from locatdino.common.progress import progress
@@ -42,7 +52,7 @@ from locatdino.evaluation.class_features import eval_transform
 from locatdino.evaluation.features import eval_mode
 from locatdino.evaluation.lincls.cache import ClassFeatures
 from locatdino.evaluation.lincls.features import LinearInput
-from locatdino.evaluation.lincls.views import ClassViews, collate_views, train_transform
+from locatdino.evaluation.lincls.views import ClassViews, RankBatches, SeededViews, collate_views, train_transform
 from locatdino.evaluation.precision import autocast, encoder_for
 from locatdino.evaluation.provenance import run_provenance
 from locatdino.evaluation.ranks import Ranks, current_ranks, gather_objects
@@ -65,7 +75,7 @@ class LinclsConfig:
     protocol: str = "full"
     input_size: int = 224
     epochs: float | None = None  # whole passes (the shared --epochs type is a float); None: EPOCHS[protocol]
-    batch_size: int = 1024  # the reference's global batch (8 GPUs × 128)
+    batch_size: int = 1024  # the reference's global batch (8 GPUs × 128), cut among the ranks of a launch
     lr: float = 1e-3  # full: base lr, × batch / 256
     lr_grid: tuple[float, ...] = LR_GRID  # fast: base lrs, each × batch / 256
     holdout: float = 0.1  # fast: share of the training images that picks the lr
@@ -230,18 +240,44 @@ def encode(
     return store, sorted(gather_objects(skipped))
 
 
+def _sum_over_ranks(value: int, ranks: Ranks, device: torch.device) -> int:
+    """``value`` summed over the ranks of the process group (itself in one process)."""
+    if not ranks.many:
+        return value
+    total = torch.tensor(value, device=device)  # NCCL's collectives take GPU tensors
+    dist.all_reduce(total)
+    return int(total)
+
+
 def train_full(
-    model: nn.Module, inputs: LinearInput, train_set: Any, num_classes: int, cfg: LinclsConfig, device: torch.device
+    model: nn.Module,
+    inputs: LinearInput,
+    train_set: Any,
+    num_classes: int,
+    cfg: LinclsConfig,
+    device: torch.device,
+    shared: bool = False,
 ) -> tuple[nn.Linear, list[int]]:
-    """DINO's protocol: the trained linear layer and the training samples that did not decode."""
+    """DINO's protocol: the trained linear layer and the training samples that did not decode.
+
+    ``shared``: the ranks of the process group train it together, as DINO's ``eval_linear`` under
+    DDP: each rank runs the backbone on its share of every global batch of ``cfg.batch_size``
+    (:class:`~locatdino.evaluation.lincls.views.RankBatches`) and the layer is wrapped in
+    ``DistributedDataParallel``, which averages the ranks' gradients. Each rank's mean loss is
+    weighted by its share of the batch's decoded images, so the average is the mean over the whole
+    batch however unevenly it is cut: every step is one process's step, to float error."""
+    ranks = current_ranks() if shared else Ranks()
     encoder, precision = encoder_for(model, cfg.precision, device)
     torch.manual_seed(cfg.seed)
-    head = linear_layer(inputs.dim(int(model.num_features)), num_classes).to(device)
+    dim = inputs.dim(int(model.num_features))
+    head = linear_layer(dim, num_classes).to(device)
+    trained = head
+    if ranks.many:  # the process group's backend: gloo on the CPU, NCCL on a GPU
+        trained = DistributedDataParallel(head, device_ids=[device] if device.type == "cuda" else None)
+    batches = RankBatches(len(train_set), cfg.batch_size, cfg.seed, ranks)
     loader = DataLoader(
-        ClassViews(train_set, train_transform(cfg.input_size)),
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        SeededViews(train_set, train_transform(cfg.input_size), cfg.seed),
+        batch_sampler=batches,
         num_workers=_workers(cfg, device),
         collate_fn=collate_views,
     )
@@ -250,23 +286,34 @@ def train_full(
     skipped, finite_loss = [], torch.ones((), dtype=torch.bool, device=device)
     with eval_mode(encoder):
         for epoch in progress(range(cfg.total_epochs), desc="epochs", disable=not cfg.progress, leave=False):
+            batches.set_epoch(epoch)
             for images, labels, _, bad in loader:
                 skipped += bad if epoch == 0 else []  # the same samples fail every epoch
-                if not len(images):
+                count = len(images)
+                total = _sum_over_ranks(count, ranks, device)
+                if not total:  # no image of the global batch decodes: no step, on any rank
                     continue
-                with torch.no_grad(), autocast(precision, device):
-                    feats = inputs(encoder, images.to(device))
-                loss = F.cross_entropy(head(feats.float()), labels.to(device))
+                feats = torch.zeros(0, dim, device=device)
+                if count:
+                    with torch.no_grad(), autocast(precision, device):
+                        feats = inputs(encoder, images.to(device))
+                logits = trained(feats.float())
+                if count:  # this rank's mean x its share of the batch x the ranks, which DDP's average divides by
+                    loss = F.cross_entropy(logits, labels.to(device)) * (count * ranks.world_size / total)
+                else:  # nothing here: a zero gradient, still averaged with the others'
+                    loss = logits.sum() * 0
                 finite_loss &= torch.isfinite(loss)  # no sync per step: read once an epoch
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+            if epoch == 0:
+                skipped = sorted(gather_objects(skipped))
             if len(skipped) == len(train_set):  # nothing decodes: no use running the other epochs
                 break
-            if not (bool(finite_loss) and finite(head)):
+            if _sum_over_ranks(int(not (bool(finite_loss) and finite(head))), ranks, device):  # all stop together
                 raise _diverged(cfg, cfg.lr, epoch + 1)
             schedule.step()
-    return head.cpu(), sorted(skipped)
+    return head.cpu(), skipped
 
 
 def train_fast(
@@ -359,7 +406,7 @@ def linear_classification(
     provenance = run_provenance()
     clock, timings, lr_table = time.perf_counter(), {}, []
     if cfg.protocol == "full":
-        head, train_skipped = train_full(model, inputs, train_set, num_classes, cfg, device)
+        head, train_skipped = train_full(model, inputs, train_set, num_classes, cfg, device, shared)
         _check_decoded(train_set, train_skipped)
         lr = cfg.scaled(cfg.lr)
     else:

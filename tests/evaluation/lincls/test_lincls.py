@@ -11,6 +11,7 @@ import torchvision.transforms as T
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
+from torch.utils.data.distributed import DistributedSampler
 from torchvision.datasets import ImageFolder
 
 from locatdino.evaluation.lincls.cache import ClassFeatures
@@ -22,6 +23,8 @@ from locatdino.evaluation.lincls.protocol import (
     train_fast,
     train_full,
 )
+from locatdino.evaluation.lincls.views import RankBatches, SeededViews, train_transform
+from locatdino.evaluation.ranks import Ranks
 from tests.evaluation.hbird.hbird_fixtures import tiny_vit_model
 
 SIZE = 56  # Resize(64) + CenterCrop(56): the reference's 256 / 224 exactly
@@ -53,8 +56,26 @@ def reference_features(model, images, n):
     return torch.cat([o[:, 0] for o in outputs], dim=-1)
 
 
+class EpochViews(torch.utils.data.Dataset):
+    """``dataset[i]`` with its transform's draws seeded by ``(seed, epoch, i)`` alone: 64 bits of
+    ``SeedSequence([seed, epoch, i])`` (lincls' per-view seed, which no worker or rank changes)."""
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        high, low = np.random.SeedSequence([self.seed, self.epoch, i]).generate_state(2, dtype=np.uint32)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(high) << 32 | int(low))
+            return self.dataset[i]
+
+
 def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
-    """The reference's eval_linear loop, written from its description: (trained weight, top-1 %, top-5 %)."""
+    """The reference's eval_linear loop, written from its description, on one GPU (its
+    ``DistributedSampler`` reshuffled by ``set_epoch``): (trained weight, top-1 %, top-5 %)."""
     normalize = T.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
     train = ImageFolder(
         root / "train", T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
@@ -69,12 +90,14 @@ def reference_eval_linear(model, root, n, epochs, batch, lr, seed):
     linear = nn.Linear(model.embed_dim * n, len(train.classes))
     linear.weight.data.normal_(mean=0.0, std=0.01)
     linear.bias.data.zero_()
-    loader = torch.utils.data.DataLoader(
-        train, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
+    views = EpochViews(train, seed)
+    sampler = DistributedSampler(views, num_replicas=1, rank=0, shuffle=True, seed=seed)  # the reference's, one GPU
+    loader = torch.utils.data.DataLoader(views, sampler=sampler, batch_size=batch)
     optimizer = torch.optim.SGD(linear.parameters(), lr * batch / 256, momentum=0.9, weight_decay=0)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs, eta_min=0)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        views.epoch = epoch
         for images, target in loader:
             with torch.no_grad():
                 output = reference_features(model, images, n)
@@ -204,3 +227,32 @@ def test_linear_input_concatenates_class_tokens_then_the_mean_patch_token():
     assert LinearInput.reference(model) == LinearInput(2, False)  # DINO's 4 blocks, capped at the model's 2
     with pytest.raises(ValueError, match="--last-blocks 3: the model has 2 blocks"):
         LinearInput.reference(model, last_blocks=3)
+
+
+def test_a_training_view_depends_on_seed_epoch_and_image_alone():
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 50, 3), np.uint8)) for i in range(3)]
+    views = SeededViews([(image, 0) for image in images], train_transform(16), seed=5)
+    first = views[(1, 2)][0]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    views[(0, 0)], views[(1, 1)]  # other draws before: the view does not move
+    again = views[(1, 2)][0]
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left as it was
+    torch.testing.assert_close(again, first, rtol=0, atol=0)  # the same process and transform: the same pixels
+    assert not torch.equal(views[(0, 2)][0], first)  # another epoch, another crop
+    assert not torch.equal(SeededViews(views.dataset, views.transform, seed=6)[(1, 2)][0], first)
+
+
+def test_rank_batches_cut_one_process_batches_in_its_order():
+    one, two = RankBatches(11, 4, 3, Ranks()), [RankBatches(11, 4, 3, Ranks(rank, 2)) for rank in (0, 1)]
+    for epoch in (0, 1):
+        for sampler in (one, *two):
+            sampler.set_epoch(epoch)
+        batches = list(one)
+        assert [len(b) for b in batches] == [4, 4, 3] and sorted(k for b in batches for k in b) == [
+            (epoch, i) for i in range(11)
+        ]
+        assert batches == [first + second for first, second in zip(*two, strict=True)]
+        assert [len(b) for b in two[1]] == [2, 2, 1] and len(two[0]) == len(two[1]) == 3
+        order = torch.randperm(11, generator=torch.Generator().manual_seed(3 + epoch)).tolist()  # DistributedSampler's
+        assert [i for b in batches for _, i in b] == order
