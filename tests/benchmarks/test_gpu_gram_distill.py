@@ -96,10 +96,14 @@ def _finite_column(path: Path, column: str) -> list[float]:
 @pytest.mark.slow
 def test_the_dry_run_end_to_end(tmp_path):
     """Every arm trained to its schedule's end and scored, the Gram arms with their Gram loss, the
-    distill arm with its loss, the pairs of arms compared; finite numbers, no checkpoint left."""
+    distill arm with its loss, the pairs of arms compared; finite numbers, no checkpoint left. With
+    ``--augment-on gpu`` (the default where CUDA is): the loader batches uint8 scenes and the
+    multi-crop runs on the training device (here CPU tensors), for DINO and distillation alike."""
     out = tmp_path / "study"
-    run_module("benchmarks.studies.gpu_gram_distill", "--dry-run", "--deadline", "5", "--out", str(out))
+    args = ["--dry-run", "--deadline", "5", "--augment-on", "gpu", "--out", str(out)]
+    run_module("benchmarks.studies.gpu_gram_distill", *args)
     results = json.loads((out / "results.json").read_text())
+    assert results["augment_on"] == "gpu"
     rows = results["rows"]
     assert [(r["backbone"], r["objective"]) for r in rows[:2]] == [("vit", "random init"), ("locatvit", "random init")]
     trained = rows[2:]

@@ -76,19 +76,6 @@ def test_toy_study_end_to_end(tmp_path):
     assert sum(p.stat().st_size for p in files) < 2_000_000
 
 
-@pytest.mark.slow
-def test_toy_study_with_the_multicrop_on_the_device(tmp_path):
-    """``--augment-on gpu`` (the default where CUDA is): the loader batches uint8 scenes and the
-    multi-crop runs on the training device (here CPU tensors), through a whole DINO run."""
-    out = tmp_path / "study"
-    args = ["--toy", "--out", str(out), "--objectives", "dino", "--backbones", "vit", "--augment-on", "gpu"]
-    run_module("benchmarks.studies.gpu_study", *args)
-    results = json.loads((out / "results.json").read_text())
-    assert results["augment_on"] == "gpu"
-    [trained] = [r for r in results["rows"] if r["objective"] == "dino"]
-    assert trained["steps"] >= gpu_study.TOY.min_steps and 0 <= trained["hbird"] <= 100
-
-
 def test_the_device_multicrop_gives_the_cpu_paths_batch_layout():
     from locatdino.data import MultiCropTransform, collate_multicrop
 
