@@ -165,17 +165,19 @@ def table(out: Path, steps: int) -> tuple[str, dict]:
             fit = _mean_std([r["fit_s"] for r in rs]).lstrip("+") if "fit_s" in rs[0] else "—"
             cells = [_mean_std([r[k] for r in rs]).lstrip("+") for k in ("hbird", "linprobe", "knn")]
             lines.append(f"| {name} | {len(rs)} | {' | '.join(cells)} | {fit} |")
+    # the pairs on the seeds every arm has run (a study in progress): one column per seed, every row filled
+    complete = [s for s in seeds if all((name, s) in by for name in names)]
     lines += [
         "",
         "| paired difference | metric | "
-        + " | ".join(f"seed {s}" for s in seeds)
+        + " | ".join(f"seed {s}" for s in complete)
         + " | mean ± std | seed-mean Δ [95 %] |",
-        "|---|---|" + "---|" * (len(seeds) + 2),
+        "|---|---|" + "---|" * (len(complete) + 2),
     ]
     paired = {}
     for label, a, b in PAIRS:
         b_name = f"random_{ARMS[a][0]}" if b == "random" else b
-        common = [s for s in seeds if (a, s) in by and (b_name, s) in by]
+        common = [s for s in complete if (a, s) in by and (b_name, s) in by]
         if common:
             tag_b = "random" if b == "random" else "trained"
             paired[label] = paired_intervals(
