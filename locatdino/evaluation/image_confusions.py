@@ -84,6 +84,12 @@ class ImageConfusions:
             self.count = np.concatenate([self.count, *count])
             self._pending = []
 
+    def cells(self) -> np.ndarray:
+        """The stored cells as one int64 array ``[nnz, 3]`` of (image, cell, pixels) rows: what the ranks
+        send one another (``locatdino.evaluation.metric.gather_confusions``)."""
+        self._merge()
+        return np.stack([self.image, self.cell, self.count], axis=1)
+
     def dense(self) -> np.ndarray:
         """All matrices ``[N, C, C]`` (small data and tests: ADE20K's would be 360 MB)."""
         self._merge()

@@ -22,6 +22,8 @@ exactly the rule of the reported mIoU.
 
 With ``keep_images`` the matrix also keeps one sparse confusion matrix per image
 (:class:`~locatdino.evaluation.image_confusions.ImageConfusions`), what the bootstrap resamples.
+Ranks that each scored a contiguous share of the images join their matrices with
+:func:`gather_confusions` (``locatdino.evaluation.ranks``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from locatdino.evaluation.image_confusions import ImageConfusions
+from locatdino.evaluation.ranks import current_ranks, gather_objects, gather_rows
 
 HUNGARIAN_CRITERIA = ("iou", "pixels")
 
@@ -162,3 +165,23 @@ class ConfusionMatrix:
         iou = class_iou(tp, cm.sum(1), cm.sum(0), self.class_mask())
         total = cm.sum()
         return IoUResult(float(mean_iou(iou)), iou, float(tp.sum() / total) if total else float("nan"))
+
+
+def gather_confusions(cm: ConfusionMatrix) -> ConfusionMatrix:
+    """Every rank's ``cm`` as one, on every rank: each rank scored its contiguous share of the query
+    images (``locatdino.evaluation.ranks``), so the matrices add up and the per-image ones, in rank
+    order, are in image order: one process's over all the images. ``cm`` itself in one process."""
+    ranks = current_ranks()
+    if not ranks.many:
+        return cm
+    whole = ConfusionMatrix(cm.num_classes, cm.ignore_index, keep_images=cm.images is not None)
+    whole.matrix = torch.from_numpy(gather_rows(cm.matrix.numpy()[None]).sum(0))
+    if cm.images is not None:
+        counts = gather_objects([cm.images.num_images])
+        cells = cm.images.cells()
+        cells[:, 0] += sum(counts[: ranks.rank])  # this rank's images follow the earlier ranks'
+        image, cell, count = gather_rows(cells).T
+        whole.images = ImageConfusions(
+            cm.num_classes, whole.class_mask(), sum(counts), *(np.ascontiguousarray(a) for a in (image, cell, count))
+        )
+    return whole

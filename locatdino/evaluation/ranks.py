@@ -18,6 +18,8 @@ or ``srun`` as for ``fit`` (docs/multinode.md), and runs in one process otherwis
   are dropped where they are found) in rank order, which is split order, to every rank or to rank 0
   only, in bounded chunks (ImageNet's 1.28 M class tokens are 2 GB at D = 384);
   :func:`gather_objects` does the same for small Python lists (names of skipped images);
+- :func:`broadcast_module`: rank 0's copy of a module every rank trained on the same data (a probe's
+  head), so that one head scores every rank's share of the query images;
 - :func:`is_writer`: only rank 0 writes results, reports and figures.
 """
 
@@ -33,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from locatdino.common.errors import UserError
 from locatdino.common.output_files import feature_rows
@@ -40,6 +43,7 @@ from locatdino.common.output_files import feature_rows
 SRUN_TASK_VARIABLE = "SLURM_STEP_ID"  # set by srun in every task it starts, not in a batch script's own shell
 T = TypeVar("T")
 GATHER_CHUNK_BYTES = 64 << 20  # per rank and collective: bounds the receive buffer at world_size x this
+BYTE_SENT = (np.dtype(np.bool_), np.dtype(np.int16), np.dtype(np.uint16))  # gloo has no collectives of these
 
 
 @dataclass(frozen=True)
@@ -173,9 +177,15 @@ def gather_rows(rows: np.ndarray, *, to_all: bool = True, out: np.ndarray | None
     memory-mapped array, say), which must have that shape. The ranks' trailing shapes and dtypes
     must agree. In one process ``rows`` itself (copied into ``out`` when given)."""
     rows = np.ascontiguousarray(rows)
-    if rows.dtype == np.bool_:  # gloo has no bool collectives: sent as bytes
-        gathered = gather_rows(rows.view(np.uint8), to_all=to_all, out=None if out is None else out.view(np.uint8))
-        return None if gathered is None else gathered.view(np.bool_)
+    if rows.dtype in BYTE_SENT:  # types gloo has no collectives for: each row sent as its bytes
+        if out is not None and not out.flags.c_contiguous:
+            raise ValueError("gather_rows: out must be C-contiguous to receive rows of bytes")
+        width = int(np.prod(rows.shape[1:]))
+        as_bytes = rows.reshape(len(rows), width).view(np.uint8)
+        gathered = gather_rows(
+            as_bytes, to_all=to_all, out=None if out is None else out.reshape(len(out), width).view(np.uint8)
+        )
+        return None if gathered is None else gathered.view(rows.dtype).reshape(-1, *rows.shape[1:])
     if not dist.is_initialized() or dist.get_world_size() == 1:
         if out is None:
             return rows
@@ -261,3 +271,14 @@ def extract_shared(
     ``range(count)`` and gathered (:func:`gather_rows`): the rows of all ``count`` images in order,
     as ``extract(range(count))`` in one process gives them."""
     return gather_rows(extract(current_ranks().share(count)), to_all=to_all, out=out)
+
+
+def broadcast_module(module: nn.Module) -> nn.Module:
+    """``module`` with rank 0's parameters and buffers on every rank, in place: ranks that trained the
+    same head on the same batches can still differ in the last bits (GPU kernels with atomic adds),
+    and their shares of the query images must be scored by one head; nothing to do in one process."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with torch.no_grad():
+            for tensor in module.state_dict().values():
+                dist.broadcast(tensor, src=0)
+    return module

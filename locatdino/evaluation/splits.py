@@ -28,6 +28,14 @@ class SubsetSplit:
         return self.dataset[int(self.indices[i])]
 
 
+def split_share(dataset: Any, share: range) -> Any:
+    """Images ``share`` of ``dataset`` (one rank's contiguous share, ``locatdino.evaluation.ranks``), with
+    its protocol attributes; ``dataset`` itself when the share is all of it (one process)."""
+    if len(share) == len(dataset):
+        return dataset
+    return SubsetSplit(dataset, np.arange(share.start, share.stop))
+
+
 class CachedSplit(SubsetSplit):
     """All of a (small) dataset decoded once and kept in RAM."""
 

@@ -142,7 +142,7 @@ class HbirdProtocol(Protocol):
         args = setup.args
         cfg = config_from_args(args, HBIRD_TABLE, memory_dir=self._memory_dir(args, run.label))
         # a bank too large for --memory-dir fails before encoding, reserving its disk space
-        scored = hummingbird(model, setup.train, setup.val, cfg)
+        scored = hummingbird(model, setup.train, setup.val, cfg, shared=True)  # each rank its share of the images
         record = scored.to_dict()
         picks_queries = args.dataset == "scenes" or isinstance(setup.val, SubsetSplit)  # the seed chose them
         record["config"]["query_seed"] = args.seed if picks_queries else None

@@ -6,6 +6,13 @@
 Everything streams batch by batch: memory is bounded by the batch and the bank, never by the
 number of evaluated pixels.
 
+On many ranks (``shared``, ``locatdino.evaluation.ranks``) each rank encodes its contiguous share of
+the memory views and of the query images: the ranks' memory rows are gathered in view order into a
+bank on every rank equal to one process's (the budget's sampling noise is drawn per view,
+:class:`~locatdino.evaluation.hbird.sampling.ViewNoise`), every rank builds the same index from it and
+scores its queries, and the confusion matrices are gathered in image order
+(:func:`~locatdino.evaluation.metric.gather_confusions`): one process's numbers.
+
 Where predictions are compared with the ground truth. Query images are resized (squashed) to
 the input size for the encoder, but their masks stay at original resolution: the patch-grid
 class scores are upsampled bilinearly straight to the mask's size and every original pixel is
@@ -28,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from torchvision import tv_tensors
 
 from locatdino.common.progress import progress
@@ -45,13 +52,15 @@ from locatdino.evaluation.hbird.index_choice import (
 )
 from locatdino.evaluation.hbird.memory import MemoryBank
 from locatdino.evaluation.hbird.patch_labels import patch_class_counts, soft_labels
-from locatdino.evaluation.hbird.sampling import patches_per_image, rare_class_first
+from locatdino.evaluation.hbird.sampling import ViewNoise, patches_per_image, rare_class_first
 from locatdino.evaluation.hbird.transfer import predict, transfer_labels
 from locatdino.evaluation.image_confusions import ImageConfusions
-from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix
+from locatdino.evaluation.metric import HUNGARIAN_CRITERIA, ConfusionMatrix, gather_confusions
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.ranks import Ranks, current_ranks, gather_objects, gather_rows
 from locatdino.evaluation.results import score
+from locatdino.evaluation.splits import split_share
 from locatdino.evaluation.torch_knn import TorchExactSearch
 from locatdino.evaluation.views import MemoryViews, QueryViews, collate_views
 
@@ -150,7 +159,7 @@ class HummingbirdResult:
         return {"scores": {"": scores}, **fields_}
 
 
-def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:
+def _loader(dataset, cfg: HummingbirdConfig, extractor: Any, collate: Callable = collate_views) -> DataLoader:
     """Batches of views. A CPU encoder gets one worker by default: decoding and augmenting beside
     the forward is enough to keep it fed, and every further worker steals a core from the
     compute-bound forward."""
@@ -158,7 +167,7 @@ def _loader(dataset, cfg: HummingbirdConfig, extractor: Any) -> DataLoader:
     if workers is None:
         on_cpu = getattr(extractor, "device", torch.device("cpu")).type == "cpu"
         workers = 1 if on_cpu else min(8, os.cpu_count() or 1)
-    return DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_views)
+    return DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate)
 
 
 def build_memory(
@@ -166,29 +175,72 @@ def build_memory(
     dataset: Any,
     cfg: HummingbirdConfig,
     clock: PhaseClock | None = None,
+    shared: bool = False,
 ) -> tuple[MemoryBank, int]:
     """The labelled patch memory of ``dataset`` (``aug_epochs`` augmented passes). Returns the
-    bank and the number of skipped (corrupt) samples."""
+    bank and the number of skipped (corrupt) samples. ``shared``: each rank of the process group
+    encodes its contiguous share of the views and every rank gets the whole bank, one process's
+    (rank 0 alone writes ``cfg.memory_dir``; the other ranks hold theirs in RAM)."""
     clock = clock or PhaseClock()
-    grid, p, c = extractor.grid(cfg.input_size), extractor.patch_size, dataset.num_classes
-    n_patches = grid * grid
+    n_patches = extractor.grid(cfg.input_size) ** 2
     per_image = n_patches
     if cfg.memory_size is not None:
         per_image = min(n_patches, patches_per_image(cfg.memory_size, len(dataset), cfg.aug_epochs))
     meta = {"input_size": cfg.input_size, "aug_epochs": cfg.aug_epochs, "per_image": per_image}
-    bank = MemoryBank.allocate(
-        len(dataset) * cfg.aug_epochs * per_image, extractor.dim, c, cfg.memory_dtype, cfg.memory_dir, meta
-    )
+    views = memory_views(dataset, cfg)
+    ranks = current_ranks() if shared else Ranks()
+    share = ranks.share(len(views))
+
+    def allocate(views: int, directory: str | None) -> MemoryBank:
+        return MemoryBank.allocate(
+            views * per_image, extractor.dim, dataset.num_classes, cfg.memory_dtype, directory, meta
+        )
+
+    # a bank too large for --memory-dir fails here, before any image is encoded, its disk space reserved
+    bank = allocate(len(views), cfg.memory_dir if ranks.rank == 0 else None)
+    rows = allocate(len(share), None) if ranks.many else bank
+    skipped = memory_rows(rows, extractor, views, share, per_image, cfg, clock)
+    if ranks.many:
+        with clock("memory"):
+            features, labels = bank.reserve(sum(gather_objects([len(rows)])))
+            gather_rows(rows.features, out=features)
+            gather_rows(rows.labels, out=labels)
+            skipped = sum(gather_objects([skipped]))
+    with clock("memory"):
+        bank.finish()
+    return bank, skipped
+
+
+def memory_views(dataset: Any, cfg: HummingbirdConfig) -> MemoryViews:
+    """The ``aug_epochs`` augmented views of ``dataset`` the memory is built from."""
     augmentation = PairedAugmentation(
         cfg.input_size, tuple(cfg.scale), tuple(cfg.ratio), cfg.jitter, cfg.jitter_p, cfg.augment
     )
-    views = MemoryViews(dataset, augmentation, cfg.aug_epochs, cfg.seed)
-    sampler_rng = torch.Generator().manual_seed(cfg.seed)
+    return MemoryViews(dataset, augmentation, cfg.aug_epochs, cfg.seed)
+
+
+def memory_rows(
+    bank: MemoryBank,
+    extractor: FeatureExtractor,
+    views: MemoryViews,
+    share: range,
+    per_image: int,
+    cfg: HummingbirdConfig,
+    clock: PhaseClock | None = None,
+) -> int:
+    """Append to ``bank`` the patches that memory views ``share`` contribute (``per_image`` of each
+    with a budget, else every patch with enough labelled pixels), in view order: the rows that one
+    process's bank holds for those views. Returns the number of skipped (corrupt) views."""
+    clock = clock or PhaseClock()
+    p, c = extractor.patch_size, views.dataset.num_classes
+    noise = ViewNoise(cfg.seed, extractor.grid(cfg.input_size) ** 2, start=share.start)
     min_valid = math.ceil(cfg.min_valid_fraction * p * p)
     skipped = 0
-    batches = progress(_loader(views, cfg, extractor), desc="memory", disable=not cfg.progress, leave=False)
-    for images, masks, n_skipped in clock.iterate(batches, "data"):
-        skipped += n_skipped
+    loader = _loader(Subset(views, share), cfg, extractor, collate=_collate_present)
+    batches = progress(loader, desc="memory", disable=not cfg.progress, leave=False)
+    for images, masks, present in clock.iterate(batches, "data"):
+        skipped += int((~present).sum())
+        view_noise = noise.next(present)  # spent for every view, so that later views draw the same
         if not masks:
             continue
         with clock("features"):
@@ -197,11 +249,16 @@ def build_memory(
             counts, valid = patch_class_counts(torch.stack(masks), p, c)
             keep = valid >= min_valid
             if cfg.memory_size is not None:
-                keep = rare_class_first(counts, keep, per_image, sampler_rng)
+                keep = rare_class_first(counts, keep, per_image, noise=view_noise)
             bank.append(feats[keep], soft_labels(counts, valid)[keep])
-    with clock("memory"):
-        bank.finish()
-    return bank, skipped
+    return skipped
+
+
+def _collate_present(batch: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[Any, ...]:
+    """:func:`~locatdino.evaluation.views.collate_views` with which views decoded (bool ``[B]``) in place of
+    their count."""
+    images, masks, _ = collate_views(batch)
+    return images, masks, torch.tensor([view is not None for view in batch], dtype=torch.bool)
 
 
 def _rescored(bank: MemoryBank, queries: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
@@ -312,6 +369,7 @@ def hummingbird(
     val_set: Any,
     cfg: HummingbirdConfig | None = None,
     inspect: Callable[[Any, MemoryBank, PatchIndex], None] | None = None,
+    shared: bool = False,
 ) -> HummingbirdResult:
     """Run the whole benchmark: memory from ``train_set``, label transfer on ``val_set``.
 
@@ -319,7 +377,9 @@ def hummingbird(
     PRR and precision) or any object with the extractor's interface — ``patch_size``, ``dim``,
     ``grid(size)`` and ``__call__(uint8 images) -> [B, h, w, D]`` L2-normalised features.
     ``inspect(extractor, bank, index)``, when given, is called once the queries are scored, while
-    the memory still exists (``locatdino compare`` draws its figures from it).
+    the memory still exists (``locatdino compare`` draws its figures from it). ``shared``: the ranks of
+    the process group share the memory views and the query images (module docstring), every rank
+    gets the result.
     """
     cfg = cfg or HummingbirdConfig()
     check_splits(train_set, val_set)
@@ -334,7 +394,7 @@ def hummingbird(
         cfg = replace(cfg, index="Flat")  # the one search a GPU runs without faiss-gpu (torch, exact)
     choice = None if cfg.index == AUTO else IndexChoice(cfg.index, cfg.nprobe)
     index = None if choice is None else _patch_index(extractor, cfg, choice)  # a bad spec fails before encoding
-    bank, skipped_train = build_memory(extractor, train_set, cfg, clock)
+    bank, skipped_train = build_memory(extractor, train_set, cfg, clock, shared)
     if index is None:  # auto: chosen by the memory's size
         choice = auto_index(len(bank), len(val_set) * extractor.grid(cfg.input_size) ** 2, cfg.nprobe)
         index = _patch_index(extractor, cfg, choice)
@@ -344,7 +404,11 @@ def hummingbird(
     if choice.spec != "Flat":
         with clock("recall"):
             search.update(_sampled_recall(extractor, bank, index, val_set, cfg))
-    cm, skipped_val = evaluate_queries(extractor, bank, index, val_set, cfg, clock)
+    queries = split_share(val_set, (current_ranks() if shared else Ranks()).share(len(val_set)))
+    cm, skipped_val = evaluate_queries(extractor, bank, index, queries, cfg, clock)
+    if shared:
+        with clock("transfer"):
+            cm, skipped_val = gather_confusions(cm), sum(gather_objects([skipped_val]))
     result = result_of(
         cm, cfg, val_set, bank, len(train_set), skipped_train + skipped_val, clock, start, provenance, search
     )

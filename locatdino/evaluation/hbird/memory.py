@@ -146,6 +146,14 @@ class MemoryBank:
         self._labels[self.size : end] = labels.detach().cpu().numpy().astype(LABEL_DTYPE)
         self.size = end
 
+    def reserve(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``n`` rows of features and labels, counted as stored, for a writer that fills them
+        in place (the ranks' gathered shares of a memory, ``locatdino.evaluation.ranks.gather_rows``)."""
+        if self.size + n > self.capacity:
+            raise ValueError(f"memory bank full: {self.size} + {n} patches > capacity {self.capacity}")
+        begin, self.size = self.size, self.size + n
+        return self._features[begin : self.size], self._labels[begin : self.size]
+
     def gather_labels(self, ids: np.ndarray) -> Tensor:
         """Soft labels of neighbour ids ``[...]`` as float32 ``[..., C]``; ids < 0 (FAISS' "no
         result") give zero rows."""

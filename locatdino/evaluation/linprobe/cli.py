@@ -183,7 +183,7 @@ class LinprobeProtocol(Protocol):
         )
 
     def score(self, model: nn.Module, run: ModelRun, setup: ProbeSetup, device: torch.device) -> Scored:
-        probe = linear_probe(model, setup.train, setup.val, setup.cfg)
+        probe = linear_probe(model, setup.train, setup.val, setup.cfg, shared=True)  # each rank its share
         return with_confusions(probe.to_dict(), run, probe.image_confusions)
 
     def difference(self, scored: Scored, first: Scored, setup: ProbeSetup) -> dict[str, Any] | None:

@@ -15,6 +15,12 @@ cheap, deterministic variant; both paths feed the head the same batches in the s
 ``variant="dinov2" | "dinov2-ms"`` swaps in DINOv2's tokens, head, schedule, crop range and
 multi-scale evaluation (:mod:`~locatdino.evaluation.linprobe.dinov2_protocol`); the loop and the data stay these.
 
+On many ranks (``shared``, ``locatdino.evaluation.ranks``) each rank encodes its contiguous share of the
+training images into the feature store (the cached path) and the stores are gathered, so every rank
+trains the same head on the same batches; the uncached path trains on every rank as in one process.
+Rank 0's head (:func:`~locatdino.evaluation.ranks.broadcast_module`) then scores each rank's share of the
+query images and the confusion matrices are gathered in image order: one process's numbers.
+
 The score is the mIoU of the identity mapping from :class:`~locatdino.evaluation.metric.
 ConfusionMatrix` (Hummingbird's metric) over every original pixel of the query images; one
 confusion matrix per query image is kept (``image_confusions``) for paired bootstraps.
@@ -35,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from locatdino.common.progress import progress
 from locatdino.evaluation.features import FeatureExtractor
@@ -48,10 +54,12 @@ from locatdino.evaluation.linprobe.head import LinearSegHead
 from locatdino.evaluation.linprobe.one_cycle import LR, MIN_STEPS, WEIGHT_DECAY, one_cycle, probe_optimizer
 from locatdino.evaluation.linprobe.transforms import IGNORE
 from locatdino.evaluation.linprobe.views import EvalViews, TrainViews, collate_items, draw_order, stack_pairs
-from locatdino.evaluation.metric import ConfusionMatrix
+from locatdino.evaluation.metric import ConfusionMatrix, gather_confusions
 from locatdino.evaluation.phase_clock import PhaseClock
 from locatdino.evaluation.provenance import run_provenance
+from locatdino.evaluation.ranks import Ranks, broadcast_module, current_ranks, gather_objects, gather_rows
 from locatdino.evaluation.results import score
+from locatdino.evaluation.splits import split_share
 
 PROBE_AUGMENT = ("reference", "off")
 _LOSS_POINTS = 50  # entries of the recorded loss curve
@@ -179,21 +187,32 @@ def _loss(head: nn.Module, feats: Tensor, targets: Tensor) -> Tensor:
 
 
 def _store_features(
-    extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int, clock: PhaseClock
+    extractor: FeatureExtractor, dataset: Any, cfg: LinearProbeConfig, workers: int, clock: PhaseClock, share: range
 ) -> tuple[FeatureStore, int]:
-    """Every training image's tokens and targets, computed once (augmentation off)."""
+    """Every training image's tokens and targets, computed once (augmentation off); this rank
+    encodes images ``share`` and the ranks' shares are gathered (all of them in one process)."""
     grid = extractor.grid(cfg.input_size)
     store = FeatureStore(len(dataset), extractor.dim, grid, cfg.input_size, cfg.cache_dir, cfg.max_cache_ram_mb << 20)
-    views = TrainViews(dataset, np.arange(len(dataset)), cfg.input_size)
-    loader = DataLoader(_Indexed(views), batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
-    skipped = 0
-    for items, n_bad in clock.iterate(progress(loader, desc="features", disable=not cfg.progress, leave=False), "data"):
-        skipped += n_bad
-        if items:
-            indices, pairs = zip(*items)
-            images, targets = stack_pairs(list(pairs))
-            with clock("features"):
-                store.put(indices, _tokens(extractor, images), targets)
+    try:
+        views = Subset(_Indexed(TrainViews(dataset, np.arange(len(dataset)), cfg.input_size)), share)
+        loader = DataLoader(views, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate_items)
+        skipped = 0
+        batches = progress(loader, desc="features", disable=not cfg.progress, leave=False)
+        for items, n_bad in clock.iterate(batches, "data"):
+            skipped += n_bad
+            if items:
+                indices, pairs = zip(*items)
+                images, targets = stack_pairs(list(pairs))
+                with clock("features"):
+                    store.put(indices, _tokens(extractor, images), targets)
+        if len(share) < len(dataset):  # the other ranks' images
+            with clock("data"):
+                for array in (store.features, store.targets, store.filled):
+                    gather_rows(array[share.start : share.stop], out=array)
+                skipped = sum(gather_objects([skipped]))
+    except BaseException:
+        store.close()
+        raise
     return store, skipped
 
 
@@ -224,11 +243,13 @@ def _batches(
     workers: int,
     clock: PhaseClock,
     skipped: list[int],
+    share: range,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """``(features, targets)`` of each iteration, from the feature store or from the backbone."""
+    """``(features, targets)`` of each iteration, from the feature store (whose images ``share`` this
+    rank encodes) or from the backbone."""
     device = extractor.device
     if cfg.cached:
-        store, bad = _store_features(extractor, train_set, cfg, workers, clock)
+        store, bad = _store_features(extractor, train_set, cfg, workers, clock, share)
         skipped[0] += bad
         try:
             for row in order:
@@ -264,12 +285,18 @@ def _empty_batch(extractor: FeatureExtractor, size: int) -> tuple[Tensor, Tensor
 
 
 def train_head(
-    extractor: FeatureExtractor, train_set: Any, cfg: LinearProbeConfig, clock: PhaseClock | None = None
+    extractor: FeatureExtractor,
+    train_set: Any,
+    cfg: LinearProbeConfig,
+    clock: PhaseClock | None = None,
+    shared: bool = False,
 ) -> tuple[LinearSegHead, list[tuple[int, float]], int]:
     """Train the head on the frozen tokens of ``train_set``; returns it, the loss curve
     ``[(iteration, mean loss since the previous point)]`` and the number of skipped samples
-    (corrupt images: once on the cached path, at every draw on the uncached one)."""
+    (corrupt images: once on the cached path, at every draw on the uncached one). ``shared``: the
+    ranks of the process group share the cached path's encoding and every rank returns rank 0's head."""
     clock = clock or PhaseClock()
+    share = (current_ranks() if shared else Ranks()).share(len(train_set))
     iterations = cfg.total_iterations(len(train_set))
     order = draw_order(len(train_set), iterations, cfg.batch_size, cfg.seed)
     head = _seeded_head(extractor.dim, train_set.num_classes, cfg.seed, extractor.device, cfg.variant)
@@ -280,7 +307,7 @@ def train_head(
     every = max(1, iterations // _LOSS_POINTS)
     curve, running, skipped = [], [], [0]
     head.train()
-    batches = _batches(extractor, train_set, order, cfg, _workers(cfg, extractor.device), clock, skipped)
+    batches = _batches(extractor, train_set, order, cfg, _workers(cfg, extractor.device), clock, skipped, share)
     progress_bar = progress(total=iterations, desc="linear probe", disable=not cfg.progress, leave=False)
     with contextlib.closing(batches), progress_bar:
         for it, (feats, targets) in enumerate(batches, start=1):
@@ -296,7 +323,7 @@ def train_head(
                 running.clear()
                 progress_bar.set_postfix(loss=curve[-1][1])
             progress_bar.update()
-    return head.eval(), curve, skipped[0]
+    return broadcast_module(head.eval()) if shared else head.eval(), curve, skipped[0]
 
 
 def predict_labels(logits: Tensor, ignore_index: int | None) -> Tensor:
@@ -355,10 +382,13 @@ def linear_probe(
     val_set: Any,
     cfg: LinearProbeConfig | None = None,
     inspect: Callable[[FeatureExtractor, LinearSegHead], None] | None = None,
+    shared: bool = False,
 ) -> LinearProbeResult:
     """Train the paper's head on the frozen tokens of ``model`` over ``train_set``, score it on
     ``val_set``. ``inspect(extractor, head)``, when given, is called with the trained head (not
-    timed; ``locatdino compare`` draws its predictions)."""
+    timed; ``locatdino compare`` draws its predictions). ``shared``: the ranks of the process group
+    share the encoding of the cached training features and of the query images (module docstring),
+    every rank gets the result."""
     cfg = cfg or LinearProbeConfig()
     if train_set.num_classes != val_set.num_classes:
         raise ValueError(f"train split has {train_set.num_classes} classes, val split {val_set.num_classes}")
@@ -369,13 +399,17 @@ def linear_probe(
     extractor = dinov2.frozen_tokens(model, cfg)  # the paper's block --layer, or the variant's blocks
     extractor.grid(cfg.input_size)  # an input size the patch does not divide fails before any work
     clock, provenance, start = PhaseClock(), run_provenance(), time.perf_counter()
-    head, curve, skipped_train = train_head(extractor, train_set, cfg, clock)
+    head, curve, skipped_train = train_head(extractor, train_set, cfg, clock, shared)
     single = None
+    queries = split_share(val_set, (current_ranks() if shared else Ranks()).share(len(val_set)))
     if cfg.variant == PAPER:
-        cm, skipped_val = evaluate_head(extractor, head, val_set, cfg, clock)
+        cm, skipped_val = evaluate_head(extractor, head, queries, cfg, clock)
     else:
         workers = _workers(cfg, extractor.device)
-        cm, single, skipped_val = dinov2.evaluate_variant(extractor, head, val_set, cfg.variant, cfg, workers, clock)
+        cm, single, skipped_val = dinov2.evaluate_variant(extractor, head, queries, cfg.variant, cfg, workers, clock)
+    if shared:
+        cm, skipped_val = gather_confusions(cm), sum(gather_objects([skipped_val]))
+        single = None if single is None else gather_confusions(single)
     timings = {k: round(v, 3) for k, v in clock.totals.items()}
     timings["total"] = round(time.perf_counter() - start, 3)
     if inspect is not None:

@@ -439,7 +439,7 @@ def scored(monkeypatch):
 
     calls = []
 
-    def fake(model, train_set, val_set, cfg):
+    def fake(model, train_set, val_set, cfg, shared=False):
         calls.append(cfg)
         result = {name: None for name in HummingbirdResult.__dataclass_fields__}
         result.update(
