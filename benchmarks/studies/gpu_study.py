@@ -67,6 +67,7 @@ from benchmarks.speed.dino_step import StepTimer  # noqa: E402
 
 # the evaluation protocol's names through studies.supervised: one import site for the evaluation/ move
 from benchmarks.studies.supervised import CachedSplit, ImageConfusions, miou_interval, open_split, score  # noqa: E402
+from locatdino.common.arguments import at_least, positive_float  # noqa: E402
 from locatdino.common.output_files import atomic_write_text  # noqa: E402
 from locatdino.data import MultiCropTransform, collate_multicrop  # noqa: E402
 from locatdino.data.labelled_datamodule import collate_labelled  # noqa: E402
@@ -506,10 +507,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--toy", "--dry-run", dest="toy", action="store_true", help="toy size on the CPU (the test suite's run)"
     )
-    p.add_argument("--deadline", type=float, default=None, help="seconds for the whole command (GPU: 540)")
-    p.add_argument("--scenes", type=int, default=None, help="rendered training scenes (GPU: 8192)")
-    p.add_argument("--batch", type=int, default=None, help="images per step (GPU: 256)")
-    p.add_argument("--workers", type=int, default=None, help="loader worker processes")
+    p.add_argument("--deadline", type=positive_float, default=None, help="seconds for the whole command (GPU: 540)")
+    p.add_argument("--scenes", type=at_least(1), default=None, help="rendered training scenes (GPU: 8192)")
+    p.add_argument("--batch", type=at_least(1), default=None, help="images per step (GPU: 256)")
+    p.add_argument("--workers", type=at_least(0), default=None, help="loader worker processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gaug-path", default="mask", help="GAug's attention path (mask | flex | auto | separable)")
     p.add_argument(

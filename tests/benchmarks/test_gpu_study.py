@@ -84,3 +84,20 @@ def test_the_device_multicrop_gives_the_cpu_paths_batch_layout():
     device_batch = gpu_study.DeviceMultiCrop(None, multicrop, seed=0).on_after_batch_transfer(images, 0)
     cpu_batch = collate_multicrop([multicrop(image) for image in images])
     assert {k: v.shape for k, v in device_batch.items()} == {k: v.shape for k, v in cpu_batch.items()}
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--deadline", "-1", "must be a positive number, got -1"),
+        ("--deadline", "nan", "must be a positive number, got nan"),
+        ("--scenes", "0", "must be at least 1, got 0"),
+        ("--batch", "-3", "must be at least 1, got -3"),
+        ("--workers", "-1", "must be at least 0, got -1"),
+    ],
+)
+def test_a_size_out_of_range_is_refused_before_any_work(tmp_path, capsys, option, value, message):
+    with pytest.raises(SystemExit) as stop:
+        gpu_study.main(["--toy", option, value, "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2 and f"argument {option}: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
